@@ -1,0 +1,124 @@
+//! Host memory from the operating system: segments are anonymous `mmap`s, so giving one
+//! back (`munmap`) really lowers the process's resident set; expandable segments reserve
+//! address space with `PROT_NONE` and commit or return pages with `mprotect` / `madvise`.
+
+use super::{Budget, DeviceMemory};
+
+/// Host memory obtained with `mmap`, limited to a capacity.
+#[derive(Debug)]
+pub struct HostMemory {
+    budget: Budget,
+}
+
+impl HostMemory {
+    /// Host memory limited to `capacity` bytes.
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            budget: Budget::new(capacity),
+        }
+    }
+
+    /// The machine's physical memory in bytes, the default capacity of the `cpu` platform.
+    pub fn physical_memory() -> u64 {
+        // SAFETY: sysconf only reads system configuration.
+        let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+        // SAFETY: as above.
+        let page_size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if pages <= 0 || page_size <= 0 {
+            return 0;
+        }
+        pages as u64 * page_size as u64
+    }
+}
+
+/// Maps `size` bytes of fresh anonymous memory with the given protection.
+fn mmap_anonymous(size: u64, protection: libc::c_int) -> Option<u64> {
+    let len = usize::try_from(size).ok()?;
+    // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches
+    // no existing memory; failure is reported as MAP_FAILED and handled.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            protection,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (ptr != libc::MAP_FAILED).then_some(ptr as u64)
+}
+
+/// Unmaps a range this module mapped.
+fn munmap(addr: u64, size: u64) {
+    // SAFETY: the allocator only passes ranges it obtained from `mmap_anonymous` and no
+    // longer hands out; no live block points into them.
+    let rc = unsafe { libc::munmap(addr as *mut libc::c_void, size as usize) };
+    debug_assert_eq!(rc, 0, "munmap of an allocator range failed");
+}
+
+impl DeviceMemory for HostMemory {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn capacity(&self) -> u64 {
+        self.budget.capacity()
+    }
+    fn used(&self) -> u64 {
+        self.budget.used()
+    }
+    fn holds_bytes(&self) -> bool {
+        true
+    }
+    fn alloc_segment(&self, size: u64) -> Option<u64> {
+        if !self.budget.take(size) {
+            return None;
+        }
+        let addr = mmap_anonymous(size, libc::PROT_READ | libc::PROT_WRITE);
+        if addr.is_none() {
+            self.budget.give(size);
+        }
+        addr
+    }
+    fn free_segment(&self, addr: u64, size: u64) {
+        munmap(addr, size);
+        self.budget.give(size);
+    }
+    fn reserve(&self, size: u64) -> Option<u64> {
+        mmap_anonymous(size, libc::PROT_NONE)
+    }
+    fn release_reservation(&self, addr: u64, size: u64) {
+        munmap(addr, size);
+    }
+    fn map(&self, addr: u64, size: u64) -> bool {
+        if !self.budget.take(size) {
+            return false;
+        }
+        // SAFETY: the range lies inside a reservation made by `reserve` and is not mapped
+        // yet; making it accessible touches no live data.
+        let rc = unsafe {
+            libc::mprotect(
+                addr as *mut libc::c_void,
+                size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+            )
+        };
+        if rc != 0 {
+            self.budget.give(size);
+        }
+        rc == 0
+    }
+    fn unmap(&self, addr: u64, size: u64) {
+        // SAFETY: the range lies inside a reservation and holds no live block; dropping its
+        // pages (MADV_DONTNEED) returns them to the OS and the next touch sees zeros.
+        unsafe {
+            libc::madvise(
+                addr as *mut libc::c_void,
+                size as usize,
+                libc::MADV_DONTNEED,
+            );
+            libc::mprotect(addr as *mut libc::c_void, size as usize, libc::PROT_NONE);
+        }
+        self.budget.give(size);
+    }
+}

@@ -1,0 +1,81 @@
+//! Device memory: what the caching allocator carves into blocks.
+//!
+//! A [`DeviceMemory`] hands out whole segments (`cudaMalloc`-like) and, for expandable
+//! segments, reserves address ranges and maps or unmaps pages inside them
+//! (`cuMemAddressReserve` / `cuMemMap`-like). It enforces the device's capacity: a
+//! request beyond it fails the way a device allocation fails, and the allocator's slow
+//! path decides what to do next.
+
+mod host;
+mod modelled;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use host::HostMemory;
+pub use modelled::ModelledMemory;
+
+/// A source of device memory with a fixed capacity.
+pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
+    /// Short name for messages (`cpu`, `sim`, `cuda`).
+    fn name(&self) -> &'static str;
+    /// Total bytes this device can hold.
+    fn capacity(&self) -> u64;
+    /// Bytes currently backed: live segments plus mapped pages.
+    fn used(&self) -> u64;
+    /// Whether addresses point at real bytes the process can read and write.
+    fn holds_bytes(&self) -> bool;
+    /// Allocates a segment of `size` bytes; `None` when the device cannot provide it.
+    fn alloc_segment(&self, size: u64) -> Option<u64>;
+    /// Returns a segment obtained from [`DeviceMemory::alloc_segment`].
+    fn free_segment(&self, addr: u64, size: u64);
+    /// Reserves `size` bytes of address space backed by nothing yet.
+    fn reserve(&self, size: u64) -> Option<u64>;
+    /// Gives back a reservation whose pages are all unmapped.
+    fn release_reservation(&self, addr: u64, size: u64);
+    /// Backs `[addr, addr + size)` inside a reservation with memory; `false` when the
+    /// device cannot provide it.
+    fn map(&self, addr: u64, size: u64) -> bool;
+    /// Returns the memory behind `[addr, addr + size)` to the device.
+    fn unmap(&self, addr: u64, size: u64);
+    /// Waits for outstanding work on the device (a no-op on the host).
+    fn synchronize(&self) {}
+}
+
+/// Capacity accounting shared by device implementations: a lock-free counter that
+/// refuses to go past the capacity.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    capacity: u64,
+    used: AtomicU64,
+}
+
+impl Budget {
+    pub(crate) fn new(capacity: u64) -> Self {
+        Self {
+            capacity,
+            used: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    pub(crate) fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Takes `size` bytes if they fit under the capacity.
+    pub(crate) fn take(&self, size: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(size)
+                    .filter(|&total| total <= self.capacity)
+            })
+            .is_ok()
+    }
+
+    pub(crate) fn give(&self, size: u64) {
+        self.used.fetch_sub(size, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,32 @@
+//! headroom's memory core: platforms, a PyTorch-compatible caching allocator, its
+//! statistics and snapshots, and the reclaim policies consulted at phase boundaries.
+//!
+//! Every tensor byte in headroom comes from a [`CachingAllocator`] owned by a
+//! [`Platform`]; the platform says whether it caches device memory, and its
+//! [`ReclaimPolicy`] decides at each named [`Phase`] whether to give the cache back.
+#![warn(missing_docs, missing_debug_implementations)]
+
+pub mod allocator;
+pub mod device;
+pub mod error;
+pub mod history;
+pub mod pickle;
+pub mod platform;
+pub mod reclaim;
+pub mod replay;
+pub mod rss;
+pub mod size;
+pub mod snapshot;
+pub mod stats;
+
+pub use allocator::{Allocation, AllocatorConfig, AllocatorPolicy, CachingAllocator, StreamId};
+pub use device::{DeviceMemory, HostMemory, ModelledMemory};
+pub use error::{MemError, Result};
+pub use history::{History, TraceAction, TraceEvent};
+pub use platform::{CachingPlatform, Platform, PlatformCall, PlatformKind, RecordingPlatform};
+pub use reclaim::{reclaim_at, Phase, Pressure, Reclaim, ReclaimPolicy};
+pub use replay::{parse_jsonl, parse_pytorch_snapshot, parse_trace, replay, ReplayReport, TraceOp};
+pub use rss::process_rss_bytes;
+pub use size::{format_bytes, parse_size, GIB, KIB, MIB};
+pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
+pub use stats::{MemoryStats, Stat, StatArray, StatType};

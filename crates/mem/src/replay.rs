@@ -1,0 +1,243 @@
+//! Replaying allocation traces through a platform: our JSON-lines format or the
+//! `device_traces` of a PyTorch snapshot pickle, so a user can run their own PyTorch
+//! trace through our policies.
+//!
+//! JSON lines, one object per line:
+//! `{"op":"alloc","id":7,"size":1048576,"stream":0}` (stream optional),
+//! `{"op":"free","id":7}`, `{"op":"empty_cache"}`, `{"op":"phase","name":"decode_start"}`.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Deserialize;
+
+use crate::allocator::Allocation;
+use crate::error::{MemError, Result};
+use crate::pickle::{from_pickle, PickleValue};
+use crate::platform::Platform;
+use crate::reclaim::Phase;
+use crate::stats::MemoryStats;
+
+/// One step of a trace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TraceOp {
+    /// Allocate `size` bytes on `stream` under the name `id`.
+    Alloc {
+        /// Name of the allocation, used by its free.
+        id: u64,
+        /// Bytes requested.
+        size: u64,
+        /// Stream of the request.
+        stream: u32,
+    },
+    /// Free the allocation named `id`.
+    Free {
+        /// Name given at allocation.
+        id: u64,
+    },
+    /// Call `empty_cache`.
+    EmptyCache,
+    /// Cross a phase boundary (the reclaim policy may act).
+    Phase(Phase),
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+enum Line {
+    Alloc {
+        id: u64,
+        size: u64,
+        #[serde(default)]
+        stream: u32,
+    },
+    Free {
+        id: u64,
+    },
+    EmptyCache,
+    Phase {
+        name: String,
+    },
+}
+
+/// Parses a JSON-lines trace; a malformed line is an error naming its number and why.
+pub fn parse_jsonl(text: &str) -> Result<Vec<TraceOp>> {
+    let mut ops = Vec::new();
+    let mut live = HashSet::new();
+    let mut seen = HashSet::new();
+    for (index, raw) in text.lines().enumerate() {
+        let line = index + 1;
+        let raw = raw.trim();
+        if raw.is_empty() {
+            continue;
+        }
+        let err = |reason: String| MemError::TraceLine { line, reason };
+        let parsed: Line = serde_json::from_str(raw).map_err(|e| err(e.to_string()))?;
+        let op = match parsed {
+            Line::Alloc { id, size, stream } => {
+                if !live.insert(id) {
+                    return Err(err(format!("alloc id {id} is already live")));
+                }
+                seen.insert(id);
+                TraceOp::Alloc { id, size, stream }
+            }
+            Line::Free { id } => {
+                if !live.remove(&id) {
+                    let why = if seen.contains(&id) {
+                        "was already freed"
+                    } else {
+                        "was never allocated"
+                    };
+                    return Err(err(format!("free of id {id}, which {why}")));
+                }
+                TraceOp::Free { id }
+            }
+            Line::EmptyCache => TraceOp::EmptyCache,
+            Line::Phase { name } => {
+                TraceOp::Phase(name.parse().map_err(|e: MemError| err(e.to_string()))?)
+            }
+        };
+        ops.push(op);
+    }
+    Ok(ops)
+}
+
+/// Reads the `alloc` / `free_completed` events of device 0 from a PyTorch snapshot
+/// pickle. Frees of blocks allocated before recording started are skipped; streams are
+/// renumbered in order of appearance (0 stays 0).
+pub fn parse_pytorch_snapshot(bytes: &[u8]) -> Result<Vec<TraceOp>> {
+    let bad = |what: &str| MemError::Snapshot(what.to_string());
+    let root = from_pickle(bytes)?;
+    let traces = root
+        .get("device_traces")
+        .and_then(PickleValue::as_list)
+        .ok_or_else(|| {
+            bad("no device_traces list: is this a torch.cuda.memory._snapshot() pickle?")
+        })?;
+    let Some(device0) = traces.first() else {
+        return Ok(Vec::new());
+    };
+    let events = device0
+        .as_list()
+        .ok_or_else(|| bad("device_traces[0] is not a list"))?;
+    let mut ops = Vec::new();
+    let mut live_by_addr: HashMap<i64, u64> = HashMap::new();
+    let mut streams: HashMap<i64, u32> = HashMap::from([(0, 0)]);
+    let mut next_id = 0u64;
+    for (index, event) in events.iter().enumerate() {
+        let field = |name: &str| {
+            event
+                .get(name)
+                .and_then(PickleValue::as_int)
+                .ok_or_else(|| {
+                    MemError::Snapshot(format!("device_traces[0][{index}] has no integer {name:?}"))
+                })
+        };
+        let action = event
+            .get("action")
+            .and_then(PickleValue::as_str)
+            .ok_or_else(|| {
+                MemError::Snapshot(format!("device_traces[0][{index}] has no action"))
+            })?;
+        match action {
+            "alloc" => {
+                let addr = field("addr")?;
+                let size = u64::try_from(field("size")?).map_err(|_| {
+                    MemError::Snapshot(format!("device_traces[0][{index}] has a negative size"))
+                })?;
+                let raw_stream = event
+                    .get("stream")
+                    .and_then(PickleValue::as_int)
+                    .unwrap_or(0);
+                let next_stream = streams.len() as u32;
+                let stream = *streams.entry(raw_stream).or_insert(next_stream);
+                let id = next_id;
+                next_id += 1;
+                if let Some(previous) = live_by_addr.insert(addr, id) {
+                    // PyTorch never hands out a live address twice; treat the old one as
+                    // freed so the replay stays balanced.
+                    ops.push(TraceOp::Free { id: previous });
+                }
+                ops.push(TraceOp::Alloc { id, size, stream });
+            }
+            "free_completed" => {
+                if let Some(id) = live_by_addr.remove(&field("addr")?) {
+                    ops.push(TraceOp::Free { id });
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(ops)
+}
+
+/// Parses a trace file's bytes: a pickle (starts with the PROTO opcode) or JSON lines.
+pub fn parse_trace(bytes: &[u8]) -> Result<Vec<TraceOp>> {
+    if bytes.first() == Some(&0x80) {
+        return parse_pytorch_snapshot(bytes);
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| MemError::TraceLine {
+        line: 1 + bytes[..e.valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count(),
+        reason: "not UTF-8 text (and not a pickle)".to_string(),
+    })?;
+    parse_jsonl(text)
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayReport {
+    /// Operations replayed.
+    pub ops: usize,
+    /// Allocations that failed with out of memory.
+    pub failed_allocs: u64,
+    /// Frees skipped because their allocation had failed.
+    pub ignored_frees: u64,
+    /// Reclaims the policy performed at phase lines.
+    pub reclaims: u64,
+    /// Allocator statistics at the end (allocations still live are not freed).
+    pub stats: MemoryStats,
+}
+
+/// Runs `ops` on `platform`. Allocations that fail are counted and the replay goes on;
+/// a later free of such an allocation is ignored. Allocations still live at the end are
+/// released after the statistics are taken.
+pub fn replay(platform: &dyn Platform, ops: &[TraceOp]) -> ReplayReport {
+    let allocator = platform.allocator();
+    let mut live: HashMap<u64, Allocation> = HashMap::new();
+    let mut failed = HashSet::new();
+    let mut report = ReplayReport {
+        ops: ops.len(),
+        failed_allocs: 0,
+        ignored_frees: 0,
+        reclaims: 0,
+        stats: MemoryStats::default(),
+    };
+    for op in ops {
+        match *op {
+            TraceOp::Alloc { id, size, stream } => match allocator.allocate(size, stream) {
+                Ok(allocation) => {
+                    failed.remove(&id);
+                    live.insert(id, allocation);
+                }
+                Err(_) => {
+                    report.failed_allocs += 1;
+                    failed.insert(id);
+                }
+            },
+            TraceOp::Free { id } => {
+                if live.remove(&id).is_none() && failed.remove(&id) {
+                    report.ignored_frees += 1;
+                }
+            }
+            TraceOp::EmptyCache => platform.empty_cache(),
+            TraceOp::Phase(phase) => {
+                if platform.phase(phase).is_some() {
+                    report.reclaims += 1;
+                }
+            }
+        }
+    }
+    report.stats = platform.memory_stats();
+    report
+}
