@@ -380,13 +380,9 @@ fn write_int(i: i64, out: &mut Vec<u8>) {
     } else {
         // Minimal two's complement, as CPython writes it: the value's bits
         // plus a sign bit, rounded up to whole bytes (5..=8 here).
-        let bits = 65
-            - if i < 0 {
-                i.leading_ones()
-            } else {
-                i.leading_zeros()
-            };
-        let n = bits.div_ceil(8) as usize;
+        // (`i ^ (i >> 63)` flips negatives, so leading ones count as zeros.)
+        let redundant = (i ^ (i >> 63)).leading_zeros();
+        let n = (65 - redundant).div_ceil(8) as usize;
         let bytes = i.to_le_bytes();
         let bytes = bytes.get(..n).unwrap_or(&bytes);
         out.extend_from_slice(&[LONG1, bytes.len() as u8]);

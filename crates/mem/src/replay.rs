@@ -6,7 +6,7 @@
 //! `{"op":"alloc","id":7,"size":1048576,"stream":0}` (stream optional),
 //! `{"op":"free","id":7}`, `{"op":"empty_cache"}`, `{"op":"phase","name":"decode_start"}`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Deserialize;
 
@@ -204,7 +204,8 @@ pub struct ReplayReport {
 /// released after the statistics are taken.
 pub fn replay(platform: &dyn Platform, ops: &[TraceOp]) -> ReplayReport {
     let allocator = platform.allocator();
-    let mut live: HashMap<u64, Allocation> = HashMap::new();
+    // Ordered, so that what is still live at the end is released in a fixed order.
+    let mut live: BTreeMap<u64, Allocation> = BTreeMap::new();
     let mut failed = HashSet::new();
     let mut report = ReplayReport {
         ops: ops.len(),
