@@ -1,1 +1,39 @@
-fn main() {}
+//! `headroom`: the command line of the headroom engine.
+
+mod bench_cmd;
+mod mem_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// headroom: stepwise streaming video diffusion that owns every byte.
+#[derive(Debug, Parser)]
+#[command(name = "headroom", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Memory tools: replay allocation traces through headroom's allocator.
+    Mem(mem_cmd::MemArgs),
+    /// Benchmarks that print ratios measured side by side in one run.
+    Bench(bench_cmd::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Mem(args) => mem_cmd::run(args),
+        Command::Bench(args) => bench_cmd::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! `headroom mem replay` and `headroom bench alloc` through the real binary.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn headroom(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args(args)
+        .output()
+        .expect("the headroom binary runs")
+}
+
+fn repo_file(path: &str) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    root.join(path).display().to_string()
+}
+
+fn replay_json(args: &[&str]) -> serde_json::Value {
+    let out = headroom(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("--json prints one JSON object")
+}
+
+const MIB: i64 = 1 << 20;
+
+#[test]
+fn the_devlog_example_reserves_256mib_under_pytorch_and_140mib_under_expandable() {
+    let trace = repo_file("examples/traces/devlog.jsonl");
+    let pytorch = replay_json(&["mem", "replay", &trace, "--policy", "pytorch", "--json"]);
+    let expandable = replay_json(&["mem", "replay", &trace, "--policy", "expandable", "--json"]);
+    assert_eq!(pytorch["reserved_bytes.all.peak"], 256 * MIB);
+    assert_eq!(expandable["reserved_bytes.all.peak"], 140 * MIB);
+    for report in [&pytorch, &expandable] {
+        assert_eq!(report["allocated_bytes.all.peak"], 128 * MIB);
+        assert_eq!(report["allocated_bytes.all.current"], 128 * MIB);
+        for key in [
+            "reserved_bytes.all.current",
+            "num_alloc_retries",
+            "num_ooms",
+            "num_device_alloc",
+            "num_device_free",
+        ] {
+            assert!(report.get(key).is_some(), "missing {key}");
+        }
+    }
+}
+
+#[test]
+fn a_pytorch_snapshot_pickle_replays_like_its_json_lines_twin() {
+    let pickle = repo_file("crates/mem/tests/fixtures/torch_snapshot_small.pickle");
+    let report = replay_json(&["mem", "replay", &pickle, "--policy", "expandable", "--json"]);
+    assert_eq!(report["reserved_bytes.all.peak"], 140 * MIB);
+}
+
+#[test]
+fn a_small_capacity_makes_allocations_fail_and_replay_continue() {
+    let trace = repo_file("examples/traces/devlog.jsonl");
+    let report = replay_json(&["mem", "replay", &trace, "--capacity", "200MiB", "--json"]);
+    // 8 × 16 MiB fit; the 32 MiB requests find only 72 MiB free, flush the cache and fit.
+    assert_eq!(report["num_ooms"], 0);
+    assert_eq!(report["num_alloc_retries"], 1);
+    let tight = replay_json(&["mem", "replay", &trace, "--capacity", "100MiB", "--json"]);
+    // 6 × 16 MiB fit, 2 fail; then 3 × 32 MiB fit after a flush and the 4th fails.
+    assert_eq!(tight["failed_allocs"], 3);
+    assert_eq!(tight["num_ooms"], 3);
+    assert_eq!(tight["ignored_frees"], 2);
+}
+
+#[test]
+fn the_human_table_and_the_snapshot_file_are_written() {
+    let trace = repo_file("examples/traces/devlog.jsonl");
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("snap.pickle");
+    let out = headroom(&[
+        "mem",
+        "replay",
+        &trace,
+        "--max-split-size",
+        "128MiB",
+        "--reclaim",
+        "before-decode",
+        "--snapshot",
+        snapshot.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("reserved") && text.contains("256.0 MiB"),
+        "{text}"
+    );
+    let bytes = std::fs::read(&snapshot).unwrap();
+    assert_eq!(&bytes[..2], b"\x80\x02");
+    let json_path = dir.path().join("snap.json");
+    let out = headroom(&[
+        "mem",
+        "replay",
+        &trace,
+        "--snapshot",
+        json_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json_path).unwrap()).unwrap();
+    assert_eq!(json["segments"].as_array().unwrap().len(), 12);
+}
+
+#[test]
+fn bad_input_is_an_error_that_names_the_field_and_the_rule() {
+    let trace = repo_file("examples/traces/devlog.jsonl");
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["mem", "replay", &trace, "--capacity", "12XB"],
+            "unknown unit",
+        ),
+        (
+            &["mem", "replay", &trace, "--policy", "slab"],
+            "pytorch or expandable",
+        ),
+        (
+            &["mem", "replay", &trace, "--reclaim", "sometimes"],
+            "reclaim policy",
+        ),
+        (
+            &["mem", "replay", &trace, "--max-split-size", "8MiB"],
+            "max_split_size",
+        ),
+        (
+            &["mem", "replay", "/nonexistent/trace.jsonl"],
+            "cannot read trace",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = headroom(args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"op\":\"alloc\",\"id\":1,\"size\":5}\n{\"op\":\"free\",\"id\":2}\n",
+    )
+    .unwrap();
+    let out = headroom(&["mem", "replay", bad.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("trace line 2"), "{stderr}");
+}
+
+#[test]
+fn bench_alloc_prints_both_allocators_and_their_ratio() {
+    let out = headroom(&[
+        "bench",
+        "alloc",
+        "--sizes",
+        "512B,2MiB",
+        "--pairs",
+        "200",
+        "--rounds",
+        "3",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        assert!(row["headroom_ns"].as_f64().unwrap() > 0.0);
+        assert!(row["system_ns"].as_f64().unwrap() > 0.0);
+        assert!(row["speedup"].as_f64().unwrap() > 0.0);
+    }
+}
