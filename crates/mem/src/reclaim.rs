@@ -104,10 +104,11 @@ impl Pressure {
 }
 
 /// When to reclaim cached device memory.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum ReclaimPolicy {
     /// Never reclaim: what PyTorch does unless told otherwise.
+    #[default]
     Never,
     /// Reclaim at `decode_start` (and `sleep`, `model_swap`).
     BeforeDecode,
@@ -120,12 +121,6 @@ pub enum ReclaimPolicy {
     },
     /// Reclaim at every boundary: the upper bound on reclaim cost.
     Always,
-}
-
-impl Default for ReclaimPolicy {
-    fn default() -> Self {
-        ReclaimPolicy::Never
-    }
 }
 
 /// Default bound on cached-but-unused memory for `bounded`.

@@ -38,8 +38,10 @@ pub(crate) struct State {
 
 impl State {
     pub(crate) fn new(config: AllocatorConfig, device: Arc<dyn DeviceMemory>) -> Self {
-        let mut stats = MemoryStats::default();
-        stats.max_split_size = config.max_split_size.map_or(-1, |v| v as i64);
+        let stats = MemoryStats {
+            max_split_size: config.max_split_size.map_or(-1, |v| v as i64),
+            ..MemoryStats::default()
+        };
         Self {
             history: History::new(config.history),
             config,
@@ -258,16 +260,7 @@ impl State {
         b.allocated = true;
         b.requested = requested;
         let (addr, block_size, stream) = (b.addr, b.size, b.stream);
-        let oversize = block_size >= self.max_split_size();
-        let stats = &mut self.stats;
-        stats.allocation.increase(small, 1);
-        stats.allocated_bytes.increase(small, block_size);
-        stats.active.increase(small, 1);
-        stats.active_bytes.increase(small, block_size);
-        stats.requested_bytes.increase(small, requested);
-        if oversize {
-            stats.oversize_allocations.increase(1);
-        }
+        self.count_allocation(small, block_size, requested, true);
         self.history
             .record(TraceAction::Alloc, addr, block_size, stream);
         id
@@ -306,21 +299,38 @@ impl State {
             net_blocks += 1;
             net_bytes += merged.size as i64;
         }
-        let oversize = size >= self.max_split_size();
-        let stats = &mut self.stats;
         // Free pages of expandable segments can always be returned, so PyTorch keeps
         // them out of inactive_split.
         if !expandable {
-            apply_net(&mut stats.inactive_split, small, net_blocks);
-            apply_net(&mut stats.inactive_split_bytes, small, net_bytes);
+            apply_net(&mut self.stats.inactive_split, small, net_blocks);
+            apply_net(&mut self.stats.inactive_split_bytes, small, net_bytes);
         }
-        stats.allocation.decrease(small, 1);
-        stats.allocated_bytes.decrease(small, size);
-        stats.active.decrease(small, 1);
-        stats.active_bytes.decrease(small, size);
-        stats.requested_bytes.decrease(small, requested);
+        self.count_allocation(small, size, requested, false);
+    }
+
+    /// Counts a block of `size` bytes (`requested` asked for) becoming live or free in
+    /// the allocation, active and requested statistics.
+    fn count_allocation(&mut self, small: bool, size: u64, requested: u64, live: bool) {
+        let oversize = size >= self.max_split_size();
+        let stats = &mut self.stats;
+        let change = |array: &mut crate::stats::StatArray, amount: u64| {
+            if live {
+                array.increase(small, amount);
+            } else {
+                array.decrease(small, amount);
+            }
+        };
+        change(&mut stats.allocation, 1);
+        change(&mut stats.allocated_bytes, size);
+        change(&mut stats.active, 1);
+        change(&mut stats.active_bytes, size);
+        change(&mut stats.requested_bytes, requested);
         if oversize {
-            stats.oversize_allocations.decrease(1);
+            if live {
+                stats.oversize_allocations.increase(1);
+            } else {
+                stats.oversize_allocations.decrease(1);
+            }
         }
     }
 
