@@ -1,0 +1,5 @@
+//! Compute kernels on plain contiguous f32 buffers. They know nothing of tensors,
+//! dtypes or allocators: the op layer checks shapes, takes every buffer (outputs and
+//! scratch) from the allocator, and calls them.
+
+pub mod gemm;
