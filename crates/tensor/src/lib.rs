@@ -3,6 +3,18 @@
 //! deterministic results for a given thread count.
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod device;
 pub mod dtype;
+pub mod error;
 pub mod kernels;
+pub mod layout;
+pub mod ops;
 pub mod parallel;
+pub mod storage;
+pub mod tensor;
+
+pub use device::Device;
+pub use dtype::{DType, Element};
+pub use error::{Result, TensorError};
+pub use layout::Layout;
+pub use tensor::Tensor;

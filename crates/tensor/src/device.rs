@@ -1,0 +1,62 @@
+//! A device handle: the platform whose allocator every tensor byte comes from.
+
+use std::fmt;
+use std::sync::Arc;
+
+use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy};
+
+use crate::error::Result;
+
+/// A cheap, shared handle to a [`Platform`].
+#[derive(Clone)]
+pub struct Device {
+    platform: Arc<dyn Platform>,
+    meta: bool,
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("platform", &self.platform.kind())
+            .field("meta", &self.meta)
+            .finish()
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.platform, &other.platform)
+    }
+}
+
+impl Device {
+    /// A device over `platform`; meta (shape-only) when its allocator holds no bytes.
+    pub fn new(platform: Arc<dyn Platform>) -> Self {
+        let meta = !platform.allocator().holds_bytes();
+        Self { platform, meta }
+    }
+
+    /// Host memory with the default allocator and no reclaim (tests, tools).
+    pub fn cpu() -> Result<Self> {
+        let platform =
+            CachingPlatform::cpu(None, AllocatorConfig::default(), ReclaimPolicy::Never)?;
+        Ok(Self::new(Arc::new(platform)))
+    }
+
+    /// A modelled device of `capacity` bytes: ops check shapes and allocate, compute nothing.
+    pub fn sim(capacity: u64) -> Result<Self> {
+        let platform =
+            CachingPlatform::sim(capacity, AllocatorConfig::default(), ReclaimPolicy::Never)?;
+        Ok(Self::new(Arc::new(platform)))
+    }
+
+    /// The platform.
+    pub fn platform(&self) -> &Arc<dyn Platform> {
+        &self.platform
+    }
+
+    /// Whether tensors here are shapes only (no values are computed).
+    pub fn is_meta(&self) -> bool {
+        self.meta
+    }
+}

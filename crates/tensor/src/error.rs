@@ -1,0 +1,63 @@
+//! The one error type of the tensor runtime; each variant names the op and what was
+//! wrong with which shape or dtype.
+
+use crate::dtype::DType;
+
+/// Errors of tensor operations.
+#[derive(Debug, thiserror::Error)]
+pub enum TensorError {
+    /// Shapes do not fit the op; `reason` names the shapes and the rule.
+    #[error("{op}: {reason}")]
+    Shape {
+        /// The operation.
+        op: &'static str,
+        /// The shapes involved and the rule they break.
+        reason: String,
+    },
+    /// A dtype the op does not take.
+    #[error("{op}: dtype {got} is not supported here ({expected})")]
+    DType {
+        /// The operation.
+        op: &'static str,
+        /// What the op takes.
+        expected: &'static str,
+        /// What it was given.
+        got: DType,
+    },
+    /// Tensors live on different devices.
+    #[error("{op}: operands live on different devices")]
+    Device {
+        /// The operation.
+        op: &'static str,
+    },
+    /// The allocator could not provide memory (out of memory and friends).
+    #[error(transparent)]
+    Mem(#[from] headroom_mem::MemError),
+    /// A file could not be read or written.
+    #[error("{path}: {reason}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Reading element values from a meta (shape-only) tensor.
+    #[error("{op}: the tensor lives on a meta platform and holds no values")]
+    Meta {
+        /// The operation.
+        op: &'static str,
+    },
+}
+
+impl TensorError {
+    /// A shape error for `op`.
+    pub fn shape(op: &'static str, reason: impl Into<String>) -> Self {
+        TensorError::Shape {
+            op,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Result alias of the tensor runtime.
+pub type Result<T> = std::result::Result<T, TensorError>;

@@ -1,0 +1,433 @@
+//! 3-D (and 2-D) convolution as tiled im2col + GEMM.
+//!
+//! Layout (PyTorch's, all contiguous row-major f32): input `[B, Cin, T, H, W]`, weight
+//! `[Cout, Cin, kt, kh, kw]`, bias `[Cout]`, output `[B, Cout, To, Ho, Wo]`. Read as a
+//! matrix the weight is `W[Cout, K]` with `K = Cin·kt·kh·kw` ordered `(ci, dt, dy, dx)`,
+//! and for one batch item the output is `O[Cout, P]` with `P = To·Ho·Wo` output pixels
+//! in `(t, y, x)` order. So `O = W · cols`, where `cols[K, P]` holds, for every output
+//! pixel, the input values under each kernel tap (zero where a tap falls in the spatial
+//! padding; zero or a copy of frame 0 where it falls in the causal time padding).
+//!
+//! Tiling trade-off: a whole `cols` matrix is `K·P` floats — 16 M floats (64 MiB) for a
+//! 96-channel 3×3×3 conv over four 60×104 frames, and ×27 the input for every 3×3×3
+//! conv — so it is built one tile of consecutive output pixels at a time (a tile may
+//! span rows and frames, since `O`'s columns are contiguous per batch item) and every
+//! tile's GEMM writes straight into `out` with row stride `P`. Tiles are as large as
+//! [`CONV_SCRATCH_TARGET`] allows (but at least one output row), because the GEMM's
+//! speed grows with `N` and the fill is a cheap streaming copy; the scratch therefore
+//! never grows with the image. The fill is split over the rows of `cols` and the GEMM
+//! uses the whole pool, which on the VAE's shapes measured faster than giving each
+//! thread its own tiles with a one-thread GEMM. Every output element is produced by
+//! exactly one GEMM with a fixed summation order, so results are bitwise deterministic
+//! for a given thread count.
+//!
+//! A 1×1×1 conv with stride 1 and no padding needs no im2col at all: the input of one
+//! batch item already is `cols`, so it runs as one GEMM per batch item with no scratch.
+
+use rayon::prelude::*;
+
+use super::gemm::{sgemm, MatRef, Threads};
+use crate::parallel;
+
+/// Upper bound, in f32 elements, on the im2col scratch one conv uses (4 Mi floats = 16 MiB).
+pub const CONV_SCRATCH_TARGET: usize = 4 << 20;
+
+/// Fewest `cols` rows one fill task takes, so short rows are not swamped by task overhead.
+const FILL_MIN_ROWS: usize = 8;
+
+/// What the causal frames in front of the time axis hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimePad {
+    /// Zero frames.
+    Zeros,
+    /// Copies of the first input frame.
+    Replicate,
+}
+
+/// Shape and padding of one 3-D convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv3dParams {
+    /// Batch size.
+    pub batch: usize,
+    /// Input channels.
+    pub in_channels: usize,
+    /// Output channels.
+    pub out_channels: usize,
+    /// Input frames (unpadded).
+    pub in_t: usize,
+    /// Input height (unpadded).
+    pub in_h: usize,
+    /// Input width (unpadded).
+    pub in_w: usize,
+    /// Kernel extent `(kt, kh, kw)`.
+    pub kernel: [usize; 3],
+    /// Stride `(st, sh, sw)`.
+    pub stride: [usize; 3],
+    /// Frames added before `t = 0` (causal); nothing is added after the last frame.
+    pub pad_t_front: usize,
+    /// What the front frames hold.
+    pub time_pad: TimePad,
+    /// Zero rows added above and below.
+    pub pad_h: usize,
+    /// Zero columns added left and right.
+    pub pad_w: usize,
+}
+
+/// Output length of one axis: `(input + pad - k) / stride + 1`, or 0 if the kernel does not fit.
+fn out_size(input: usize, pad: usize, k: usize, stride: usize) -> usize {
+    let span = input + pad;
+    if span < k {
+        0
+    } else {
+        (span - k) / stride + 1
+    }
+}
+
+impl Conv3dParams {
+    /// Output dims `(To, Ho, Wo)`.
+    pub fn out_dims(&self) -> [usize; 3] {
+        [
+            out_size(self.in_t, self.pad_t_front, self.kernel[0], self.stride[0]),
+            out_size(self.in_h, 2 * self.pad_h, self.kernel[1], self.stride[1]),
+            out_size(self.in_w, 2 * self.pad_w, self.kernel[2], self.stride[2]),
+        ]
+    }
+
+    /// Number of output elements `B·Cout·To·Ho·Wo`.
+    pub fn out_len(&self) -> usize {
+        self.batch * self.out_channels * self.out_dims().iter().product::<usize>()
+    }
+
+    /// Number of input elements `B·Cin·T·H·W`.
+    pub fn in_len(&self) -> usize {
+        self.batch * self.in_channels * self.in_t * self.in_h * self.in_w
+    }
+
+    /// Number of weight elements `Cout·Cin·kt·kh·kw`.
+    pub fn weight_len(&self) -> usize {
+        self.out_channels * self.patch_len()
+    }
+
+    /// The GEMM depth `K = Cin·kt·kh·kw`.
+    fn patch_len(&self) -> usize {
+        self.in_channels * self.kernel.iter().product::<usize>()
+    }
+
+    /// True when the input of a batch item already is the im2col matrix.
+    fn is_pointwise(&self) -> bool {
+        self.kernel == [1, 1, 1]
+            && self.stride == [1, 1, 1]
+            && self.pad_t_front == 0
+            && self.pad_h == 0
+            && self.pad_w == 0
+    }
+
+    fn debug_validate(&self) {
+        debug_assert!(self.kernel.iter().all(|&k| k > 0), "kernel extents must be > 0");
+        debug_assert!(self.stride.iter().all(|&s| s > 0), "strides must be > 0");
+        debug_assert!(
+            self.time_pad == TimePad::Zeros || self.pad_t_front == 0 || self.in_t > 0,
+            "replicate padding needs a frame to copy"
+        );
+    }
+}
+
+/// Shape of one 2-D convolution (a 3-D one with a single frame).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dParams {
+    /// Batch size.
+    pub batch: usize,
+    /// Input channels.
+    pub in_channels: usize,
+    /// Output channels.
+    pub out_channels: usize,
+    /// Input height (unpadded).
+    pub in_h: usize,
+    /// Input width (unpadded).
+    pub in_w: usize,
+    /// Kernel extent `(kh, kw)`.
+    pub kernel: [usize; 2],
+    /// Stride `(sh, sw)`.
+    pub stride: [usize; 2],
+    /// Zero rows added above and below.
+    pub pad_h: usize,
+    /// Zero columns added left and right.
+    pub pad_w: usize,
+}
+
+impl Conv2dParams {
+    /// The equivalent single-frame 3-D convolution.
+    pub fn to_3d(&self) -> Conv3dParams {
+        Conv3dParams {
+            batch: self.batch,
+            in_channels: self.in_channels,
+            out_channels: self.out_channels,
+            in_t: 1,
+            in_h: self.in_h,
+            in_w: self.in_w,
+            kernel: [1, self.kernel[0], self.kernel[1]],
+            stride: [1, self.stride[0], self.stride[1]],
+            pad_t_front: 0,
+            time_pad: TimePad::Zeros,
+            pad_h: self.pad_h,
+            pad_w: self.pad_w,
+        }
+    }
+
+    /// Output dims `(Ho, Wo)`.
+    pub fn out_dims(&self) -> [usize; 2] {
+        let [_, h, w] = self.to_3d().out_dims();
+        [h, w]
+    }
+
+    /// Number of output elements `B·Cout·Ho·Wo`.
+    pub fn out_len(&self) -> usize {
+        self.to_3d().out_len()
+    }
+
+    /// Number of input elements `B·Cin·H·W`.
+    pub fn in_len(&self) -> usize {
+        self.to_3d().in_len()
+    }
+
+    /// Number of weight elements `Cout·Cin·kh·kw`.
+    pub fn weight_len(&self) -> usize {
+        self.to_3d().weight_len()
+    }
+}
+
+/// Output pixels per tile: as many as fit the target, at least one output row.
+fn tile_pixels(p: &Conv3dParams, target: usize) -> usize {
+    let [to, ho, wo] = p.out_dims();
+    (target / p.patch_len().max(1)).max(wo).min(to * ho * wo)
+}
+
+fn scratch_len_for_target(p: &Conv3dParams, target: usize) -> usize {
+    if p.is_pointwise() || p.out_len() == 0 {
+        0
+    } else {
+        p.patch_len() * tile_pixels(p, target)
+    }
+}
+
+/// f32 elements of scratch [`conv3d`] needs for `p`.
+pub fn conv3d_scratch_len(p: &Conv3dParams) -> usize {
+    scratch_len_for_target(p, CONV_SCRATCH_TARGET)
+}
+
+/// f32 elements of scratch [`conv2d`] needs for `p`.
+pub fn conv2d_scratch_len(p: &Conv2dParams) -> usize {
+    conv3d_scratch_len(&p.to_3d())
+}
+
+/// Convolves input `[B, Cin, T, H, W]` with weight `[Cout, Cin, kt, kh, kw]` (+ bias `[Cout]`) into `out` `[B, Cout, To, Ho, Wo]`.
+pub fn conv3d(
+    p: &Conv3dParams,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    conv3d_with_target(p, input, weight, bias, out, scratch, CONV_SCRATCH_TARGET);
+}
+
+/// Convolves input `[B, Cin, H, W]` with weight `[Cout, Cin, kh, kw]` (+ bias `[Cout]`) into `out` `[B, Cout, Ho, Wo]`.
+pub fn conv2d(
+    p: &Conv2dParams,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut [f32],
+) {
+    // [B, Cin, H, W] and [Cout, Cin, kh, kw] are the 3-D layouts with T = kt = 1.
+    conv3d(&p.to_3d(), input, weight, bias, out, scratch);
+}
+
+/// [`conv3d`] with an explicit scratch target, so tests can force many small tiles.
+fn conv3d_with_target(
+    p: &Conv3dParams,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut [f32],
+    target: usize,
+) {
+    p.debug_validate();
+    assert_eq!(input.len(), p.in_len(), "conv3d: input length");
+    assert_eq!(weight.len(), p.weight_len(), "conv3d: weight length");
+    assert_eq!(out.len(), p.out_len(), "conv3d: output length");
+    if let Some(bias) = bias {
+        assert_eq!(bias.len(), p.out_channels, "conv3d: bias length");
+    }
+    let scratch_len = scratch_len_for_target(p, target);
+    assert!(scratch.len() >= scratch_len, "conv3d: scratch too short");
+    if out.is_empty() {
+        return;
+    }
+
+    let geom = Geometry::new(p);
+    let pixels = geom.out_t * geom.out_frame;
+    let k = p.patch_len();
+    let cout = p.out_channels;
+    let in_batch = p.in_channels * geom.in_chan;
+    let out_batch = cout * pixels;
+    let w = MatRef::row_major(weight, 0, k);
+    let tile = if scratch_len == 0 {
+        pixels
+    } else {
+        tile_pixels(p, target)
+    };
+
+    parallel::run(|| {
+        for b in 0..p.batch {
+            let src = &input[b * in_batch..(b + 1) * in_batch];
+            let mut p0 = 0;
+            while p0 < pixels {
+                let n = tile.min(pixels - p0);
+                let dst_offset = b * out_batch + p0;
+                if scratch_len == 0 {
+                    // Pointwise: the batch item's [Cin, P] input is the B operand as is.
+                    let x = MatRef::row_major(src, 0, pixels);
+                    sgemm(cout, n, k, w, x, out, dst_offset, pixels, false, 1.0, Threads::Pool);
+                } else {
+                    let cols = &mut scratch[..k * n];
+                    fill_cols(&geom, src, p0, cols);
+                    let x = MatRef::row_major(cols, 0, n);
+                    sgemm(cout, n, k, w, x, out, dst_offset, pixels, false, 1.0, Threads::Pool);
+                }
+                if let Some(bias) = bias {
+                    add_bias(&mut out[dst_offset..], pixels, n, bias);
+                }
+                p0 += n;
+            }
+        }
+    });
+}
+
+/// Adds `bias[co]` to the first `n` elements of each of the `bias.len()` rows (stride `row_stride`) of `rows`.
+fn add_bias(rows: &mut [f32], row_stride: usize, n: usize, bias: &[f32]) {
+    for (row, &b) in rows.chunks_mut(row_stride).zip(bias) {
+        row[..n].iter_mut().for_each(|v| *v += b);
+    }
+}
+
+/// Everything the im2col fill needs, computed once per call.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    in_h: usize,
+    in_w: usize,
+    /// Elements of one input channel of one batch item (`T·H·W`).
+    in_chan: usize,
+    out_t: usize,
+    out_w: usize,
+    /// Output pixels per frame (`Ho·Wo`).
+    out_frame: usize,
+    kernel: [usize; 3],
+    stride: [usize; 3],
+    pad_t_front: usize,
+    replicate: bool,
+    pad_h: usize,
+    pad_w: usize,
+}
+
+impl Geometry {
+    fn new(p: &Conv3dParams) -> Self {
+        let [out_t, out_h, out_w] = p.out_dims();
+        Self {
+            in_h: p.in_h,
+            in_w: p.in_w,
+            in_chan: p.in_t * p.in_h * p.in_w,
+            out_t,
+            out_w,
+            out_frame: out_h * out_w,
+            kernel: p.kernel,
+            stride: p.stride,
+            pad_t_front: p.pad_t_front,
+            replicate: p.time_pad == TimePad::Replicate,
+            pad_h: p.pad_h,
+            pad_w: p.pad_w,
+        }
+    }
+
+    /// The input row under tap `(dt, dy)` for output row `(t, y)`, or None if it is padding.
+    fn source_row<'a>(&self, chan: &'a [f32], t: usize, y: usize, dt: usize, dy: usize) -> Option<&'a [f32]> {
+        let ti = (t * self.stride[0] + dt).checked_sub(self.pad_t_front);
+        let ti = match ti {
+            Some(ti) => ti,
+            None if self.replicate => 0,
+            None => return None,
+        };
+        let yi = (y * self.stride[1] + dy).checked_sub(self.pad_h)?;
+        if yi >= self.in_h {
+            return None;
+        }
+        let start = (ti * self.in_h + yi) * self.in_w;
+        Some(&chan[start..start + self.in_w])
+    }
+}
+
+/// Fills `cols[K, n]` (n = cols.len() / K) for output pixels `p0..p0 + n` of one batch item.
+fn fill_cols(g: &Geometry, src: &[f32], p0: usize, cols: &mut [f32]) {
+    let [_, kh, kw] = g.kernel;
+    let taps = g.kernel.iter().product::<usize>();
+    let k = src.len() / g.in_chan * taps;
+    let n = cols.len() / k;
+    // Each row of cols is one (ci, dt, dy, dx) and is written by exactly one task.
+    cols.par_chunks_mut(n)
+        .with_min_len(FILL_MIN_ROWS)
+        .enumerate()
+        .for_each(|(row, dst)| {
+            let (ci, tap) = (row / taps, row % taps);
+            let (dt, dy, dx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
+            let chan = &src[ci * g.in_chan..(ci + 1) * g.in_chan];
+            fill_row(g, chan, [dt, dy, dx], p0, dst);
+        });
+}
+
+/// Fills one row of `cols`: the value under tap `(dt, dy, dx)` for output pixels `p0..p0 + dst.len()`.
+fn fill_row(g: &Geometry, chan: &[f32], tap: [usize; 3], p0: usize, dst: &mut [f32]) {
+    let [dt, dy, dx] = tap;
+    let mut pixel = p0;
+    let mut done = 0;
+    // Walk the pixel range one output-row segment at a time.
+    while done < dst.len() {
+        let (t, rest) = (pixel / g.out_frame, pixel % g.out_frame);
+        let (y, x) = (rest / g.out_w, rest % g.out_w);
+        let len = (g.out_w - x).min(dst.len() - done);
+        let seg = &mut dst[done..done + len];
+        match g.source_row(chan, t, y, dt, dy) {
+            Some(row) => fill_segment(seg, row, x * g.stride[2] + dx, g.stride[2], g.pad_w),
+            None => seg.fill(0.0),
+        }
+        done += len;
+        pixel += len;
+    }
+}
+
+/// `seg[j] = row[padded_x0 + j·stride - pad]`, or 0 where that index falls outside `row`.
+fn fill_segment(seg: &mut [f32], row: &[f32], padded_x0: usize, stride: usize, pad: usize) {
+    let len = seg.len();
+    // First j whose padded column reaches the real row: padded_x0 + j·stride ≥ pad.
+    let lo = pad.saturating_sub(padded_x0).div_ceil(stride).min(len);
+    // First j whose padded column is past the real row: padded_x0 + j·stride ≥ pad + width.
+    let hi = (pad + row.len())
+        .saturating_sub(padded_x0)
+        .div_ceil(stride)
+        .clamp(lo, len);
+    seg[..lo].fill(0.0);
+    seg[hi..].fill(0.0);
+    if hi > lo {
+        let first = padded_x0 + lo * stride - pad;
+        let inner = &mut seg[lo..hi];
+        if stride == 1 {
+            inner.copy_from_slice(&row[first..first + inner.len()]);
+        } else {
+            for (d, s) in inner.iter_mut().zip(row[first..].iter().step_by(stride)) {
+                *d = *s;
+            }
+        }
+    }
+}

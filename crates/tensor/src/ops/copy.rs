@@ -1,0 +1,63 @@
+//! Copying a (possibly strided) tensor into a fresh dense one, converting the dtype.
+
+use half::{bf16, f16};
+use rayon::prelude::*;
+
+use crate::dtype::{DType, Element};
+use crate::layout::Layout;
+use crate::tensor::Tensor;
+
+/// Elements per parallel chunk of a dense conversion.
+const CHUNK: usize = 1 << 16;
+
+/// Copies `src` into the fresh contiguous `out` (same shape), converting dtypes through
+/// f32 (i64 → i64 and equal dtypes copy exactly).
+pub(crate) fn copy_into(src: &Tensor, out: &mut Tensor) {
+    macro_rules! dispatch_dst {
+        ($s:ty) => {
+            match out.dtype() {
+                DType::F32 => copy_typed::<$s, f32>(src, out),
+                DType::BF16 => copy_typed::<$s, bf16>(src, out),
+                DType::F16 => copy_typed::<$s, f16>(src, out),
+                DType::U8 => copy_typed::<$s, u8>(src, out),
+                DType::I64 => copy_typed::<$s, i64>(src, out),
+            }
+        };
+    }
+    match src.dtype() {
+        DType::F32 => dispatch_dst!(f32),
+        DType::BF16 => dispatch_dst!(bf16),
+        DType::F16 => dispatch_dst!(f16),
+        DType::U8 => dispatch_dst!(u8),
+        DType::I64 => dispatch_dst!(i64),
+    }
+}
+
+fn convert<S: Element, D: Element>(value: S) -> D {
+    if S::DTYPE == D::DTYPE {
+        // SAFETY: S and D are the same type (equal DTYPE means equal Rust type here).
+        return unsafe { std::mem::transmute_copy::<S, D>(&value) };
+    }
+    D::from_f32(value.to_f32())
+}
+
+fn copy_typed<S: Element, D: Element>(src: &Tensor, out: &mut Tensor) {
+    let Some(data) = src.storage_as::<S>() else {
+        return;
+    };
+    let layout: Layout = src.layout().clone();
+    let Some(dst) = out.data_mut::<D>() else {
+        return;
+    };
+    if layout.is_contiguous() {
+        let start = layout.offset();
+        let input = &data[start..start + dst.len()];
+        crate::parallel::run(|| {
+            dst.par_chunks_mut(CHUNK)
+                .zip(input.par_chunks(CHUNK))
+                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = convert(s)));
+        });
+        return;
+    }
+    layout.for_each_index(|i, idx| dst[i] = convert(data[idx]));
+}

@@ -1,0 +1,199 @@
+//! Elementwise arithmetic with NumPy broadcasting, scalar ops and activations. Values are
+//! computed in f32; float outputs keep the (promoted) input dtype.
+
+use rayon::prelude::*;
+
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::layout::{broadcast_shapes, Layout};
+use crate::tensor::Tensor;
+
+/// Output rows per parallel task.
+const ROWS_PER_TASK: usize = 64;
+
+/// The dtype of a binary op's result: f32 unless both sides share a narrower float type.
+pub fn promote(a: DType, b: DType) -> DType {
+    if a == b && a.is_float() {
+        a
+    } else {
+        DType::F32
+    }
+}
+
+fn float_input(op: &'static str, t: &Tensor) -> Result<Tensor> {
+    if !t.dtype().is_float() {
+        return Err(TensorError::DType {
+            op,
+            expected: "a float dtype (f32, bf16, f16)",
+            got: t.dtype(),
+        });
+    }
+    if t.dtype() == DType::F32 {
+        Ok(t.clone())
+    } else {
+        t.copy_as(DType::F32)
+    }
+}
+
+/// Storage index of the first element of row `row` (rows run along the last axis).
+fn row_base(layout: &Layout, mut row: usize) -> usize {
+    let shape = layout.shape();
+    let strides = layout.strides();
+    let mut base = layout.offset();
+    for axis in (0..shape.len().saturating_sub(1)).rev() {
+        let d = shape[axis];
+        base += (row % d) * strides[axis];
+        row /= d;
+    }
+    base
+}
+
+/// Applies `f` to broadcast pairs of `a` and `b`.
+pub fn binary(
+    op: &'static str,
+    a: &Tensor,
+    b: &Tensor,
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Result<Tensor> {
+    a.same_device(op, b)?;
+    let shape = broadcast_shapes(op, a.shape(), b.shape())?;
+    let dtype = promote(a.dtype(), b.dtype());
+    let fa = float_input(op, a)?;
+    let fb = float_input(op, b)?;
+    let mut out = Tensor::empty(&shape, DType::F32, a.device())?;
+    if let (Some(da), Some(db), Some(dst)) = (
+        fa.storage_as::<f32>(),
+        fb.storage_as::<f32>(),
+        out.data_mut::<f32>(),
+    ) {
+        let la = fa.layout().broadcast_to(&shape)?;
+        let lb = fb.layout().broadcast_to(&shape)?;
+        let inner = shape.last().copied().unwrap_or(1).max(1);
+        let sa = la.strides().last().copied().unwrap_or(0);
+        let sb = lb.strides().last().copied().unwrap_or(0);
+        crate::parallel::run(|| {
+            dst.par_chunks_mut(inner * ROWS_PER_TASK)
+                .enumerate()
+                .for_each(|(task, chunk)| {
+                    for (r, row) in chunk.chunks_mut(inner).enumerate() {
+                        let index = task * ROWS_PER_TASK + r;
+                        let (ba, bb) = (row_base(&la, index), row_base(&lb, index));
+                        if sa == 1 && sb == 1 {
+                            let (ra, rb) = (&da[ba..ba + inner], &db[bb..bb + inner]);
+                            for ((o, &x), &y) in row.iter_mut().zip(ra).zip(rb) {
+                                *o = f(x, y);
+                            }
+                        } else {
+                            for (j, o) in row.iter_mut().enumerate() {
+                                *o = f(da[ba + j * sa], db[bb + j * sb]);
+                            }
+                        }
+                    }
+                });
+        });
+    }
+    out.to_dtype(dtype)
+}
+
+/// Applies `f` to every element; float dtypes are kept.
+pub fn unary(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Result<Tensor> {
+    let input = float_input(op, x)?.to_f32_contiguous()?;
+    let mut out = Tensor::empty(x.shape(), DType::F32, x.device())?;
+    if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+        crate::parallel::run(|| {
+            dst.par_chunks_mut(1 << 14)
+                .zip(src.par_chunks(1 << 14))
+                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = f(s)));
+        });
+    }
+    out.to_dtype(x.dtype())
+}
+
+/// The GELU of PyTorch's `approximate="tanh"`.
+pub fn gelu_tanh_scalar(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+}
+
+/// The exact (erf) GELU.
+pub fn gelu_erf_scalar(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+/// SiLU (x · sigmoid(x)).
+pub fn silu_scalar(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+impl Tensor {
+    /// `self + other` with broadcasting.
+    pub fn add(&self, other: &Tensor) -> Result<Tensor> {
+        binary("add", self, other, |a, b| a + b)
+    }
+    /// `self - other` with broadcasting.
+    pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
+        binary("sub", self, other, |a, b| a - b)
+    }
+    /// `self * other` with broadcasting.
+    pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
+        binary("mul", self, other, |a, b| a * b)
+    }
+    /// `self / other` with broadcasting.
+    pub fn div(&self, other: &Tensor) -> Result<Tensor> {
+        binary("div", self, other, |a, b| a / b)
+    }
+    /// `self + value`.
+    pub fn add_scalar(&self, value: f32) -> Result<Tensor> {
+        unary("add_scalar", self, move |x| x + value)
+    }
+    /// `self * value`.
+    pub fn mul_scalar(&self, value: f32) -> Result<Tensor> {
+        unary("mul_scalar", self, move |x| x * value)
+    }
+    /// `self * scale + shift`.
+    pub fn affine(&self, scale: f32, shift: f32) -> Result<Tensor> {
+        unary("affine", self, move |x| x * scale + shift)
+    }
+    /// `e^x`.
+    pub fn exp(&self) -> Result<Tensor> {
+        unary("exp", self, f32::exp)
+    }
+    /// `sin x`.
+    pub fn sin(&self) -> Result<Tensor> {
+        unary("sin", self, f32::sin)
+    }
+    /// `cos x`.
+    pub fn cos(&self) -> Result<Tensor> {
+        unary("cos", self, f32::cos)
+    }
+    /// `√x`.
+    pub fn sqrt(&self) -> Result<Tensor> {
+        unary("sqrt", self, f32::sqrt)
+    }
+    /// `1/√x`.
+    pub fn rsqrt(&self) -> Result<Tensor> {
+        unary("rsqrt", self, |x| 1.0 / x.sqrt())
+    }
+    /// `x · sigmoid(x)`.
+    pub fn silu(&self) -> Result<Tensor> {
+        unary("silu", self, silu_scalar)
+    }
+    /// GELU with the tanh approximation (PyTorch `approximate="tanh"`).
+    pub fn gelu_tanh(&self) -> Result<Tensor> {
+        unary("gelu_tanh", self, gelu_tanh_scalar)
+    }
+    /// Exact GELU with erf.
+    pub fn gelu_erf(&self) -> Result<Tensor> {
+        unary("gelu_erf", self, gelu_erf_scalar)
+    }
+    /// Every element clamped to `[min, max]`.
+    pub fn clamp(&self, min: f32, max: f32) -> Result<Tensor> {
+        if min > max {
+            return Err(TensorError::shape(
+                "clamp",
+                format!("min {min} is above max {max}"),
+            ));
+        }
+        unary("clamp", self, move |x| x.clamp(min, max))
+    }
+}

@@ -1,0 +1,6 @@
+//! Tensor operations: shape checks, output allocation from the device's allocator, and
+//! calls into the kernels. On a meta device every op checks shapes and allocates the
+//! same sizes in the same order, and computes nothing.
+
+pub(crate) mod copy;
+pub mod elementwise;

@@ -1,0 +1,400 @@
+//! `Tensor`: a cheap shared handle = layout + dtype + a shared storage block from the
+//! device's allocator. Views share storage; `contiguous()` copies only when needed;
+//! dropping the last handle returns the block.
+
+use std::fmt;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use crate::device::Device;
+use crate::dtype::{DType, Element};
+use crate::error::{Result, TensorError};
+use crate::layout::{numel, Layout};
+use crate::storage::Storage;
+
+/// An n-dimensional array whose bytes come from headroom's allocator.
+#[derive(Clone)]
+pub struct Tensor {
+    storage: Arc<Storage>,
+    layout: Layout,
+    dtype: DType,
+    device: Device,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Tensor({:?}, {}", self.shape(), self.dtype)?;
+        if self.device.is_meta() {
+            write!(f, ", meta")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// Reinterprets bytes as elements (allocator blocks are 512-byte aligned).
+fn cast<T: Element>(bytes: &[u8]) -> &[T] {
+    let size = std::mem::size_of::<T>();
+    assert!(bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0 && bytes.len() % size == 0);
+    // SAFETY: alignment and length checked above; every bit pattern is a valid value of
+    // the element types (f32, bf16, f16, u8, i64).
+    unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) }
+}
+
+fn cast_mut<T: Element>(bytes: &mut [u8]) -> &mut [T] {
+    let size = std::mem::size_of::<T>();
+    assert!(bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0 && bytes.len() % size == 0);
+    // SAFETY: as in `cast`; the exclusive borrow carries over.
+    unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / size) }
+}
+
+impl Tensor {
+    /// A contiguous tensor with unspecified contents (every op's output starts here).
+    pub fn empty(shape: &[usize], dtype: DType, device: &Device) -> Result<Self> {
+        let storage = Storage::allocate(device, numel(shape) * dtype.size())?;
+        Ok(Self {
+            storage: Arc::new(storage),
+            layout: Layout::contiguous(shape),
+            dtype,
+            device: device.clone(),
+        })
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Self> {
+        let mut t = Self::empty(shape, dtype, device)?;
+        if let Some(bytes) = t.bytes_mut() {
+            bytes.fill(0);
+        }
+        Ok(t)
+    }
+
+    /// A tensor filled with `value` (rounded into `dtype`).
+    pub fn full(shape: &[usize], value: f32, dtype: DType, device: &Device) -> Result<Self> {
+        let mut t = Self::empty(shape, dtype, device)?;
+        if !device.is_meta() {
+            match dtype {
+                DType::F32 => t.fill_typed::<f32>(value),
+                DType::BF16 => t.fill_typed::<bf16>(value),
+                DType::F16 => t.fill_typed::<f16>(value),
+                DType::U8 => t.fill_typed::<u8>(value),
+                DType::I64 => t.fill_typed::<i64>(value),
+            }
+        }
+        Ok(t)
+    }
+
+    fn fill_typed<T: Element>(&mut self, value: f32) {
+        if let Some(data) = self.data_mut::<T>() {
+            data.fill(T::from_f32(value));
+        }
+    }
+
+    /// A tensor holding a copy of `data` with `shape`.
+    pub fn from_slice<T: Element>(data: &[T], shape: &[usize], device: &Device) -> Result<Self> {
+        if data.len() != numel(shape) {
+            return Err(TensorError::shape(
+                "from_slice",
+                format!(
+                    "{} values do not fill shape {shape:?} ({} elements)",
+                    data.len(),
+                    numel(shape)
+                ),
+            ));
+        }
+        let mut t = Self::empty(shape, T::DTYPE, device)?;
+        if let Some(out) = t.data_mut::<T>() {
+            out.copy_from_slice(data);
+        }
+        Ok(t)
+    }
+
+    /// A tensor of `dtype` from f32 values (rounded into the dtype).
+    pub fn from_f32(data: &[f32], shape: &[usize], dtype: DType, device: &Device) -> Result<Self> {
+        let t = Self::from_slice(data, shape, device)?;
+        t.to_dtype(dtype)
+    }
+
+    /// A tensor from raw little-endian bytes of `dtype` (what files hold).
+    pub fn from_bytes(
+        bytes: &[u8],
+        shape: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        if bytes.len() != numel(shape) * dtype.size() {
+            return Err(TensorError::shape(
+                "from_bytes",
+                format!(
+                    "{} bytes do not fill shape {shape:?} of {dtype} ({} bytes)",
+                    bytes.len(),
+                    numel(shape) * dtype.size()
+                ),
+            ));
+        }
+        let mut t = Self::empty(shape, dtype, device)?;
+        if let Some(out) = t.bytes_mut() {
+            out.copy_from_slice(bytes);
+        }
+        Ok(t)
+    }
+
+    /// Dimensions.
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+
+    /// Number of axes.
+    pub fn rank(&self) -> usize {
+        self.layout.shape().len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device the bytes live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Shape, strides and offset.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Whether the elements are dense and row-major.
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+
+    /// Bytes of the storage block behind this tensor (shared by its views).
+    pub fn storage_bytes(&self) -> usize {
+        self.storage.len()
+    }
+
+    /// Whether two tensors share one storage block.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// Size of axis `axis`, or a shape error naming `op`.
+    pub fn dim(&self, op: &'static str, axis: usize) -> Result<usize> {
+        self.shape().get(axis).copied().ok_or_else(|| {
+            TensorError::shape(
+                op,
+                format!("axis {axis} out of range for shape {:?}", self.shape()),
+            )
+        })
+    }
+
+    fn with_layout(&self, layout: Layout) -> Self {
+        Self {
+            storage: Arc::clone(&self.storage),
+            layout,
+            dtype: self.dtype,
+            device: self.device.clone(),
+        }
+    }
+
+    /// A view with the axes reordered.
+    pub fn permute(&self, order: &[usize]) -> Result<Self> {
+        Ok(self.with_layout(self.layout.permute(order)?))
+    }
+
+    /// A view with two axes swapped.
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Self> {
+        let mut order: Vec<usize> = (0..self.rank()).collect();
+        if a >= order.len() || b >= order.len() {
+            return Err(TensorError::shape(
+                "transpose",
+                format!("axes {a} and {b} out of range for shape {:?}", self.shape()),
+            ));
+        }
+        order.swap(a, b);
+        self.permute(&order)
+    }
+
+    /// A view of `len` entries of `axis` from `start`.
+    pub fn narrow(&self, axis: usize, start: usize, len: usize) -> Result<Self> {
+        Ok(self.with_layout(self.layout.narrow(axis, start, len)?))
+    }
+
+    /// A view broadcast to `shape`.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Self> {
+        Ok(self.with_layout(self.layout.broadcast_to(shape)?))
+    }
+
+    /// The same elements with `shape`; a view when contiguous, else a copy first.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
+        if numel(shape) != self.numel() {
+            return Err(TensorError::shape(
+                "reshape",
+                format!(
+                    "cannot reshape {:?} ({} elements) to {shape:?} ({} elements)",
+                    self.shape(),
+                    self.numel(),
+                    numel(shape)
+                ),
+            ));
+        }
+        let source = self.contiguous()?;
+        let layout = source.layout.reshape(shape).ok_or_else(|| {
+            TensorError::shape("reshape", "internal: contiguous layout did not reshape")
+        })?;
+        Ok(source.with_layout(layout))
+    }
+
+    /// A view with a size-1 axis inserted at `axis`.
+    pub fn unsqueeze(&self, axis: usize) -> Result<Self> {
+        if axis > self.rank() {
+            return Err(TensorError::shape(
+                "unsqueeze",
+                format!("axis {axis} out of range for shape {:?}", self.shape()),
+            ));
+        }
+        let mut shape = self.shape().to_vec();
+        let mut strides = self.layout.strides().to_vec();
+        let stride = strides.get(axis).map_or(1, |&s| s * shape[axis]);
+        shape.insert(axis, 1);
+        strides.insert(axis, stride);
+        Ok(self.with_layout(Layout::new(shape, strides, self.layout.offset())))
+    }
+
+    /// A view without size-1 axis `axis`.
+    pub fn squeeze(&self, axis: usize) -> Result<Self> {
+        if self.shape().get(axis) != Some(&1) {
+            return Err(TensorError::shape(
+                "squeeze",
+                format!("axis {axis} of shape {:?} is not of size 1", self.shape()),
+            ));
+        }
+        let mut shape = self.shape().to_vec();
+        let mut strides = self.layout.strides().to_vec();
+        shape.remove(axis);
+        strides.remove(axis);
+        Ok(self.with_layout(Layout::new(shape, strides, self.layout.offset())))
+    }
+
+    /// This tensor if it is contiguous, else a dense copy.
+    pub fn contiguous(&self) -> Result<Self> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        self.copy_as(self.dtype)
+    }
+
+    /// The elements converted to `dtype` (this tensor itself when nothing changes).
+    pub fn to_dtype(&self, dtype: DType) -> Result<Self> {
+        if dtype == self.dtype {
+            return Ok(self.clone());
+        }
+        self.copy_as(dtype)
+    }
+
+    /// A contiguous f32 version (itself when already so): the form kernels read.
+    pub fn to_f32_contiguous(&self) -> Result<Self> {
+        if self.dtype == DType::F32 && self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        self.copy_as(DType::F32)
+    }
+
+    /// A dense copy of the elements, converted to `dtype`.
+    pub fn copy_as(&self, dtype: DType) -> Result<Self> {
+        let mut out = Self::empty(self.shape(), dtype, &self.device)?;
+        if self.device.is_meta() {
+            return Ok(out);
+        }
+        crate::ops::copy::copy_into(self, &mut out);
+        Ok(out)
+    }
+
+    /// The storage bytes, or `None` on a meta device.
+    pub fn storage_data(&self) -> Option<&[u8]> {
+        self.storage.bytes()
+    }
+
+    /// The storage as elements of `T` (all of it, views included); `None` on a meta
+    /// device or when `T` is not this tensor's dtype.
+    pub fn storage_as<T: Element>(&self) -> Option<&[T]> {
+        if T::DTYPE != self.dtype {
+            return None;
+        }
+        self.storage.bytes().map(cast::<T>)
+    }
+
+    /// The elements of a contiguous tensor of dtype `T`, in order; `None` otherwise or on
+    /// a meta device.
+    pub fn as_slice<T: Element>(&self) -> Option<&[T]> {
+        if !self.is_contiguous() {
+            return None;
+        }
+        let all = self.storage_as::<T>()?;
+        let start = self.layout.offset();
+        all.get(start..start + self.numel())
+    }
+
+    /// Mutable bytes of a tensor that owns its storage alone (fresh op outputs).
+    pub(crate) fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        if self.device.is_meta() {
+            return None;
+        }
+        let storage =
+            Arc::get_mut(&mut self.storage).expect("writes go to fresh, unshared outputs");
+        storage.bytes_mut()
+    }
+
+    /// Mutable elements of a fresh contiguous output of dtype `T`; `None` on a meta
+    /// device (so callers skip the compute).
+    pub fn data_mut<T: Element>(&mut self) -> Option<&mut [T]> {
+        assert_eq!(
+            T::DTYPE,
+            self.dtype,
+            "typed write with the tensor's own dtype"
+        );
+        assert!(self.is_contiguous() && self.layout.offset() == 0);
+        let n = self.numel();
+        self.bytes_mut().map(|b| &mut cast_mut::<T>(b)[..n])
+    }
+
+    /// The elements as a `Vec<T>` in row-major order (T must be the tensor's dtype).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(TensorError::DType {
+                op: "to_vec",
+                expected: "the tensor's own dtype (use to_dtype first)",
+                got: T::DTYPE,
+            });
+        }
+        let data = self
+            .storage_as::<T>()
+            .ok_or(TensorError::Meta { op: "to_vec" })?;
+        let mut out = Vec::with_capacity(self.numel());
+        self.layout.for_each_index(|_, idx| out.push(data[idx]));
+        Ok(out)
+    }
+
+    /// The elements widened to f32 in row-major order.
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        let t = self.to_f32_contiguous()?;
+        t.as_slice::<f32>()
+            .map(<[f32]>::to_vec)
+            .ok_or(TensorError::Meta { op: "to_f32_vec" })
+    }
+
+    /// Checks that `other` lives on this tensor's device.
+    pub fn same_device(&self, op: &'static str, other: &Tensor) -> Result<()> {
+        if self.device == other.device {
+            Ok(())
+        } else {
+            Err(TensorError::Device { op })
+        }
+    }
+}
