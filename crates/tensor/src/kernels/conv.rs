@@ -196,26 +196,55 @@ impl Conv2dParams {
     }
 }
 
-/// Output pixels per tile: as many as fit the target, at least one output row.
-fn tile_pixels(p: &Conv3dParams, target: usize) -> usize {
-    let [to, ho, wo] = p.out_dims();
-    (target / p.patch_len().max(1)).max(wo).min(to * ho * wo)
+/// How one conv is cut into tiles: per batch item, `rounds` rounds of `slots` tiles.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    slots: usize,
+    rounds: usize,
+    /// Output pixels per tile (the last tiles of a batch item may be shorter or empty).
+    tile: usize,
+    /// Scratch floats per slot: `cols[K, tile]` then the GEMM result `[Cout, tile]`.
+    per_slot: usize,
 }
 
-fn scratch_len_for_target(p: &Conv3dParams, target: usize) -> usize {
-    if p.is_pointwise() || p.out_len() == 0 {
-        0
-    } else {
-        p.patch_len() * tile_pixels(p, target)
+impl Plan {
+    fn new(p: &Conv3dParams, target: usize, slots: usize) -> Self {
+        let [to, ho, wo] = p.out_dims();
+        let pixels = to * ho * wo;
+        let per_pixel = p.patch_len() + p.out_channels;
+        let max_tile = (target / per_pixel.max(1)).max(wo).min(pixels).max(1);
+        // Equal tiles, a whole number of rounds: no slot idles while another finishes.
+        let rounds = pixels.div_ceil(slots * max_tile).max(1);
+        let tile = pixels.div_ceil(rounds * slots).max(1);
+        Self {
+            slots,
+            rounds,
+            tile,
+            per_slot: per_pixel * tile,
+        }
+    }
+
+    /// First pixel and pixel count of slot `slot`'s tile in round `round`.
+    fn tile_range(&self, pixels: usize, round: usize, slot: usize) -> (usize, usize) {
+        let start = ((round * self.slots + slot) * self.tile).min(pixels);
+        (start, self.tile.min(pixels - start))
     }
 }
 
-/// f32 elements of scratch [`conv3d`] needs for `p`.
-pub fn conv3d_scratch_len(p: &Conv3dParams) -> usize {
-    scratch_len_for_target(p, CONV_SCRATCH_TARGET)
+fn scratch_len_for_target(p: &Conv3dParams, target: usize, slots: usize) -> usize {
+    if p.is_pointwise() || p.out_len() == 0 {
+        0
+    } else {
+        slots * Plan::new(p, target, slots).per_slot
+    }
 }
 
-/// f32 elements of scratch [`conv2d`] needs for `p`.
+/// f32 elements of scratch [`conv3d`] needs for `p` (depends on the thread count).
+pub fn conv3d_scratch_len(p: &Conv3dParams) -> usize {
+    scratch_len_for_target(p, CONV_SCRATCH_TARGET, parallel::num_threads())
+}
+
+/// f32 elements of scratch [`conv2d`] needs for `p` (depends on the thread count).
 pub fn conv2d_scratch_len(p: &Conv2dParams) -> usize {
     conv3d_scratch_len(&p.to_3d())
 }
@@ -246,7 +275,7 @@ pub fn conv2d(
 }
 
 /// [`conv3d`] with an explicit scratch target, so tests can force many small tiles.
-fn conv3d_with_target(
+pub fn conv3d_with_target(
     p: &Conv3dParams,
     input: &[f32],
     weight: &[f32],
@@ -262,55 +291,99 @@ fn conv3d_with_target(
     if let Some(bias) = bias {
         assert_eq!(bias.len(), p.out_channels, "conv3d: bias length");
     }
-    let scratch_len = scratch_len_for_target(p, target);
-    assert!(scratch.len() >= scratch_len, "conv3d: scratch too short");
+    let slots = parallel::num_threads();
+    assert!(
+        scratch.len() >= scratch_len_for_target(p, target, slots),
+        "conv3d: scratch too short"
+    );
     if out.is_empty() {
         return;
     }
-
     let geom = Geometry::new(p);
     let pixels = geom.out_t * geom.out_frame;
-    let k = p.patch_len();
-    let cout = p.out_channels;
     let in_batch = p.in_channels * geom.in_chan;
-    let out_batch = cout * pixels;
-    let w = MatRef::row_major(weight, 0, k);
-    let tile = if scratch_len == 0 {
-        pixels
-    } else {
-        tile_pixels(p, target)
-    };
-
+    let out_batch = p.out_channels * pixels;
     parallel::run(|| {
         for b in 0..p.batch {
             let src = &input[b * in_batch..(b + 1) * in_batch];
-            let mut p0 = 0;
-            while p0 < pixels {
-                let n = tile.min(pixels - p0);
-                let dst_offset = b * out_batch + p0;
-                if scratch_len == 0 {
-                    // Pointwise: the batch item's [Cin, P] input is the B operand as is.
-                    let x = MatRef::row_major(src, 0, pixels);
-                    sgemm(cout, n, k, w, x, out, dst_offset, pixels, false, 1.0, Threads::Pool);
-                } else {
-                    let cols = &mut scratch[..k * n];
-                    fill_cols(&geom, src, p0, cols);
-                    let x = MatRef::row_major(cols, 0, n);
-                    sgemm(cout, n, k, w, x, out, dst_offset, pixels, false, 1.0, Threads::Pool);
-                }
-                if let Some(bias) = bias {
-                    add_bias(&mut out[dst_offset..], pixels, n, bias);
-                }
-                p0 += n;
+            let dst = &mut out[b * out_batch..(b + 1) * out_batch];
+            if p.is_pointwise() {
+                pointwise(p, src, weight, bias, dst);
+            } else {
+                let plan = Plan::new(p, target, slots);
+                tiled(p, &geom, &plan, src, weight, bias, dst, scratch);
             }
         }
     });
 }
 
-/// Adds `bias[co]` to the first `n` elements of each of the `bias.len()` rows (stride `row_stride`) of `rows`.
-fn add_bias(rows: &mut [f32], row_stride: usize, n: usize, bias: &[f32]) {
-    for (row, &b) in rows.chunks_mut(row_stride).zip(bias) {
-        row[..n].iter_mut().for_each(|v| *v += b);
+/// One batch item of a 1×1×1, stride-1, unpadded conv: `dst[Cout, P] = W · src[Cin, P]`.
+fn pointwise(p: &Conv3dParams, src: &[f32], weight: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) {
+    let (cin, cout) = (p.in_channels, p.out_channels);
+    let pixels = dst.len() / cout;
+    let w = MatRef::row_major(weight, 0, cin);
+    let x = MatRef::row_major(src, 0, pixels);
+    sgemm(cout, pixels, cin, w, x, dst, 0, pixels, false, 1.0, Threads::Pool);
+    if let Some(bias) = bias {
+        dst.par_chunks_mut(pixels).zip(bias).for_each(|(row, &b)| {
+            row.iter_mut().for_each(|v| *v += b);
+        });
+    }
+}
+
+/// One batch item through im2col tiles: each round, every slot fills and multiplies its
+/// own tile into its own scratch, then the results are copied into `dst` row by row.
+#[allow(clippy::too_many_arguments)]
+fn tiled(
+    p: &Conv3dParams,
+    geom: &Geometry,
+    plan: &Plan,
+    src: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    dst: &mut [f32],
+    scratch: &mut [f32],
+) {
+    let (k, cout) = (p.patch_len(), p.out_channels);
+    let pixels = dst.len() / cout;
+    let w = MatRef::row_major(weight, 0, k);
+    let scratch = &mut scratch[..plan.slots * plan.per_slot];
+    for round in 0..plan.rounds {
+        // Exactly `slots` contiguous scratch chunks, one per tile of the round.
+        scratch
+            .par_chunks_mut(plan.per_slot)
+            .enumerate()
+            .for_each(|(slot, buf)| {
+                let (p0, n) = plan.tile_range(pixels, round, slot);
+                if n == 0 {
+                    return;
+                }
+                let (cols, result) = buf.split_at_mut(k * plan.tile);
+                let cols = &mut cols[..k * n];
+                fill_cols(geom, src, p0, n, cols);
+                let x = MatRef::row_major(cols, 0, n);
+                sgemm(cout, n, k, w, x, result, 0, n, false, 1.0, Threads::One);
+            });
+        // The GEMM results are [Cout, n] blocks; dst rows are strided by P, so they are
+        // scattered by output channel (with the bias) in a second, row-parallel pass.
+        let scratch = &*scratch;
+        dst.par_chunks_mut(pixels)
+            .enumerate()
+            .for_each(|(co, row)| {
+                for slot in 0..plan.slots {
+                    let (p0, n) = plan.tile_range(pixels, round, slot);
+                    let result = &scratch[slot * plan.per_slot + k * plan.tile..];
+                    let from = &result[co * n..(co + 1) * n];
+                    let to = &mut row[p0..p0 + n];
+                    match bias {
+                        Some(bias) => {
+                            let b = bias[co];
+                            to.iter_mut().zip(from).for_each(|(d, &v)| *d = v + b);
+                        }
+                        None => to.copy_from_slice(from),
+                    }
+                }
+            });
     }
 }
 
@@ -369,22 +442,16 @@ impl Geometry {
     }
 }
 
-/// Fills `cols[K, n]` (n = cols.len() / K) for output pixels `p0..p0 + n` of one batch item.
-fn fill_cols(g: &Geometry, src: &[f32], p0: usize, cols: &mut [f32]) {
+/// Fills `cols[K, n]` for output pixels `p0..p0 + n` of one batch item, on the calling thread.
+fn fill_cols(g: &Geometry, src: &[f32], p0: usize, n: usize, cols: &mut [f32]) {
     let [_, kh, kw] = g.kernel;
     let taps = g.kernel.iter().product::<usize>();
-    let k = src.len() / g.in_chan * taps;
-    let n = cols.len() / k;
-    // Each row of cols is one (ci, dt, dy, dx) and is written by exactly one task.
-    cols.par_chunks_mut(n)
-        .with_min_len(FILL_MIN_ROWS)
-        .enumerate()
-        .for_each(|(row, dst)| {
-            let (ci, tap) = (row / taps, row % taps);
-            let (dt, dy, dx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
-            let chan = &src[ci * g.in_chan..(ci + 1) * g.in_chan];
-            fill_row(g, chan, [dt, dy, dx], p0, dst);
-        });
+    for (row, dst) in cols.chunks_mut(n).enumerate() {
+        let (ci, tap) = (row / taps, row % taps);
+        let (dt, dy, dx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
+        let chan = &src[ci * g.in_chan..(ci + 1) * g.in_chan];
+        fill_row(g, chan, [dt, dy, dx], p0, dst);
+    }
 }
 
 /// Fills one row of `cols`: the value under tap `(dt, dy, dx)` for output pixels `p0..p0 + dst.len()`.
@@ -431,3 +498,106 @@ fn fill_segment(seg: &mut [f32], row: &[f32], padded_x0: usize, stride: usize, p
         }
     }
 }
+
+// ===== TEMP option A
+/// Output pixels per tile: as many as fit the target, at least one output row.
+fn tile_pixels_a(p: &Conv3dParams, target: usize) -> usize {
+    let [to, ho, wo] = p.out_dims();
+    (target / p.patch_len().max(1)).max(wo).min(to * ho * wo)
+}
+
+pub fn scratch_len_a(p: &Conv3dParams, target: usize) -> usize {
+    if p.is_pointwise() || p.out_len() == 0 {
+        0
+    } else {
+        p.patch_len() * tile_pixels_a(p, target)
+    }
+}
+
+/// [`conv3d`] with an explicit scratch target, so tests can force many small tiles.
+pub fn conv3d_pool_variant(
+    p: &Conv3dParams,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    scratch: &mut [f32],
+    target: usize,
+) {
+    p.debug_validate();
+    assert_eq!(input.len(), p.in_len(), "conv3d: input length");
+    assert_eq!(weight.len(), p.weight_len(), "conv3d: weight length");
+    assert_eq!(out.len(), p.out_len(), "conv3d: output length");
+    if let Some(bias) = bias {
+        assert_eq!(bias.len(), p.out_channels, "conv3d: bias length");
+    }
+    let scratch_len = scratch_len_a(p, target);
+    assert!(scratch.len() >= scratch_len, "conv3d: scratch too short");
+    if out.is_empty() {
+        return;
+    }
+
+    let geom = Geometry::new(p);
+    let pixels = geom.out_t * geom.out_frame;
+    let k = p.patch_len();
+    let cout = p.out_channels;
+    let in_batch = p.in_channels * geom.in_chan;
+    let out_batch = cout * pixels;
+    let w = MatRef::row_major(weight, 0, k);
+    let tile = if scratch_len == 0 {
+        pixels
+    } else {
+        tile_pixels_a(p, target)
+    };
+
+    parallel::run(|| {
+        for b in 0..p.batch {
+            let src = &input[b * in_batch..(b + 1) * in_batch];
+            let mut p0 = 0;
+            while p0 < pixels {
+                let n = tile.min(pixels - p0);
+                let dst_offset = b * out_batch + p0;
+                if scratch_len == 0 {
+                    // Pointwise: the batch item's [Cin, P] input is the B operand as is.
+                    let x = MatRef::row_major(src, 0, pixels);
+                    sgemm(cout, n, k, w, x, out, dst_offset, pixels, false, 1.0, Threads::Pool);
+                } else {
+                    let cols = &mut scratch[..k * n];
+                    fill_cols_par(&geom, src, p0, cols);
+                    let x = MatRef::row_major(cols, 0, n);
+                    sgemm(cout, n, k, w, x, out, dst_offset, pixels, false, 1.0, Threads::Pool);
+                }
+                if let Some(bias) = bias {
+                    add_bias(&mut out[dst_offset..], pixels, n, bias);
+                }
+                p0 += n;
+            }
+        }
+    });
+}
+
+/// Adds `bias[co]` to the first `n` elements of each of the `bias.len()` rows (stride `row_stride`) of `rows`.
+fn add_bias(rows: &mut [f32], row_stride: usize, n: usize, bias: &[f32]) {
+    for (row, &b) in rows.chunks_mut(row_stride).zip(bias) {
+        row[..n].iter_mut().for_each(|v| *v += b);
+    }
+}
+
+/// Fills `cols[K, n]` (n = cols.len() / K) for output pixels `p0..p0 + n` of one batch item.
+fn fill_cols_par(g: &Geometry, src: &[f32], p0: usize, cols: &mut [f32]) {
+    let [_, kh, kw] = g.kernel;
+    let taps = g.kernel.iter().product::<usize>();
+    let k = src.len() / g.in_chan * taps;
+    let n = cols.len() / k;
+    // Each row of cols is one (ci, dt, dy, dx) and is written by exactly one task.
+    cols.par_chunks_mut(n)
+        .with_min_len(FILL_MIN_ROWS)
+        .enumerate()
+        .for_each(|(row, dst)| {
+            let (ci, tap) = (row / taps, row % taps);
+            let (dt, dy, dx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
+            let chan = &src[ci * g.in_chan..(ci + 1) * g.in_chan];
+            fill_row(g, chan, [dt, dy, dx], p0, dst);
+        });
+}
+

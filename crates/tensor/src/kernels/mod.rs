@@ -3,3 +3,4 @@
 //! scratch) from the allocator, and calls them.
 
 pub mod gemm;
+pub mod softmax;

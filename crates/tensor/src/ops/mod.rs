@@ -4,3 +4,8 @@
 
 pub(crate) mod copy;
 pub mod elementwise;
+pub mod matmul;
+pub mod norm;
+pub mod pixels;
+pub mod random;
+pub mod reduce;
