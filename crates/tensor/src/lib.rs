@@ -6,6 +6,7 @@
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod io;
 pub mod kernels;
 pub mod layout;
 pub mod ops;

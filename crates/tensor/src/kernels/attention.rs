@@ -238,7 +238,7 @@ pub fn attention(
                 // (chunk + 1)/slots of the total: a fixed function of the parameters.
                 let first = item;
                 let target = total * (chunk as u128 + 1);
-                while item < plan.items && done * slots as u128 < target {
+                while item < plan.items && done * (slots as u128) < target {
                     done += plan.item_weight(item);
                     item += 1;
                 }
