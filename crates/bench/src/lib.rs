@@ -3,8 +3,10 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod alloc;
+pub mod kernels;
 
 pub use alloc::{run_alloc_bench, AllocBenchConfig, AllocBenchRow};
+pub use kernels::{run_kernel_bench, KernelBenchConfig, KernelRow};
 
 /// Errors of the benchmarks.
 #[derive(Debug, thiserror::Error)]
@@ -12,6 +14,9 @@ pub enum BenchError {
     /// The memory core refused a setting or an allocation.
     #[error(transparent)]
     Mem(#[from] headroom_mem::MemError),
+    /// A tensor op failed.
+    #[error(transparent)]
+    Tensor(#[from] headroom_tensor::TensorError),
     /// A benchmark setting breaks a rule.
     #[error("invalid {field}: {rule}")]
     InvalidConfig {

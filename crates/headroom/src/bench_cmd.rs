@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use headroom_bench::{run_alloc_bench, AllocBenchConfig};
+use headroom_bench::{run_alloc_bench, run_kernel_bench, AllocBenchConfig, KernelBenchConfig};
 use headroom_mem::{format_bytes, parse_size, AllocatorPolicy};
 
 /// Arguments of `headroom bench`.
@@ -16,6 +16,21 @@ pub struct BenchArgs {
 enum BenchCommand {
     /// Nanoseconds per cached allocate + free pair: headroom's allocator vs the system's.
     Alloc(AllocArgs),
+    /// GFLOP/s of matmul, attention and conv3d at Wan shapes beside a bare GEMM.
+    Kernels(KernelsArgs),
+}
+
+#[derive(Debug, Args)]
+struct KernelsArgs {
+    /// Timed repetitions of each side; the best counts.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Divide the long axes by this factor (1 = the real shapes).
+    #[arg(long, default_value_t = 1)]
+    shrink: usize,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -45,7 +60,43 @@ struct AllocArgs {
 pub fn run(args: BenchArgs) -> Result<()> {
     match args.command {
         BenchCommand::Alloc(args) => alloc(args),
+        BenchCommand::Kernels(args) => kernels(args),
     }
+}
+
+fn kernels(args: KernelsArgs) -> Result<()> {
+    let config = KernelBenchConfig {
+        reps: args.reps,
+        shrink: args.shrink,
+    };
+    let rows = run_kernel_bench(&config)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({ "threads": headroom_tensor::parallel::num_threads(), "kernels": rows })
+        );
+        return Ok(());
+    }
+    println!(
+        "best of {} runs each, {} kernel threads; reference = one bare gemm call of the FLOP-equivalent shape",
+        config.reps,
+        headroom_tensor::parallel::num_threads()
+    );
+    println!(
+        "{:<44}{:>10}{:>12}{:>8}{:>14}",
+        "kernel", "GFLOP/s", "reference", "ratio", "scratch peak"
+    );
+    for row in rows {
+        println!(
+            "{:<44}{:>10.1}{:>12.1}{:>8.2}{:>14}",
+            row.name,
+            row.gflops,
+            row.reference_gflops,
+            row.ratio,
+            format_bytes(row.scratch_peak_bytes)
+        );
+    }
+    Ok(())
 }
 
 fn alloc(args: AllocArgs) -> Result<()> {

@@ -11,6 +11,10 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "headroom", version, about, propagate_version = true)]
 struct Cli {
+    /// Kernel threads (default: HEADROOM_THREADS, else all cores). Results are
+    /// byte-identical for a given thread count.
+    #[arg(long, global = true)]
+    threads: Option<usize>,
     #[command(subcommand)]
     command: Command,
 }
@@ -25,6 +29,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(threads) = cli.threads {
+        if threads == 0 {
+            eprintln!("error: --threads must be at least 1");
+            return ExitCode::from(2);
+        }
+        headroom_tensor::parallel::set_threads(threads);
+    }
     let result = match cli.command {
         Command::Mem(args) => mem_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),

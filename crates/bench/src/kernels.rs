@@ -1,0 +1,169 @@
+//! `headroom bench kernels`: GFLOP/s of headroom's tensor ops at Wan shapes, each beside
+//! a bare `gemm` crate call of the same FLOP-equivalent shape measured in the same run,
+//! and the scratch memory each op took from the allocator.
+
+use std::time::Instant;
+
+use headroom_tensor::kernels::gemm::{sgemm, MatRef, Threads};
+use headroom_tensor::{parallel, DType, Device, Tensor};
+use serde::Serialize;
+
+use crate::Result;
+
+/// One kernel's measurement.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelRow {
+    /// `matmul MxKxN`, `attention …` or `conv3d …`.
+    pub name: String,
+    /// GFLOP/s of headroom's op (best of the repetitions).
+    pub gflops: f64,
+    /// GFLOP/s of the bare GEMM of the FLOP-equivalent shape (best of the repetitions).
+    pub reference_gflops: f64,
+    /// `gflops / reference_gflops`.
+    pub ratio: f64,
+    /// Peak bytes the op held from the allocator beyond its inputs and output.
+    pub scratch_peak_bytes: u64,
+}
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelBenchConfig {
+    /// Timed repetitions of each side (best counts).
+    pub reps: usize,
+    /// Divide the long axes by this (1 = the real Wan shapes; tests use more).
+    pub shrink: usize,
+}
+
+impl Default for KernelBenchConfig {
+    fn default() -> Self {
+        Self { reps: 3, shrink: 1 }
+    }
+}
+
+/// Plain buffers for one bare `gemm` call `[m×k]·[k×n]`: the reference side.
+struct BareGemm {
+    m: usize,
+    k: usize,
+    n: usize,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+}
+
+impl BareGemm {
+    fn new(m: usize, k: usize, n: usize) -> Self {
+        Self {
+            m,
+            k,
+            n,
+            a: (0..m * k).map(|i| (i % 17) as f32 * 0.01).collect(),
+            b: (0..k * n).map(|i| (i % 13) as f32 * 0.01).collect(),
+            c: vec![0f32; m * n],
+        }
+    }
+
+    fn flops(&self) -> f64 {
+        2.0 * (self.m * self.n * self.k) as f64
+    }
+
+    fn run(&mut self) {
+        let Self { m, k, n, a, b, c } = self;
+        let (m, k, n) = (*m, *k, *n);
+        parallel::run(|| {
+            sgemm(
+                m,
+                n,
+                k,
+                MatRef::row_major(a, 0, k),
+                MatRef::row_major(b, 0, n),
+                c,
+                0,
+                n,
+                false,
+                1.0,
+                Threads::Pool,
+            )
+        });
+    }
+}
+
+/// Times `op` and the bare reference alternately (so drift hits both alike), `reps`
+/// times each after a warm-up. Returns (best op seconds, best reference seconds, scratch
+/// peak), the scratch being the op's peak requested bytes beyond its inputs and output.
+fn compare(
+    device: &Device,
+    reps: usize,
+    output_bytes: u64,
+    reference: &mut BareGemm,
+    mut op: impl FnMut() -> Result<Tensor>,
+) -> Result<(f64, f64, u64)> {
+    drop(op()?);
+    reference.run();
+    let platform = device.platform();
+    let base = platform.memory_stats().requested_bytes.all().current;
+    platform.reset_peak_stats();
+    let (mut best_op, mut best_ref) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..reps.max(1) {
+        let start = Instant::now();
+        drop(op()?);
+        best_op = best_op.min(start.elapsed().as_secs_f64());
+        let start = Instant::now();
+        reference.run();
+        best_ref = best_ref.min(start.elapsed().as_secs_f64());
+    }
+    let peak = platform.memory_stats().requested_bytes.all().peak;
+    let scratch = ((peak - base).max(0) as u64).saturating_sub(output_bytes);
+    Ok((best_op, best_ref, scratch))
+}
+
+fn row(
+    name: String,
+    flops: f64,
+    secs: f64,
+    reference: &BareGemm,
+    reference_secs: f64,
+    scratch_peak_bytes: u64,
+) -> KernelRow {
+    let gflops = flops / secs / 1e9;
+    let reference_gflops = reference.flops() / reference_secs / 1e9;
+    KernelRow {
+        name,
+        gflops,
+        reference_gflops,
+        ratio: gflops / reference_gflops,
+        scratch_peak_bytes,
+    }
+}
+
+fn random(shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
+    Ok(Tensor::randn(shape, seed, 0, DType::F32, device)?.mul_scalar(0.1)?)
+}
+
+fn matmul_row(device: &Device, m: usize, k: usize, n: usize, reps: usize) -> Result<KernelRow> {
+    let a = random(&[m, k], 1, device)?;
+    let b = random(&[k, n], 2, device)?;
+    let mut reference = BareGemm::new(m, k, n);
+    let (secs, ref_secs, scratch) =
+        compare(device, reps, (m * n * 4) as u64, &mut reference, || {
+            Ok(a.matmul(&b)?)
+        })?;
+    Ok(row(
+        format!("matmul {m}x{k}x{n}"),
+        2.0 * (m * n * k) as f64,
+        secs,
+        &reference,
+        ref_secs,
+        scratch,
+    ))
+}
+
+/// Runs every kernel benchmark.
+pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
+    let device = Device::cpu()?;
+    let s = config.shrink.max(1);
+    let tokens = 4680 / s;
+    Ok(vec![
+        matmul_row(&device, tokens, 1536, 1536 / s, config.reps)?,
+        matmul_row(&device, tokens, 1536, 8960 / s, config.reps)?,
+    ])
+}
