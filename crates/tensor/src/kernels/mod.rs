@@ -3,4 +3,5 @@
 //! scratch) from the allocator, and calls them.
 
 pub mod gemm;
+pub mod resample;
 pub mod softmax;

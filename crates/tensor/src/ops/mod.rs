@@ -9,3 +9,4 @@ pub mod norm;
 pub mod pixels;
 pub mod random;
 pub mod reduce;
+pub mod resample;
