@@ -123,7 +123,10 @@ impl Conv3dParams {
     }
 
     fn debug_validate(&self) {
-        debug_assert!(self.kernel.iter().all(|&k| k > 0), "kernel extents must be > 0");
+        debug_assert!(
+            self.kernel.iter().all(|&k| k > 0),
+            "kernel extents must be > 0"
+        );
         debug_assert!(self.stride.iter().all(|&s| s > 0), "strides must be > 0");
         debug_assert!(
             self.time_pad == TimePad::Zeros || self.pad_t_front == 0 || self.in_t > 0,
@@ -323,7 +326,19 @@ fn pointwise(p: &Conv3dParams, src: &[f32], weight: &[f32], bias: Option<&[f32]>
     let pixels = dst.len() / cout;
     let w = MatRef::row_major(weight, 0, cin);
     let x = MatRef::row_major(src, 0, pixels);
-    sgemm(cout, pixels, cin, w, x, dst, 0, pixels, false, 1.0, Threads::Pool);
+    sgemm(
+        cout,
+        pixels,
+        cin,
+        w,
+        x,
+        dst,
+        0,
+        pixels,
+        false,
+        1.0,
+        Threads::Pool,
+    );
     if let Some(bias) = bias {
         dst.par_chunks_mut(pixels).zip(bias).for_each(|(row, &b)| {
             row.iter_mut().for_each(|v| *v += b);
@@ -426,7 +441,14 @@ impl Geometry {
     }
 
     /// The input row under tap `(dt, dy)` for output row `(t, y)`, or None if it is padding.
-    fn source_row<'a>(&self, chan: &'a [f32], t: usize, y: usize, dt: usize, dy: usize) -> Option<&'a [f32]> {
+    fn source_row<'a>(
+        &self,
+        chan: &'a [f32],
+        t: usize,
+        y: usize,
+        dt: usize,
+        dy: usize,
+    ) -> Option<&'a [f32]> {
         let ti = (t * self.stride[0] + dt).checked_sub(self.pad_t_front);
         let ti = match ti {
             Some(ti) => ti,
@@ -560,12 +582,36 @@ pub fn conv3d_pool_variant(
                 if scratch_len == 0 {
                     // Pointwise: the batch item's [Cin, P] input is the B operand as is.
                     let x = MatRef::row_major(src, 0, pixels);
-                    sgemm(cout, n, k, w, x, out, dst_offset, pixels, false, 1.0, Threads::Pool);
+                    sgemm(
+                        cout,
+                        n,
+                        k,
+                        w,
+                        x,
+                        out,
+                        dst_offset,
+                        pixels,
+                        false,
+                        1.0,
+                        Threads::Pool,
+                    );
                 } else {
                     let cols = &mut scratch[..k * n];
                     fill_cols_par(&geom, src, p0, cols);
                     let x = MatRef::row_major(cols, 0, n);
-                    sgemm(cout, n, k, w, x, out, dst_offset, pixels, false, 1.0, Threads::Pool);
+                    sgemm(
+                        cout,
+                        n,
+                        k,
+                        w,
+                        x,
+                        out,
+                        dst_offset,
+                        pixels,
+                        false,
+                        1.0,
+                        Threads::Pool,
+                    );
                 }
                 if let Some(bias) = bias {
                     add_bias(&mut out[dst_offset..], pixels, n, bias);
@@ -601,3 +647,283 @@ fn fill_cols_par(g: &Geometry, src: &[f32], p0: usize, cols: &mut [f32]) {
         });
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic xorshift values in [-1, 1).
+    fn random(n: usize, seed: u64) -> Vec<f32> {
+        let mut s = seed.max(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// Direct f64 convolution: pad explicitly (time in front, h and w both sides), then a
+    /// valid strided convolution with nested loops.
+    fn reference(
+        p: &Conv3dParams,
+        input: &[f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+    ) -> Vec<f64> {
+        let (b_n, ci_n, co_n) = (p.batch, p.in_channels, p.out_channels);
+        let (t_n, h_n, w_n) = (p.in_t, p.in_h, p.in_w);
+        let (tp, hp, wp) = (t_n + p.pad_t_front, h_n + 2 * p.pad_h, w_n + 2 * p.pad_w);
+        let mut padded = vec![0f64; b_n * ci_n * tp * hp * wp];
+        for b in 0..b_n {
+            for c in 0..ci_n {
+                for t in 0..tp {
+                    let ti = match t.checked_sub(p.pad_t_front) {
+                        Some(ti) => ti,
+                        None if p.time_pad == TimePad::Replicate => 0,
+                        None => continue,
+                    };
+                    for y in 0..h_n {
+                        for x in 0..w_n {
+                            let src = (((b * ci_n + c) * t_n + ti) * h_n + y) * w_n + x;
+                            let dst =
+                                (((b * ci_n + c) * tp + t) * hp + y + p.pad_h) * wp + x + p.pad_w;
+                            padded[dst] = f64::from(input[src]);
+                        }
+                    }
+                }
+            }
+        }
+        let [kt, kh, kw] = p.kernel;
+        let [st, sh, sw] = p.stride;
+        let [to, ho, wo] = p.out_dims();
+        let mut out = vec![0f64; p.out_len()];
+        for b in 0..b_n {
+            for co in 0..co_n {
+                for t in 0..to {
+                    for y in 0..ho {
+                        for x in 0..wo {
+                            let mut acc = bias.map_or(0.0, |bias| f64::from(bias[co]));
+                            for c in 0..ci_n {
+                                for dt in 0..kt {
+                                    for dy in 0..kh {
+                                        for dx in 0..kw {
+                                            let wi =
+                                                (((co * ci_n + c) * kt + dt) * kh + dy) * kw + dx;
+                                            let xi = (((b * ci_n + c) * tp + t * st + dt) * hp
+                                                + y * sh
+                                                + dy)
+                                                * wp
+                                                + x * sw
+                                                + dx;
+                                            acc += f64::from(weight[wi]) * padded[xi];
+                                        }
+                                    }
+                                }
+                            }
+                            out[(((b * co_n + co) * to + t) * ho + y) * wo + x] = acc;
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Runs conv3d with the given scratch target and checks it against the reference.
+    fn check(p: &Conv3dParams, with_bias: bool, target: usize) {
+        let input = random(p.in_len(), 1 + p.in_len() as u64);
+        let weight = random(p.weight_len(), 2 + p.weight_len() as u64);
+        let bias = random(p.out_channels, 3);
+        let bias = with_bias.then_some(bias.as_slice());
+        let mut out = vec![f32::NAN; p.out_len()];
+        let mut scratch =
+            vec![f32::NAN; scratch_len_for_target(p, target, parallel::num_threads())];
+        conv3d_with_target(p, &input, &weight, bias, &mut out, &mut scratch, target);
+        let want = reference(p, &input, &weight, bias);
+        let max_ref = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let max_err = out
+            .iter()
+            .zip(&want)
+            .fold(0f64, |m, (&g, &w)| m.max((f64::from(g) - w).abs()));
+        assert!(
+            max_err <= 1e-4 * (1.0 + max_ref),
+            "{p:?} bias {with_bias}: err {max_err} (max |ref| {max_ref})"
+        );
+    }
+
+    /// A small conv: batch 2, 3 → 4 channels, 5 frames of 5×7.
+    fn small(
+        kernel: [usize; 3],
+        stride: [usize; 3],
+        pad: [usize; 3],
+        time_pad: TimePad,
+    ) -> Conv3dParams {
+        Conv3dParams {
+            batch: 2,
+            in_channels: 3,
+            out_channels: 4,
+            in_t: 5,
+            in_h: 5,
+            in_w: 7,
+            kernel,
+            stride,
+            pad_t_front: pad[0],
+            time_pad,
+            pad_h: pad[1],
+            pad_w: pad[2],
+        }
+    }
+
+    #[test]
+    fn out_dims_follow_the_strided_padded_formula() {
+        let p = small([3, 3, 3], [2, 2, 1], [2, 1, 0], TimePad::Zeros);
+        assert_eq!(p.out_dims(), [3, 3, 5]);
+        assert_eq!(p.out_len(), 2 * 4 * 3 * 3 * 5);
+        assert_eq!(p.in_len(), 2 * 3 * 5 * 5 * 7);
+        assert_eq!(p.weight_len(), 4 * 3 * 27);
+    }
+
+    #[test]
+    fn causal_3x3x3_conv_matches_reference_with_both_time_pads() {
+        for time_pad in [TimePad::Zeros, TimePad::Replicate] {
+            for bias in [true, false] {
+                check(
+                    &small([3, 3, 3], [1, 1, 1], [2, 1, 1], time_pad),
+                    bias,
+                    CONV_SCRATCH_TARGET,
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn stride_two_in_each_axis_matches_reference() {
+        for stride in [[2, 1, 1], [1, 2, 1], [1, 1, 2], [2, 2, 2]] {
+            for pad in [[0, 0, 0], [2, 1, 1], [1, 0, 1]] {
+                for time_pad in [TimePad::Zeros, TimePad::Replicate] {
+                    check(
+                        &small([3, 3, 3], stride, pad, time_pad),
+                        true,
+                        CONV_SCRATCH_TARGET,
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_shapes_of_the_vae_match_reference_with_and_without_padding() {
+        let cases = [
+            ([1, 1, 1], [0, 0, 0]),
+            ([1, 1, 1], [1, 1, 1]),
+            ([3, 1, 1], [2, 0, 0]),
+            ([3, 1, 1], [0, 0, 0]),
+            ([1, 3, 3], [0, 1, 1]),
+            ([1, 3, 3], [0, 0, 0]),
+            ([3, 3, 3], [0, 0, 0]),
+            ([2, 2, 3], [1, 2, 0]),
+        ];
+        for (kernel, pad) in cases {
+            for time_pad in [TimePad::Zeros, TimePad::Replicate] {
+                check(
+                    &small(kernel, [1, 1, 1], pad, time_pad),
+                    true,
+                    CONV_SCRATCH_TARGET,
+                );
+                check(
+                    &small(kernel, [2, 1, 2], pad, time_pad),
+                    false,
+                    CONV_SCRATCH_TARGET,
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn pointwise_conv_needs_no_scratch_and_matches_reference() {
+        let p = small([1, 1, 1], [1, 1, 1], [0, 0, 0], TimePad::Zeros);
+        assert_eq!(conv3d_scratch_len(&p), 0);
+        check(&p, true, 0);
+        check(&p, false, 0);
+    }
+
+    #[test]
+    fn tiles_smaller_than_the_image_match_reference() {
+        let p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Replicate);
+        let per_pixel = p.patch_len() + p.out_channels;
+        // Targets of 1 pixel (clamped to one row), 3, 9 and 11 pixels: tiles that end
+        // mid-row, span rows and span frames.
+        for pixels in [1, 3, 9, 11, 40] {
+            check(&p, true, pixels * per_pixel);
+        }
+        let strided = small([3, 3, 3], [2, 2, 2], [2, 1, 1], TimePad::Zeros);
+        check(&strided, true, strided.patch_len() + strided.out_channels);
+    }
+
+    #[test]
+    fn scratch_stays_under_the_target_per_slot_for_large_images() {
+        let slots = parallel::num_threads();
+        let mut p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Zeros);
+        (p.in_channels, p.out_channels, p.in_t, p.in_h, p.in_w) = (96, 96, 5, 720, 1280);
+        assert!(conv3d_scratch_len(&p) <= slots * CONV_SCRATCH_TARGET);
+        // A row that alone exceeds the target still gets one row per slot.
+        (p.in_channels, p.in_h, p.in_w) = (384, 8, 4000);
+        let row = (p.patch_len() + p.out_channels) * 4000;
+        assert!(row > CONV_SCRATCH_TARGET);
+        assert_eq!(conv3d_scratch_len(&p), slots * row);
+    }
+
+    #[test]
+    fn conv3d_is_bitwise_deterministic() {
+        let mut p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Zeros);
+        (p.in_channels, p.out_channels, p.in_h, p.in_w) = (16, 24, 33, 47);
+        let input = random(p.in_len(), 5);
+        let weight = random(p.weight_len(), 6);
+        let bias = random(p.out_channels, 7);
+        let run = || {
+            let mut out = vec![0f32; p.out_len()];
+            let mut scratch = vec![0f32; conv3d_scratch_len(&p)];
+            conv3d(&p, &input, &weight, Some(&bias), &mut out, &mut scratch);
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run());
+    }
+
+    #[test]
+    fn conv2d_matches_reference_for_padding_and_stride() {
+        for (kernel, stride, pad) in [
+            ([3, 3], [1, 1], [1, 1]),
+            ([3, 3], [2, 2], [0, 0]),
+            ([1, 1], [1, 1], [0, 0]),
+        ] {
+            let p2 = Conv2dParams {
+                batch: 2,
+                in_channels: 5,
+                out_channels: 3,
+                in_h: 9,
+                in_w: 7,
+                kernel,
+                stride,
+                pad_h: pad[0],
+                pad_w: pad[1],
+            };
+            let p = p2.to_3d();
+            assert_eq!(conv2d_scratch_len(&p2), conv3d_scratch_len(&p));
+            assert_eq!(p2.out_len(), p.out_len());
+            let input = random(p2.in_len(), 8);
+            let weight = random(p2.weight_len(), 9);
+            let bias = random(3, 10);
+            let mut out = vec![f32::NAN; p2.out_len()];
+            let mut scratch = vec![f32::NAN; conv2d_scratch_len(&p2)];
+            conv2d(&p2, &input, &weight, Some(&bias), &mut out, &mut scratch);
+            let want = reference(&p, &input, &weight, Some(&bias));
+            let max_err = out
+                .iter()
+                .zip(&want)
+                .fold(0f64, |m, (&g, &w)| m.max((f64::from(g) - w).abs()));
+            assert!(max_err <= 1e-4 * (1.0 + want.iter().fold(0f64, |m, v| m.max(v.abs()))));
+        }
+    }
+}

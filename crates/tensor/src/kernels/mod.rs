@@ -2,6 +2,7 @@
 //! dtypes or allocators: the op layer checks shapes, takes every buffer (outputs and
 //! scratch) from the allocator, and calls them.
 
+pub mod conv;
 pub mod gemm;
 pub mod resample;
 pub mod softmax;
