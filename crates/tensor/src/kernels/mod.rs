@@ -2,7 +2,9 @@
 //! dtypes or allocators: the op layer checks shapes, takes every buffer (outputs and
 //! scratch) from the allocator, and calls them.
 
+pub mod attention;
 pub mod conv;
 pub mod gemm;
 pub mod resample;
+pub mod rope;
 pub mod softmax;

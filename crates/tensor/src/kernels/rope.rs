@@ -32,7 +32,7 @@ pub struct RopeTable {
 impl RopeTable {
     /// Tables for `head_dim` (split t/h/w per WAN.md) for positions `0..max_positions` per axis.
     pub fn new(head_dim: usize, max_positions: usize, theta: f64) -> Self {
-        debug_assert!(head_dim % 2 == 0, "head_dim must be even");
+        debug_assert!(head_dim.is_multiple_of(2), "head_dim must be even");
         debug_assert!(theta > 0.0, "theta must be positive");
         let hw = 2 * (head_dim / 6);
         let axis_dims = [head_dim - 2 * hw, hw, hw];
@@ -95,7 +95,7 @@ impl RopeTable {
     }
 }
 
-/// Rotates `x` (`[tokens, heads, head_dim]`, contiguous) in place; token `i` sits at grid position `positions[i] = (f, y, x)`.
+/// Rotates `x` (`[tokens, heads, head_dim]`, contiguous) in place by each token's `(f, y, x)`.
 pub fn apply_rope(
     table: &RopeTable,
     x: &mut [f32],
@@ -103,7 +103,10 @@ pub fn apply_rope(
     heads: usize,
     head_dim: usize,
 ) {
-    assert_eq!(head_dim, table.head_dim, "rope table built for another head_dim");
+    assert_eq!(
+        head_dim, table.head_dim,
+        "rope table built for another head_dim"
+    );
     let token_len = heads * head_dim;
     assert_eq!(x.len(), positions.len() * token_len, "rope input length");
     if token_len == 0 {
@@ -191,7 +194,8 @@ mod tests {
         for &(heads, head_dim) in &[(3, 12), (2, 128), (1, 8)] {
             let table = RopeTable::new(head_dim, 64, theta);
             let [t, h, _] = table.axis_dims();
-            let positions: Vec<[usize; 3]> = (0..37).map(|i| [i % 5, (i * 7) % 64, 63 - i]).collect();
+            let positions: Vec<[usize; 3]> =
+                (0..37).map(|i| [i % 5, (i * 7) % 64, 63 - i]).collect();
             let input: Vec<f32> = (0..positions.len() * heads * head_dim)
                 .map(|_| rng.next_f32())
                 .collect();

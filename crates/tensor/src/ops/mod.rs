@@ -2,6 +2,7 @@
 //! calls into the kernels. On a meta device every op checks shapes and allocates the
 //! same sizes in the same order, and computes nothing.
 
+pub mod attention;
 pub mod conv;
 pub(crate) mod copy;
 pub mod elementwise;
