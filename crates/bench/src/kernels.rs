@@ -5,6 +5,8 @@
 use std::time::Instant;
 
 use headroom_tensor::kernels::gemm::{sgemm, MatRef, Threads};
+use headroom_tensor::ops::attention::Mask;
+use headroom_tensor::ops::conv::Conv3dOptions;
 use headroom_tensor::{parallel, DType, Device, Tensor};
 use serde::Serialize;
 
@@ -157,6 +159,55 @@ fn matmul_row(device: &Device, m: usize, k: usize, n: usize, reps: usize) -> Res
     ))
 }
 
+fn attention_row(
+    device: &Device,
+    q_len: usize,
+    kv_len: usize,
+    heads: usize,
+    head_dim: usize,
+    reps: usize,
+) -> Result<KernelRow> {
+    let q = random(&[1, q_len, heads, head_dim], 3, device)?;
+    let k = random(&[1, kv_len, heads, head_dim], 4, device)?;
+    let v = random(&[1, kv_len, heads, head_dim], 5, device)?;
+    let mut reference = BareGemm::new(q_len, head_dim, kv_len);
+    let out_bytes = (q_len * heads * head_dim * 4) as u64;
+    let (secs, ref_secs, scratch) = compare(device, reps, out_bytes, &mut reference, || {
+        Ok(Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            Mask::None,
+            None,
+        )?)
+    })?;
+    let flops = 4.0 * (heads * q_len * kv_len * head_dim) as f64;
+    let name = format!("attention {q_len}q x {kv_len}k x {heads}h x {head_dim}d");
+    Ok(row(name, flops, secs, &reference, ref_secs, scratch))
+}
+
+fn conv3d_row(
+    device: &Device,
+    channels: usize,
+    frames: usize,
+    h: usize,
+    w: usize,
+    reps: usize,
+) -> Result<KernelRow> {
+    let x = random(&[1, channels, frames, h, w], 6, device)?;
+    let weight = random(&[channels, channels, 3, 3, 3], 7, device)?;
+    let bias = random(&[channels], 8, device)?;
+    let pixels = frames * h * w;
+    let mut reference = BareGemm::new(channels, channels * 27, pixels);
+    let out_bytes = (channels * pixels * 4) as u64;
+    let (secs, ref_secs, scratch) = compare(device, reps, out_bytes, &mut reference, || {
+        Ok(x.conv3d(&weight, Some(&bias), Conv3dOptions::causal([1, 1, 1]))?)
+    })?;
+    let flops = 2.0 * (channels * channels * 27 * pixels) as f64;
+    let name = format!("conv3d {channels}->{channels} 3x3x3 {frames}x{h}x{w}");
+    Ok(row(name, flops, secs, &reference, ref_secs, scratch))
+}
+
 /// Runs every kernel benchmark.
 pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     let device = Device::cpu()?;
@@ -165,5 +216,14 @@ pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     Ok(vec![
         matmul_row(&device, tokens, 1536, 1536 / s, config.reps)?,
         matmul_row(&device, tokens, 1536, 8960 / s, config.reps)?,
+        attention_row(&device, tokens, 2 * tokens, 12, 128, config.reps)?,
+        conv3d_row(
+            &device,
+            96,
+            4,
+            (60 / s).max(3),
+            (104 / s).max(3),
+            config.reps,
+        )?,
     ])
 }

@@ -182,3 +182,28 @@ fn bench_alloc_prints_both_allocators_and_their_ratio() {
         assert!(row["speedup"].as_f64().unwrap() > 0.0);
     }
 }
+
+#[test]
+fn bench_kernels_prints_every_kernel_beside_its_reference() {
+    let out = headroom(&[
+        "bench", "kernels", "--shrink", "10", "--reps", "1", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kernels = json["kernels"].as_array().unwrap();
+    let prefixes: Vec<&str> = kernels
+        .iter()
+        .map(|k| k["name"].as_str().unwrap().split(' ').next().unwrap())
+        .collect();
+    assert_eq!(prefixes, ["matmul", "matmul", "attention", "conv3d"]);
+    for k in kernels {
+        for key in ["gflops", "reference_gflops", "ratio"] {
+            assert!(k[key].as_f64().unwrap() > 0.0, "{key} in {k}");
+        }
+        assert!(k["scratch_peak_bytes"].as_u64().is_some());
+    }
+}
