@@ -35,7 +35,10 @@ impl fmt::Debug for Tensor {
 /// Reinterprets bytes as elements (allocator blocks are 512-byte aligned).
 fn cast<T: Element>(bytes: &[u8]) -> &[T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0 && bytes.len() % size == 0);
+    assert!(
+        (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+            && bytes.len().is_multiple_of(size)
+    );
     // SAFETY: alignment and length checked above; every bit pattern is a valid value of
     // the element types (f32, bf16, f16, u8, i64).
     unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) }
@@ -43,7 +46,10 @@ fn cast<T: Element>(bytes: &[u8]) -> &[T] {
 
 fn cast_mut<T: Element>(bytes: &mut [u8]) -> &mut [T] {
     let size = std::mem::size_of::<T>();
-    assert!(bytes.as_ptr() as usize % std::mem::align_of::<T>() == 0 && bytes.len() % size == 0);
+    assert!(
+        (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+            && bytes.len().is_multiple_of(size)
+    );
     // SAFETY: as in `cast`; the exclusive borrow carries over.
     unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / size) }
 }

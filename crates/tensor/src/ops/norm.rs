@@ -142,11 +142,11 @@ impl Tensor {
                                     *n += f64::from(v) * f64::from(v);
                                 }
                             }
-                            for c in 0..channels {
+                            for (c, &gc) in g.iter().enumerate() {
                                 let at = c * inner + start;
-                                for j in 0..len {
-                                    let n = (norms[j].sqrt() as f32).max(1e-12);
-                                    o[at + j] = x[at + j] / n * scale * g[c];
+                                for (j, norm) in norms[..len].iter().enumerate() {
+                                    let n = (norm.sqrt() as f32).max(1e-12);
+                                    o[at + j] = x[at + j] / n * scale * gc;
                                 }
                             }
                             start += len;

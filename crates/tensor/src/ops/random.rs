@@ -26,7 +26,7 @@ pub fn normal_at(seed: u64, counter: u64) -> f32 {
     let u2 = (bits & 0xFFFF_FFFF) as f64 / 4_294_967_296.0;
     let r = (-2.0 * u1.ln()).sqrt();
     let angle = 2.0 * std::f64::consts::PI * u2;
-    let z = if counter % 2 == 0 {
+    let z = if counter.is_multiple_of(2) {
         r * angle.cos()
     } else {
         r * angle.sin()

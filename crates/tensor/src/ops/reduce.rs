@@ -102,8 +102,7 @@ impl Tensor {
         let input = self.to_f32_contiguous()?;
         let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
         if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
-            if cols > 0 {
-                let rows = src.len() / cols;
+            if let Some(rows) = src.len().checked_div(cols) {
                 crate::kernels::softmax::softmax_rows_into(src, dst, rows, cols);
             }
         }
