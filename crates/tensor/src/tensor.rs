@@ -145,6 +145,60 @@ impl Tensor {
         Ok(t)
     }
 
+    /// A tensor of `target` dtype from raw little-endian bytes of `stored` dtype, converted
+    /// element by element straight into one allocator block (no intermediate copy).
+    pub fn from_bytes_as(
+        bytes: &[u8],
+        shape: &[usize],
+        stored: DType,
+        target: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        if stored == target {
+            return Self::from_bytes(bytes, shape, stored, device);
+        }
+        if bytes.len() != numel(shape) * stored.size() {
+            return Err(TensorError::shape(
+                "from_bytes_as",
+                format!(
+                    "{} bytes do not fill shape {shape:?} of {stored} ({} bytes)",
+                    bytes.len(),
+                    numel(shape) * stored.size()
+                ),
+            ));
+        }
+        fn decode(bytes: &[u8], dtype: DType) -> f32 {
+            let le = |n: usize| {
+                let mut b = [0u8; 8];
+                b[..n].copy_from_slice(&bytes[..n]);
+                b
+            };
+            match dtype {
+                DType::F32 => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+                DType::BF16 => bf16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).to_f32(),
+                DType::F16 => f16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).to_f32(),
+                DType::U8 => f32::from(bytes[0]),
+                DType::I64 => i64::from_le_bytes(le(8)) as f32,
+            }
+        }
+        fn fill<T: Element>(t: &mut Tensor, bytes: &[u8], stored: DType) {
+            if let Some(out) = t.data_mut::<T>() {
+                for (o, chunk) in out.iter_mut().zip(bytes.chunks_exact(stored.size())) {
+                    *o = T::from_f32(decode(chunk, stored));
+                }
+            }
+        }
+        let mut t = Self::empty(shape, target, device)?;
+        match target {
+            DType::F32 => fill::<f32>(&mut t, bytes, stored),
+            DType::BF16 => fill::<bf16>(&mut t, bytes, stored),
+            DType::F16 => fill::<f16>(&mut t, bytes, stored),
+            DType::U8 => fill::<u8>(&mut t, bytes, stored),
+            DType::I64 => fill::<i64>(&mut t, bytes, stored),
+        }
+        Ok(t)
+    }
+
     /// Dimensions.
     pub fn shape(&self) -> &[usize] {
         self.layout.shape()

@@ -109,27 +109,27 @@ impl SafetensorsFile {
             .tensor(name)
             .map_err(|_| io_err(&self.path, format!("no tensor named {name:?}")))?;
         let shape = view.shape().to_vec();
-        let tensor = if view.dtype() == StDtype::F64 {
+        if view.dtype() == StDtype::F64 {
             // f64 checkpoints (reference fixtures) are narrowed to f32 on load.
             let values: Vec<f32> = view
                 .data()
                 .chunks_exact(8)
                 .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
                 .collect();
-            Tensor::from_slice(&values, &shape, device)?
-        } else {
-            let stored = our_dtype(view.dtype()).ok_or_else(|| {
-                io_err(
-                    &self.path,
-                    format!("tensor {name:?} has unsupported dtype {:?}", view.dtype()),
-                )
-            })?;
-            Tensor::from_bytes(view.data(), &shape, stored, device)?
-        };
-        match dtype {
-            Some(d) => tensor.to_dtype(d),
-            None => Ok(tensor),
+            let t = Tensor::from_slice(&values, &shape, device)?;
+            return match dtype {
+                Some(d) => t.to_dtype(d),
+                None => Ok(t),
+            };
         }
+        let stored = our_dtype(view.dtype()).ok_or_else(|| {
+            io_err(
+                &self.path,
+                format!("tensor {name:?} has unsupported dtype {:?}", view.dtype()),
+            )
+        })?;
+        // One copy from the map into one allocator block, converting on the way.
+        Tensor::from_bytes_as(view.data(), &shape, stored, dtype.unwrap_or(stored), device)
     }
 
     /// Loads every tensor.
