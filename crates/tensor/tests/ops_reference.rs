@@ -234,9 +234,9 @@ fn norms_match_the_reference() {
                 .sum::<f64>()
                 .sqrt()
                 .max(1e-12);
-            for c in 0..5 {
+            for (c, g) in vg.iter().enumerate() {
                 let i = (bidx * 5 + c) * inner + p;
-                expected[i] = vv[i] / norm * 5f64.sqrt() * vg[c];
+                expected[i] = vv[i] / norm * 5f64.sqrt() * g;
             }
         }
     }
