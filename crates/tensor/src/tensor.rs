@@ -449,6 +449,19 @@ impl Tensor {
             .ok_or(TensorError::Meta { op: "to_f32_vec" })
     }
 
+    /// Checks that this tensor holds floats (f32, bf16, f16), naming `op` otherwise.
+    pub fn require_float(&self, op: &'static str) -> Result<()> {
+        if self.dtype.is_float() {
+            Ok(())
+        } else {
+            Err(TensorError::DType {
+                op,
+                expected: "a float dtype (f32, bf16, f16)",
+                got: self.dtype,
+            })
+        }
+    }
+
     /// Checks that `other` lives on this tensor's device.
     pub fn same_device(&self, op: &'static str, other: &Tensor) -> Result<()> {
         if self.device == other.device {

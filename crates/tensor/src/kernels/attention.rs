@@ -393,22 +393,7 @@ fn tile(
 mod tests {
     use super::*;
 
-    /// xorshift64*: a tiny deterministic generator of uniform floats in [-1, 1).
-    struct Rng(u64);
-
-    impl Rng {
-        fn next_f32(&mut self) -> f32 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            let bits = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40;
-            bits as f32 / (1u64 << 23) as f32 - 1.0
-        }
-
-        fn vec(&mut self, n: usize) -> Vec<f32> {
-            (0..n).map(|_| self.next_f32()).collect()
-        }
-    }
+    use crate::kernels::test_rng::TestRng as Rng;
 
     /// Where the heads and tokens of a `[*, *, head_dim]` buffer sit.
     #[derive(Debug, Clone, Copy)]

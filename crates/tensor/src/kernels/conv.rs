@@ -503,17 +503,7 @@ fn fill_segment(seg: &mut [f32], row: &[f32], padded_x0: usize, stride: usize, p
 mod tests {
     use super::*;
 
-    /// Deterministic xorshift values in [-1, 1).
-    fn random(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.max(1);
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        };
-        (0..n).map(|_| next()).collect()
-    }
+    use crate::kernels::test_rng::random;
 
     /// Splits a flat index into coordinates of `dims` (row-major).
     fn unflatten<const N: usize>(mut i: usize, dims: [usize; N]) -> [usize; N] {

@@ -8,3 +8,5 @@ pub mod gemm;
 pub mod resample;
 pub mod rope;
 pub mod softmax;
+#[cfg(test)]
+mod test_rng;

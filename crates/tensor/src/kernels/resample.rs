@@ -302,18 +302,7 @@ pub fn concat(inputs: &[(&[f32], &[usize])], axis: usize, out: &mut [f32]) {
 mod tests {
     use super::*;
 
-    /// Deterministic xorshift values in [-1, 1).
-    fn random(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.max(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use crate::kernels::test_rng::random;
 
     #[test]
     fn upsample_nearest2x_duplicates_every_pixel_into_a_2x2_block() {

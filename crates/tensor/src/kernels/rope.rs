@@ -145,18 +145,7 @@ fn rotate_token(table: &RopeTable, token: &mut [f32], pos: &[usize; 3], head_dim
 mod tests {
     use super::*;
 
-    /// xorshift64*: a tiny deterministic generator of uniform floats in [-1, 1).
-    struct Rng(u64);
-
-    impl Rng {
-        fn next_f32(&mut self) -> f32 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            let bits = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40;
-            bits as f32 / (1u64 << 23) as f32 - 1.0
-        }
-    }
+    use crate::kernels::test_rng::TestRng as Rng;
 
     fn expected_angle(dim: usize, pos: usize, j: usize, theta: f64) -> f64 {
         pos as f64 / theta.powf((2 * j) as f64 / dim as f64)

@@ -191,18 +191,7 @@ pub fn softmax_rows_into(input: &[f32], out: &mut [f32], rows: usize, cols: usiz
 mod tests {
     use super::*;
 
-    /// xorshift64*: a tiny deterministic generator of uniform floats in [lo, hi).
-    struct Rng(u64);
-
-    impl Rng {
-        fn next_f32(&mut self, lo: f32, hi: f32) -> f32 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            let bits = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40;
-            lo + (hi - lo) * (bits as f32 / (1u64 << 24) as f32)
-        }
-    }
+    use crate::kernels::test_rng::TestRng as Rng;
 
     fn reference(row: &[f32]) -> Vec<f64> {
         let max = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
@@ -234,7 +223,7 @@ mod tests {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for &(rows, cols, range) in &[(7, 1, 1.0), (5, 33, 3.0), (3, 1000, 60.0), (64, 17, 0.1)] {
             let input: Vec<f32> = (0..rows * cols)
-                .map(|_| rng.next_f32(-range, range))
+                .map(|_| rng.uniform(-range, range))
                 .collect();
             let mut in_place = input.clone();
             softmax_rows(&mut in_place, rows, cols);
@@ -268,7 +257,7 @@ mod tests {
         let mut rng = Rng(42);
         for len in [0, 1, 7, 16, 17, 255, 256, 1000] {
             for floor in [f32::NEG_INFINITY, 0.5, 30.0] {
-                let row: Vec<f32> = (0..len).map(|_| rng.next_f32(-40.0, 40.0)).collect();
+                let row: Vec<f32> = (0..len).map(|_| rng.uniform(-40.0, 40.0)).collect();
                 let (mut a, mut b) = (row.clone(), row);
                 let ra = exp_with_max(&mut a, floor);
                 let rb = exp_with_max_impl(&mut b, floor);

@@ -20,21 +20,6 @@ pub fn promote(a: DType, b: DType) -> DType {
     }
 }
 
-fn float_input(op: &'static str, t: &Tensor) -> Result<Tensor> {
-    if !t.dtype().is_float() {
-        return Err(TensorError::DType {
-            op,
-            expected: "a float dtype (f32, bf16, f16)",
-            got: t.dtype(),
-        });
-    }
-    if t.dtype() == DType::F32 {
-        Ok(t.clone())
-    } else {
-        t.copy_as(DType::F32)
-    }
-}
-
 /// Storage index of the first element of row `row` (rows run along the last axis).
 fn row_base(layout: &Layout, mut row: usize) -> usize {
     let shape = layout.shape();
@@ -58,8 +43,8 @@ pub fn binary(
     a.same_device(op, b)?;
     let shape = broadcast_shapes(op, a.shape(), b.shape())?;
     let dtype = promote(a.dtype(), b.dtype());
-    let fa = float_input(op, a)?;
-    let fb = float_input(op, b)?;
+    let fa = super::float_f32(op, a)?;
+    let fb = super::float_f32(op, b)?;
     let mut out = Tensor::empty(&shape, DType::F32, a.device())?;
     if let (Some(da), Some(db), Some(dst)) = (
         fa.storage_as::<f32>(),
@@ -97,7 +82,7 @@ pub fn binary(
 
 /// Applies `f` to every element; float dtypes are kept.
 pub fn unary(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Result<Tensor> {
-    let input = float_input(op, x)?.to_f32_contiguous()?;
+    let input = super::float_f32(op, x)?.to_f32_contiguous()?;
     let mut out = Tensor::empty(x.shape(), DType::F32, x.device())?;
     if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
         crate::parallel::run(|| {

@@ -10,17 +10,6 @@ use crate::kernels::gemm::{sgemm, MatRef, Threads};
 use crate::layout::{broadcast_shapes, Layout};
 use crate::tensor::Tensor;
 
-fn as_f32(op: &'static str, t: &Tensor) -> Result<Tensor> {
-    if !t.dtype().is_float() {
-        return Err(TensorError::DType {
-            op,
-            expected: "a float dtype (f32, bf16, f16)",
-            got: t.dtype(),
-        });
-    }
-    t.to_dtype(DType::F32)
-}
-
 /// Storage offset of batch element `index` in a layout whose last two axes are the matrix.
 fn batch_offset(layout: &Layout, mut index: usize) -> usize {
     let shape = layout.shape();
@@ -72,8 +61,8 @@ impl Tensor {
             ));
         }
         let batch = broadcast_shapes(op, &self.shape()[..ra - 2], &other.shape()[..rb - 2])?;
-        let a = as_f32(op, self)?;
-        let b = as_f32(op, other)?;
+        let a = super::float_f32(op, self)?;
+        let b = super::float_f32(op, other)?;
         let mut out_shape = batch.clone();
         out_shape.extend([m, n]);
         let mut out = Tensor::empty(&out_shape, DType::F32, self.device())?;
@@ -142,8 +131,8 @@ impl Tensor {
             }
         }
         let rows = self.numel() / in_features.max(1);
-        let x = as_f32(op, self)?.to_f32_contiguous()?;
-        let w = as_f32(op, weight)?;
+        let x = super::float_f32(op, self)?.to_f32_contiguous()?;
+        let w = super::float_f32(op, weight)?;
         let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
         let mut out_shape = self.shape().to_vec();
         *out_shape.last_mut().expect("rank checked above") = out_features;

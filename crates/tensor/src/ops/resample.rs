@@ -7,13 +7,7 @@ use crate::kernels::resample::{self as k, PadMode, ShuffleParams};
 use crate::tensor::Tensor;
 
 fn float_op(op: &'static str, x: &Tensor) -> Result<Tensor> {
-    if !x.dtype().is_float() {
-        return Err(TensorError::DType {
-            op,
-            expected: "a float dtype (f32, bf16, f16)",
-            got: x.dtype(),
-        });
-    }
+    x.require_float(op)?;
     x.to_f32_contiguous()
 }
 
