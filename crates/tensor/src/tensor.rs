@@ -34,6 +34,10 @@ impl fmt::Debug for Tensor {
 
 /// Reinterprets bytes as elements (allocator blocks are 512-byte aligned).
 fn cast<T: Element>(bytes: &[u8]) -> &[T] {
+    if bytes.is_empty() {
+        // An empty block has a dangling byte pointer that need not be aligned for T.
+        return &[];
+    }
     let size = std::mem::size_of::<T>();
     assert!(
         (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
@@ -45,6 +49,9 @@ fn cast<T: Element>(bytes: &[u8]) -> &[T] {
 }
 
 fn cast_mut<T: Element>(bytes: &mut [u8]) -> &mut [T] {
+    if bytes.is_empty() {
+        return &mut [];
+    }
     let size = std::mem::size_of::<T>();
     assert!(
         (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())

@@ -102,3 +102,13 @@ fn dropping_the_last_handle_returns_the_block() {
     drop(view);
     assert_eq!(allocated(), base);
 }
+
+#[test]
+fn empty_tensors_of_every_dtype_read_and_write() {
+    let dev = Device::cpu().unwrap();
+    let e = Tensor::zeros(&[0, 3], DType::F32, &dev).unwrap();
+    assert_eq!(e.to_vec::<f32>().unwrap(), Vec::<f32>::new());
+    assert_eq!(e.add_scalar(1.0).unwrap().numel(), 0);
+    let i = Tensor::zeros(&[0], DType::I64, &dev).unwrap();
+    assert!(i.to_vec::<i64>().unwrap().is_empty());
+}

@@ -1,0 +1,189 @@
+//! The Wan 2.1 causal VAE (`AutoencoderKLWan`, diffusers 0.42.1; WAN.md §2): loading,
+//! encode, whole decode, latent (de)normalisation, and the session-owned streaming
+//! decoder in [`stream`].
+
+pub mod blocks;
+pub mod coder;
+pub mod config;
+pub mod stream;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use headroom_tensor::ops::conv::Conv3dOptions;
+use headroom_tensor::{DType, Device, Tensor};
+
+pub use config::VaeConfig;
+pub use stream::{OutputFormat, StreamingDecodeState, StreamingDecoder};
+
+use crate::error::{ModelError, Result};
+use crate::weights::{read_config, Init, WeightStore};
+use blocks::Slots;
+use coder::{Decoder, Encoder};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A 1×1×1 conv without cache (`quant_conv`, `post_quant_conv`).
+#[derive(Debug)]
+struct PointConv {
+    weight: Tensor,
+    bias: Tensor,
+}
+
+impl PointConv {
+    fn load(w: &WeightStore, prefix: &str, channels: usize) -> Result<Self> {
+        Ok(Self {
+            weight: w.get(
+                &format!("{prefix}.weight"),
+                &[channels, channels, 1, 1, 1],
+                Init::FanIn,
+            )?,
+            bias: w.get_as(
+                &format!("{prefix}.bias"),
+                &[channels],
+                Init::Scaled(0.05),
+                DType::F32,
+            )?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.conv3d(
+            &self.weight,
+            Some(&self.bias),
+            Conv3dOptions::causal([0, 0, 0]),
+        )?)
+    }
+}
+
+/// The Wan 2.1 VAE; immutable once loaded (sessions keep their caches themselves).
+#[derive(Debug)]
+pub struct WanVae {
+    id: u64,
+    config: VaeConfig,
+    encoder: Encoder,
+    decoder: Decoder,
+    quant_conv: PointConv,
+    post_quant_conv: PointConv,
+    device: Device,
+}
+
+impl WanVae {
+    /// Builds the network from a weight store.
+    pub fn from_store(config: VaeConfig, w: &WeightStore) -> Result<Self> {
+        config.validate()?;
+        Ok(Self {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            encoder: Encoder::load(w, &config)?,
+            decoder: Decoder::load(w, &config)?,
+            quant_conv: PointConv::load(w, "quant_conv", 2 * config.z_dim)?,
+            post_quant_conv: PointConv::load(w, "post_quant_conv", config.z_dim)?,
+            device: w.device().clone(),
+            config,
+        })
+    }
+
+    /// Loads a diffusers VAE folder (`config.json` + safetensors) with weights in `dtype`.
+    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        let config = VaeConfig::from_json(&read_config(dir)?)?;
+        Self::from_store(config, &WeightStore::from_dir(dir, device, dtype)?)
+    }
+
+    /// Seeded random weights for `config`.
+    pub fn seeded(config: VaeConfig, seed: u64, device: &Device, dtype: DType) -> Result<Self> {
+        Self::from_store(config, &WeightStore::seeded(seed, device, dtype))
+    }
+
+    /// The config.
+    pub fn config(&self) -> &VaeConfig {
+        &self.config
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A process-unique id (states remember which VAE they belong to).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    pub(crate) fn post_quant(&self, z: &Tensor) -> Result<Tensor> {
+        self.post_quant_conv.forward(z)
+    }
+
+    /// Latent mean of a video `[B, 3, T, H, W]` in [−1, 1] (`encode(x).latent_dist.mean`).
+    /// Frames beyond `1 + 4·⌊(T−1)/4⌋` are dropped, as diffusers does.
+    pub fn encode(&self, video: &Tensor) -> Result<Tensor> {
+        let op = "vae encode";
+        let [_, c, t, h, w] = *video.shape() else {
+            return Err(ModelError::input(
+                op,
+                format!("video must be [B, 3, T, H, W], got {:?}", video.shape()),
+            ));
+        };
+        let s = self.config.spatial_factor();
+        if c != self.config.in_channels || t == 0 || h % s != 0 || w % s != 0 {
+            return Err(ModelError::input(
+                op,
+                format!(
+                    "video {:?} needs {} channels, T ≥ 1 and H, W divisible by {s}",
+                    video.shape(),
+                    self.config.in_channels
+                ),
+            ));
+        }
+        let mut slots: Vec<Option<Tensor>> = (0..self.encoder.slot_count()).map(|_| None).collect();
+        let mut cache = Slots {
+            slots: &mut slots,
+            dtype: DType::F32,
+        };
+        let chunks = 1 + (t - 1) / 4;
+        let mut outs = Vec::with_capacity(chunks);
+        for i in 0..chunks {
+            let (start, len) = if i == 0 { (0, 1) } else { (1 + 4 * (i - 1), 4) };
+            outs.push(
+                self.encoder
+                    .forward(&video.narrow(2, start, len)?, &mut cache)?,
+            );
+        }
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        let h = self.quant_conv.forward(&Tensor::cat(&refs, 2)?)?;
+        Ok(h.narrow(1, 0, self.config.z_dim)?.contiguous()?)
+    }
+
+    /// Decodes latents `[1, z_dim, T, h, w]` (already denormalised) in one call:
+    /// `[1, 3, 1 + tc·(T−1), h·s, w·s]` clamped to [−1, 1].
+    pub fn decode(&self, z: &Tensor) -> Result<Tensor> {
+        let decoder = StreamingDecoder::new(self, None);
+        let mut state = StreamingDecodeState::new("decode")?;
+        let out = decoder.decode_chunk(z, &mut state, OutputFormat::Video, true)?;
+        out.ok_or_else(|| ModelError::input("vae decode", "no output produced"))
+    }
+
+    /// Pipeline denormalisation before decode: `z / (1/std) + mean` per channel.
+    pub fn denormalize(&self, latents: &Tensor) -> Result<Tensor> {
+        let (inv, mean) = self.latent_stats(latents.device())?;
+        Ok(latents.div(&inv)?.add(&mean)?)
+    }
+
+    /// Pipeline normalisation after encode: `(z − mean) · (1/std)` per channel.
+    pub fn normalize(&self, latents: &Tensor) -> Result<Tensor> {
+        let (inv, mean) = self.latent_stats(latents.device())?;
+        Ok(latents.sub(&mean)?.mul(&inv)?)
+    }
+
+    fn latent_stats(&self, device: &Device) -> Result<(Tensor, Tensor)> {
+        let z = self.config.z_dim;
+        let inv: Vec<f32> = self.config.latents_std.iter().map(|s| 1.0 / s).collect();
+        Ok((
+            Tensor::from_slice(&inv, &[1, z, 1, 1, 1], device)?,
+            Tensor::from_slice(&self.config.latents_mean, &[1, z, 1, 1, 1], device)?,
+        ))
+    }
+}

@@ -1,0 +1,232 @@
+//! The session-owned streaming decoder (REFERENCE.md §5).
+//!
+//! A [`StreamingDecodeState`] belongs to one session and holds one slot per causal conv
+//! of the decoder (the last two frames of that conv's input) plus counters; the shared
+//! [`WanVae`] is never mutated. Decoding runs one latent frame at a time, so peak memory
+//! per frame does not grow with the session, and the state has a fixed size after the
+//! first chunk: chunking is neutral, bit for bit.
+
+use std::fmt;
+use std::str::FromStr;
+
+use headroom_mem::Phase;
+use headroom_tensor::{DType, Tensor};
+
+use super::blocks::Slots;
+use super::WanVae;
+use crate::error::{ModelError, Result};
+
+/// What `decode_chunk` returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    /// f32 `[1, 3, T', H, W]` clamped to [−1, 1].
+    Video,
+    /// u8 `[3, T', H, W]`, `round(clamp((x + 1)/2, 0, 1) · 255)`.
+    PlanarUint8,
+}
+
+impl FromStr for OutputFormat {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "video" => Ok(OutputFormat::Video),
+            "planar_uint8" => Ok(OutputFormat::PlanarUint8),
+            other => Err(ModelError::input(
+                "decode_chunk",
+                format!("unknown output format {other:?}; use video or planar_uint8"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for OutputFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OutputFormat::Video => "video",
+            OutputFormat::PlanarUint8 => "planar_uint8",
+        })
+    }
+}
+
+/// One session's decoder cache and progress.
+#[derive(Debug)]
+pub struct StreamingDecodeState {
+    session_id: String,
+    vae_id: Option<u64>,
+    slots: Vec<Option<Tensor>>,
+    latent_frames: usize,
+    /// Chunks decoded since creation or the last release.
+    pub chunks_decoded: usize,
+    /// Video frames produced since creation or the last release.
+    pub frames_decoded: usize,
+}
+
+impl StreamingDecodeState {
+    /// A fresh state for `session_id` (must not be blank).
+    pub fn new(session_id: &str) -> Result<Self> {
+        if session_id.trim().is_empty() {
+            return Err(ModelError::input(
+                "StreamingDecodeState",
+                "session id must not be blank",
+            ));
+        }
+        Ok(Self {
+            session_id: session_id.to_string(),
+            vae_id: None,
+            slots: Vec::new(),
+            latent_frames: 0,
+            chunks_decoded: 0,
+            frames_decoded: 0,
+        })
+    }
+
+    /// The session this state belongs to.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
+    }
+
+    /// Bytes held by the cache slots.
+    pub fn nbytes(&self) -> u64 {
+        self.slots
+            .iter()
+            .flatten()
+            .map(|t| (t.numel() * t.dtype().size()) as u64)
+            .sum()
+    }
+
+    /// Gives every cached frame back and resets the counters: the next chunk decodes as
+    /// the first of a stream.
+    pub fn release(&mut self) {
+        self.slots.clear();
+        self.vae_id = None;
+        self.latent_frames = 0;
+        self.chunks_decoded = 0;
+        self.frames_decoded = 0;
+    }
+}
+
+/// Decodes a session's latents chunk by chunk against its [`StreamingDecodeState`].
+#[derive(Debug, Clone, Copy)]
+pub struct StreamingDecoder<'a> {
+    vae: &'a WanVae,
+    state_dtype: DType,
+}
+
+impl<'a> StreamingDecoder<'a> {
+    /// A decoder over `vae` keeping cached frames in `state_dtype` (f32 if `None`).
+    pub fn new(vae: &'a WanVae, state_dtype: Option<DType>) -> Self {
+        Self {
+            vae,
+            state_dtype: state_dtype.unwrap_or(DType::F32),
+        }
+    }
+
+    /// Bytes a state holds after its first chunk for video of `height × width`, from the
+    /// config alone.
+    pub fn declared_state_bytes(&self, height: usize, width: usize, dtype: DType) -> u64 {
+        let s = self.vae.config().spatial_factor();
+        let (h, w) = (height / s, width / s);
+        self.vae
+            .decoder()
+            .slot_layout()
+            .into_iter()
+            .map(|(frames, channels, scale)| {
+                (frames * channels * h * scale * w * scale * dtype.size()) as u64
+            })
+            .sum()
+    }
+
+    /// Decodes `latent [1, z_dim, T, h, w]` (denormalised) as the next chunk of the
+    /// session. The first thing it does is cross the platform's `decode_start` boundary
+    /// (its reclaim policy may release cached memory). With `produce_output` false the
+    /// state and counters still advance and `None` is returned.
+    pub fn decode_chunk(
+        &self,
+        latent: &Tensor,
+        state: &mut StreamingDecodeState,
+        format: OutputFormat,
+        produce_output: bool,
+    ) -> Result<Option<Tensor>> {
+        self.vae.device().platform().phase(Phase::DecodeStart);
+        let op = "decode_chunk";
+        let z = self.vae.config().z_dim;
+        let [b, c, t, h, w] = *latent.shape() else {
+            return Err(ModelError::input(
+                op,
+                format!(
+                    "latent must be 5-D [B, C, T, H, W], got {:?}",
+                    latent.shape()
+                ),
+            ));
+        };
+        if b != 1 {
+            return Err(ModelError::input(
+                op,
+                format!("batch must be 1, got {b} (shape {:?})", latent.shape()),
+            ));
+        }
+        if t == 0 {
+            return Err(ModelError::input(
+                op,
+                format!("latent has no frames (T = 0, shape {:?})", latent.shape()),
+            ));
+        }
+        if c != z {
+            return Err(ModelError::input(
+                op,
+                format!("latent has {c} channels, the VAE's z_dim is {z}"),
+            ));
+        }
+        if h == 0 || w == 0 {
+            return Err(ModelError::input(
+                op,
+                format!("latent {:?} has an empty spatial axis", latent.shape()),
+            ));
+        }
+        latent.require_float(op)?;
+        match state.vae_id {
+            Some(id) if id != self.vae.id() => {
+                return Err(ModelError::input(
+                    op,
+                    format!("state of session {:?} belongs to another decoder; release it or make a new one", state.session_id),
+                ));
+            }
+            _ => {}
+        }
+        let slot_count = self.vae.decoder().slot_count();
+        if state.slots.len() != slot_count {
+            state.slots = (0..slot_count).map(|_| None).collect();
+        }
+        state.vae_id = Some(self.vae.id());
+        let x = self.vae.post_quant(latent)?;
+        let mut outs = Vec::new();
+        let mut frames = 0;
+        for i in 0..t {
+            let mut cache = Slots {
+                slots: &mut state.slots,
+                dtype: self.state_dtype,
+            };
+            let y = self
+                .vae
+                .decoder()
+                .forward(&x.narrow(2, i, 1)?, &mut cache)?;
+            state.latent_frames += 1;
+            frames += y.shape()[2];
+            if produce_output {
+                outs.push(y.clamp(-1.0, 1.0)?);
+            }
+        }
+        state.chunks_decoded += 1;
+        state.frames_decoded += frames;
+        if !produce_output {
+            return Ok(None);
+        }
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        let video = Tensor::cat(&refs, 2)?;
+        drop(outs);
+        Ok(Some(match format {
+            OutputFormat::Video => video,
+            OutputFormat::PlanarUint8 => video.squeeze(0)?.to_pixels()?,
+        }))
+    }
+}

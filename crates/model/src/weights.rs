@@ -1,0 +1,165 @@
+//! Weights by diffusers key: loaded from a diffusers folder (`config.json` +
+//! `diffusion_pytorch_model.safetensors`, or a sharded `….safetensors.index.json`) or
+//! initialised from a seed. Networks take every tensor by key with the shape they expect,
+//! so a missing or mis-shaped tensor is an error naming the key and both shapes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use headroom_tensor::io::safetensors::SafetensorsFile;
+use headroom_tensor::{DType, Device, Tensor};
+
+use crate::error::{ModelError, Result};
+
+/// How a seeded initialisation fills one tensor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// Normal noise scaled by `1/√fan_in` (weights).
+    FanIn,
+    /// Normal noise times a constant (biases).
+    Scaled(f32),
+    /// `1 + 0.1·noise` (norm scales).
+    NearOne,
+}
+
+#[derive(Debug)]
+enum Source {
+    /// tensor name → file holding it.
+    Files(BTreeMap<String, usize>, Vec<SafetensorsFile>),
+    /// Seeded random tensors.
+    Seeded(u64),
+}
+
+/// Where a network's weights come from.
+#[derive(Debug)]
+pub struct WeightStore {
+    source: Source,
+    device: Device,
+    dtype: DType,
+    counter: std::cell::Cell<u64>,
+}
+
+fn io_err(path: &Path, reason: impl std::fmt::Display) -> ModelError {
+    ModelError::Io {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Reads a folder's `config.json` as JSON.
+pub fn read_config(dir: &Path) -> Result<serde_json::Value> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
+    serde_json::from_str(&text).map_err(|e| io_err(&path, format!("not valid JSON: {e}")))
+}
+
+impl WeightStore {
+    /// Weights of a diffusers folder, converted to `dtype` on load, onto `device`.
+    pub fn from_dir(dir: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        let single = dir.join("diffusion_pytorch_model.safetensors");
+        let index = dir.join("diffusion_pytorch_model.safetensors.index.json");
+        let (names, files) = if single.exists() {
+            let file = SafetensorsFile::open(&single)?;
+            let names = file.names()?.into_iter().map(|n| (n, 0)).collect();
+            (names, vec![file])
+        } else if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|e| io_err(&index, e))?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| io_err(&index, format!("not valid JSON: {e}")))?;
+            let map = json
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| io_err(&index, "no weight_map object"))?;
+            let mut shard_ids: BTreeMap<String, usize> = BTreeMap::new();
+            let mut files = Vec::new();
+            let mut names = BTreeMap::new();
+            for (name, shard) in map {
+                let shard = shard.as_str().ok_or_else(|| {
+                    io_err(
+                        &index,
+                        format!("weight_map entry {name:?} is not a file name"),
+                    )
+                })?;
+                let id = match shard_ids.get(shard) {
+                    Some(&id) => id,
+                    None => {
+                        let path: PathBuf = dir.join(shard);
+                        files.push(SafetensorsFile::open(&path)?);
+                        shard_ids.insert(shard.to_string(), files.len() - 1);
+                        files.len() - 1
+                    }
+                };
+                names.insert(name.clone(), id);
+            }
+            (names, files)
+        } else {
+            return Err(io_err(
+                dir,
+                "no diffusion_pytorch_model.safetensors or diffusion_pytorch_model.safetensors.index.json",
+            ));
+        };
+        Ok(Self {
+            source: Source::Files(names, files),
+            device: device.clone(),
+            dtype,
+            counter: std::cell::Cell::new(0),
+        })
+    }
+
+    /// Seeded random weights (tests, the embedded default model).
+    pub fn seeded(seed: u64, device: &Device, dtype: DType) -> Self {
+        Self {
+            source: Source::Seeded(seed),
+            device: device.clone(),
+            dtype,
+            counter: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The device tensors are loaded onto.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The tensor `key` with exactly `shape`, in the store's dtype.
+    pub fn get(&self, key: &str, shape: &[usize], init: Init) -> Result<Tensor> {
+        self.get_as(key, shape, init, self.dtype)
+    }
+
+    /// The tensor `key` with exactly `shape`, in `dtype` (norm scales and biases that
+    /// diffusers keeps in f32).
+    pub fn get_as(&self, key: &str, shape: &[usize], init: Init, dtype: DType) -> Result<Tensor> {
+        match &self.source {
+            Source::Files(names, files) => {
+                let &file = names.get(key).ok_or_else(|| ModelError::MissingWeight {
+                    key: key.to_string(),
+                    expected: shape.to_vec(),
+                })?;
+                let (found, _) = files[file].info(key)?;
+                if found != shape {
+                    return Err(ModelError::WeightShape {
+                        key: key.to_string(),
+                        expected: shape.to_vec(),
+                        found,
+                    });
+                }
+                Ok(files[file].load(key, &self.device, Some(dtype))?)
+            }
+            Source::Seeded(seed) => {
+                // Each tensor draws from its own stretch of the seed's stream, in request
+                // order, so a network initialises the same way every time.
+                let n: usize = shape.iter().product();
+                let offset = self.counter.get();
+                self.counter.set(offset + n as u64);
+                let noise = Tensor::randn(shape, *seed, offset, DType::F32, &self.device)?;
+                let fan_in: usize = shape.iter().skip(1).product::<usize>().max(1);
+                let t = match init {
+                    Init::FanIn => noise.mul_scalar(1.0 / (fan_in as f32).sqrt())?,
+                    Init::Scaled(s) => noise.mul_scalar(s)?,
+                    Init::NearOne => noise.affine(0.1, 1.0)?,
+                };
+                Ok(t.to_dtype(dtype)?)
+            }
+        }
+    }
+}
