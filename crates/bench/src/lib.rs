@@ -4,9 +4,11 @@
 
 pub mod alloc;
 pub mod kernels;
+pub mod vae;
 
 pub use alloc::{run_alloc_bench, AllocBenchConfig, AllocBenchRow};
 pub use kernels::{run_kernel_bench, KernelBenchConfig, KernelRow};
+pub use vae::{run_vae_bench, VaeBenchConfig, VaeBenchReport};
 
 /// Errors of the benchmarks.
 #[derive(Debug, thiserror::Error)]

@@ -2,7 +2,10 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use headroom_bench::{run_alloc_bench, run_kernel_bench, AllocBenchConfig, KernelBenchConfig};
+use headroom_bench::{
+    run_alloc_bench, run_kernel_bench, run_vae_bench, AllocBenchConfig, KernelBenchConfig,
+    VaeBenchConfig,
+};
 use headroom_mem::{format_bytes, parse_size, AllocatorPolicy};
 
 /// Arguments of `headroom bench`.
@@ -18,6 +21,27 @@ enum BenchCommand {
     Alloc(AllocArgs),
     /// GFLOP/s of matmul, attention and conv3d at Wan shapes beside a bare GEMM.
     Kernels(KernelsArgs),
+    /// Streaming VAE decode: ms per latent frame and allocator peaks.
+    Vae(VaeArgs),
+}
+
+#[derive(Debug, Args)]
+struct VaeArgs {
+    /// VAE config: wan2.1 (the real one, seeded weights) or tiny.
+    #[arg(long, default_value = "wan2.1")]
+    config: String,
+    /// Video height in pixels.
+    #[arg(long, default_value_t = 128)]
+    height: usize,
+    /// Video width in pixels.
+    #[arg(long, default_value_t = 128)]
+    width: usize,
+    /// Latent frames to decode, one chunk each.
+    #[arg(long, default_value_t = 4)]
+    frames: usize,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -61,7 +85,49 @@ pub fn run(args: BenchArgs) -> Result<()> {
     match args.command {
         BenchCommand::Alloc(args) => alloc(args),
         BenchCommand::Kernels(args) => kernels(args),
+        BenchCommand::Vae(args) => vae(args),
     }
+}
+
+fn vae(args: VaeArgs) -> Result<()> {
+    let report = run_vae_bench(&VaeBenchConfig {
+        config: args.config,
+        height: args.height,
+        width: args.width,
+        latent_frames: args.frames,
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    println!(
+        "VAE {} at {}x{}: {} latent frames → {} frames ({} kernel threads)",
+        report.config,
+        report.width,
+        report.height,
+        report.latent_frames,
+        report.frames,
+        headroom_tensor::parallel::num_threads()
+    );
+    println!("first latent frame   {:>10.1} ms", report.first_frame_ms);
+    println!(
+        "later latent frames  {:>10.1} ms each",
+        report.later_frame_ms
+    );
+    println!(
+        "allocated peak       {:>10}",
+        format_bytes(report.allocated_peak_bytes)
+    );
+    println!(
+        "reserved peak        {:>10}",
+        format_bytes(report.reserved_peak_bytes)
+    );
+    println!(
+        "decoder state        {:>10} (declared by the config: {})",
+        format_bytes(report.state_bytes),
+        format_bytes(report.declared_state_bytes)
+    );
+    Ok(())
 }
 
 fn kernels(args: KernelsArgs) -> Result<()> {

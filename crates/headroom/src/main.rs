@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod mem_cmd;
+mod vae_cmd;
 
 use std::process::ExitCode;
 
@@ -25,6 +26,8 @@ enum Command {
     Mem(mem_cmd::MemArgs),
     /// Benchmarks that print ratios measured side by side in one run.
     Bench(bench_cmd::BenchArgs),
+    /// The Wan VAE: decode latents and encode video (.npy in, .npy out).
+    Vae(vae_cmd::VaeArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Mem(args) => mem_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::Vae(args) => vae_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,9 +14,9 @@ use crate::weights::WeightStore;
 /// One entry of the encoder's flat `down_blocks` list.
 #[derive(Debug)]
 enum DownLayer {
-    Res(ResidualBlock),
-    Attn(AttentionBlock),
-    Resample(Resample),
+    Res(Box<ResidualBlock>),
+    Attn(Box<AttentionBlock>),
+    Resample(Box<Resample>),
 }
 
 /// The encoder: video `[B, 3, T, H, W]` → `[B, 2·z_dim, T', H/s, W/s]` (before quant_conv).
@@ -53,12 +53,13 @@ impl Encoder {
             let (mut cin, cout) = (dims[s], dims[s + 1]);
             for _ in 0..config.num_res_blocks {
                 let prefix = format!("encoder.down_blocks.{}", down.len());
-                down.push(DownLayer::Res(ResidualBlock::load(
-                    w, &prefix, cin, cout, &mut slots,
-                )?));
+                let block = ResidualBlock::load(w, &prefix, cin, cout, &mut slots)?;
+                down.push(DownLayer::Res(Box::new(block)));
                 if config.attn_scales.contains(&scale) {
                     let prefix = format!("encoder.down_blocks.{}", down.len());
-                    down.push(DownLayer::Attn(AttentionBlock::load(w, &prefix, cout)?));
+                    down.push(DownLayer::Attn(Box::new(AttentionBlock::load(
+                        w, &prefix, cout,
+                    )?)));
                 }
                 cin = cout;
             }
@@ -69,9 +70,8 @@ impl Encoder {
                     ResampleMode::Down2d
                 };
                 let prefix = format!("encoder.down_blocks.{}", down.len());
-                down.push(DownLayer::Resample(Resample::load(
-                    w, &prefix, cout, mode, &mut slots,
-                )?));
+                let resample = Resample::load(w, &prefix, cout, mode, &mut slots)?;
+                down.push(DownLayer::Resample(Box::new(resample)));
                 scale /= 2.0;
             }
         }

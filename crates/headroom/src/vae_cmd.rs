@@ -1,0 +1,121 @@
+//! `headroom vae …`: decode and encode with a diffusers Wan VAE folder, .npy in and out.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder, WanVae};
+use headroom_tensor::io::npy::{read_npy, write_npy};
+use headroom_tensor::{DType, Device, Tensor};
+
+/// Arguments of `headroom vae`.
+#[derive(Debug, Args)]
+pub struct VaeArgs {
+    #[command(subcommand)]
+    command: VaeCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum VaeCommand {
+    /// Decode latents [1, C, T, H, W] (already denormalised) to video.
+    Decode(DecodeArgs),
+    /// Encode video [1, 3, T, H, W] in [-1, 1] to the latent mean.
+    Encode(EncodeArgs),
+}
+
+#[derive(Debug, Args)]
+struct DecodeArgs {
+    /// A diffusers VAE folder (config.json + diffusion_pytorch_model.safetensors).
+    #[arg(long)]
+    model: PathBuf,
+    /// Latents .npy, f32 [1, C, T, H, W], denormalised as diffusers' vae.decode takes them.
+    #[arg(long)]
+    latents: PathBuf,
+    /// Split T into streaming chunks, e.g. 3,3,3 (must sum to T); one chunk by default.
+    #[arg(long, value_delimiter = ',')]
+    chunks: Option<Vec<usize>>,
+    /// video (f32 [1, 3, T', H, W]) or planar_uint8 (u8 [3, T', H, W]).
+    #[arg(long, default_value = "video")]
+    format: String,
+    /// Output .npy.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct EncodeArgs {
+    /// A diffusers VAE folder.
+    #[arg(long)]
+    model: PathBuf,
+    /// Video .npy, f32 [1, 3, T, H, W] in [-1, 1].
+    #[arg(long)]
+    video: PathBuf,
+    /// Output .npy: the latent mean [1, C, T', H', W'].
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// Runs `headroom vae`.
+pub fn run(args: VaeArgs) -> Result<()> {
+    let device = Device::cpu()?;
+    match args.command {
+        VaeCommand::Decode(a) => decode(a, &device),
+        VaeCommand::Encode(a) => encode(a, &device),
+    }
+}
+
+fn load(model: &PathBuf, device: &Device) -> Result<WanVae> {
+    WanVae::load(model, device, DType::F32)
+        .with_context(|| format!("loading the VAE from {}", model.display()))
+}
+
+fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
+    let format: OutputFormat = args.format.parse()?;
+    let vae = load(&args.model, device)?;
+    let latents = read_npy(&args.latents, device)?;
+    let t = latents.shape().get(2).copied().unwrap_or(0);
+    let chunks = args.chunks.unwrap_or_else(|| vec![t]);
+    if chunks.iter().sum::<usize>() != t || chunks.contains(&0) {
+        bail!("--chunks {chunks:?} must be positive and sum to the latent frames T = {t}");
+    }
+    let decoder = StreamingDecoder::new(&vae, None);
+    let mut state = StreamingDecodeState::new("cli")?;
+    let mut outs = Vec::new();
+    let mut at = 0;
+    for n in chunks {
+        let chunk = latents.narrow(2, at, n)?;
+        if let Some(out) = decoder.decode_chunk(&chunk, &mut state, format, true)? {
+            outs.push(out);
+        }
+        at += n;
+    }
+    let axis = match format {
+        OutputFormat::Video => 2,
+        OutputFormat::PlanarUint8 => 1,
+    };
+    let video = Tensor::cat(&outs.iter().collect::<Vec<_>>(), axis)?;
+    write_npy(&args.out, &video)?;
+    eprintln!(
+        "decoded {} latent frames in {} chunks → {} frames {:?} → {}",
+        t,
+        state.chunks_decoded,
+        state.frames_decoded,
+        video.shape(),
+        args.out.display()
+    );
+    Ok(())
+}
+
+fn encode(args: EncodeArgs, device: &Device) -> Result<()> {
+    let vae = load(&args.model, device)?;
+    let video = read_npy(&args.video, device)?;
+    let mean = vae.encode(&video)?;
+    write_npy(&args.out, &mean)?;
+    eprintln!(
+        "encoded {:?} → latent mean {:?} → {}",
+        video.shape(),
+        mean.shape(),
+        args.out.display()
+    );
+    Ok(())
+}
