@@ -1,0 +1,126 @@
+//! The VAE against diffusers 0.42.1: fixtures made by `tools/make_vae_fixtures.py` (tiny
+//! configs, seeded weights saved with `save_pretrained`, inputs and `AutoencoderKLWan`
+//! outputs).
+
+use std::path::PathBuf;
+
+use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder, WanVae};
+use headroom_tensor::io::npy::read_npy;
+use headroom_tensor::{DType, Device, Tensor};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/vae")
+        .join(name)
+}
+
+fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.shape(), b.shape());
+    let (a, b) = (a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap());
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+const CONFIGS: [&str; 3] = ["tiny_t1", "tiny_t2_attn", "tiny_t0"];
+
+#[test]
+fn decode_matches_diffusers_within_1e_4() {
+    let dev = Device::cpu().unwrap();
+    for name in CONFIGS {
+        let dir = fixture(name);
+        let vae = WanVae::load(&dir, &dev, DType::F32).unwrap();
+        let z = read_npy(dir.join("latents.npy"), &dev).unwrap();
+        let expected = read_npy(dir.join("decoded.npy"), &dev).unwrap();
+        let got = vae.decode(&z).unwrap();
+        let err = max_abs_diff(&got, &expected);
+        println!("{name}: decode max abs error {err:e}");
+        assert!(err <= 1e-4, "{name}: decode max abs error {err}");
+    }
+}
+
+#[test]
+fn encode_matches_diffusers_within_1e_4() {
+    let dev = Device::cpu().unwrap();
+    for name in CONFIGS {
+        let dir = fixture(name);
+        let vae = WanVae::load(&dir, &dev, DType::F32).unwrap();
+        let video = read_npy(dir.join("video.npy"), &dev).unwrap();
+        let expected = read_npy(dir.join("encoded_mean.npy"), &dev).unwrap();
+        let got = vae.encode(&video).unwrap();
+        let err = max_abs_diff(&got, &expected);
+        println!("{name}: encode max abs error {err:e}");
+        assert!(err <= 1e-4, "{name}: encode max abs error {err}");
+    }
+}
+
+#[test]
+fn streamed_decode_of_a_real_checkpoint_equals_its_one_call_decode() {
+    let dev = Device::cpu().unwrap();
+    let dir = fixture("tiny_t2_attn");
+    let vae = WanVae::load(&dir, &dev, DType::F32).unwrap();
+    let z = read_npy(dir.join("latents.npy"), &dev).unwrap();
+    let whole = vae.decode(&z).unwrap().to_vec::<f32>().unwrap();
+    let decoder = StreamingDecoder::new(&vae, None);
+    let mut state = StreamingDecodeState::new("s").unwrap();
+    let mut parts = Vec::new();
+    for i in 0..3 {
+        let out = decoder
+            .decode_chunk(
+                &z.narrow(2, i, 1).unwrap(),
+                &mut state,
+                OutputFormat::Video,
+                true,
+            )
+            .unwrap();
+        parts.push(out.unwrap());
+    }
+    let streamed = Tensor::cat(&parts.iter().collect::<Vec<_>>(), 2)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert_eq!(streamed, whole);
+}
+
+#[test]
+fn loading_names_a_missing_or_misshaped_tensor_with_both_shapes() {
+    let dev = Device::cpu().unwrap();
+    let src = fixture("tiny_t0");
+    let dir = tempfile::tempdir().unwrap();
+    let file = headroom_tensor::io::safetensors::SafetensorsFile::open(
+        src.join("diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
+    let mut tensors = file.load_all(&dev, None).unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    let save = |tensors: &std::collections::BTreeMap<String, Tensor>| {
+        let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        headroom_tensor::io::safetensors::save_safetensors(
+            dir.path().join("diffusion_pytorch_model.safetensors"),
+            &list,
+        )
+        .unwrap();
+    };
+    let bias = tensors.remove("decoder.conv_out.bias").unwrap();
+    save(&tensors);
+    let err = WanVae::load(dir.path(), &dev, DType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("missing tensor \"decoder.conv_out.bias\"") && err.contains("[3]"),
+        "{err}"
+    );
+    tensors.insert(
+        "decoder.conv_out.bias".into(),
+        bias.narrow(0, 0, 2).unwrap(),
+    );
+    save(&tensors);
+    let err = WanVae::load(dir.path(), &dev, DType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("\"decoder.conv_out.bias\"") && err.contains("[2]") && err.contains("[3]"),
+        "{err}"
+    );
+}
