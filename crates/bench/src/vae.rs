@@ -82,8 +82,8 @@ pub fn named_config(name: &str) -> Result<VaeConfig> {
 pub fn run_vae_bench(config: &VaeBenchConfig) -> Result<VaeBenchReport> {
     let vae_config = named_config(&config.config)?;
     let s = vae_config.spatial_factor();
-    if config.height % s != 0
-        || config.width % s != 0
+    if !config.height.is_multiple_of(s)
+        || !config.width.is_multiple_of(s)
         || config.height == 0
         || config.width == 0
         || config.latent_frames == 0
