@@ -64,7 +64,7 @@ pub fn run(args: VaeArgs) -> Result<()> {
     }
 }
 
-fn load(model: &PathBuf, device: &Device) -> Result<WanVae> {
+fn load(model: &std::path::Path, device: &Device) -> Result<WanVae> {
     WanVae::load(model, device, DType::F32)
         .with_context(|| format!("loading the VAE from {}", model.display()))
 }
