@@ -1,0 +1,164 @@
+//! `headroom vae decode|encode` and `headroom bench vae` through the real binary.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use headroom_tensor::io::npy::read_npy;
+use headroom_tensor::Device;
+
+fn headroom(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args(args)
+        .output()
+        .expect("the headroom binary runs")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/fixtures/vae")
+        .join(name)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn vae_decode_in_chunks_and_encode_match_the_diffusers_fixtures() {
+    let dev = Device::cpu().unwrap();
+    let dir = fixture("tiny_t2_attn");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("decoded.npy");
+    let model = dir.to_str().unwrap();
+    let latents = dir.join("latents.npy");
+    let res = headroom(&[
+        "vae",
+        "decode",
+        "--model",
+        model,
+        "--latents",
+        latents.to_str().unwrap(),
+        "--chunks",
+        "1,2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let got = read_npy(&out, &dev).unwrap();
+    let expected = read_npy(dir.join("decoded.npy"), &dev).unwrap();
+    assert_eq!(got.shape(), expected.shape());
+    assert!(max_abs_diff(&got.to_f32_vec().unwrap(), &expected.to_f32_vec().unwrap()) <= 1e-4);
+
+    let px = tmp.path().join("pixels.npy");
+    let res = headroom(&[
+        "vae",
+        "decode",
+        "--model",
+        model,
+        "--latents",
+        latents.to_str().unwrap(),
+        "--format",
+        "planar_uint8",
+        "--out",
+        px.to_str().unwrap(),
+    ]);
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let pixels = read_npy(&px, &dev).unwrap();
+    assert_eq!(pixels.shape(), &expected.shape()[1..]);
+
+    let enc = tmp.path().join("mean.npy");
+    let video = dir.join("video.npy");
+    let res = headroom(&[
+        "vae",
+        "encode",
+        "--model",
+        model,
+        "--video",
+        video.to_str().unwrap(),
+        "--out",
+        enc.to_str().unwrap(),
+    ]);
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let got = read_npy(&enc, &dev).unwrap().to_f32_vec().unwrap();
+    let expected = read_npy(dir.join("encoded_mean.npy"), &dev)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    assert!(max_abs_diff(&got, &expected) <= 1e-4);
+}
+
+#[test]
+fn vae_bad_arguments_are_errors_that_name_the_rule() {
+    let dir = fixture("tiny_t1");
+    let latents = dir.join("latents.npy");
+    let cases: [(&[&str], &str); 3] = [
+        (&["--chunks", "1,1"], "sum to the latent frames"),
+        (&["--format", "mp4"], "unknown output format"),
+        (&["--chunks", "3,0"], "positive"),
+    ];
+    for (extra, expected) in cases {
+        let mut args = vec![
+            "vae",
+            "decode",
+            "--model",
+            dir.to_str().unwrap(),
+            "--latents",
+            latents.to_str().unwrap(),
+            "--out",
+            "/tmp/unused.npy",
+        ];
+        args.extend_from_slice(extra);
+        let res = headroom(&args);
+        assert!(!res.status.success());
+        let stderr = String::from_utf8_lossy(&res.stderr);
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+    }
+    let res = headroom(&[
+        "vae",
+        "decode",
+        "--model",
+        "/nonexistent",
+        "--latents",
+        latents.to_str().unwrap(),
+        "--out",
+        "/tmp/x.npy",
+    ]);
+    assert!(String::from_utf8_lossy(&res.stderr).contains("/nonexistent"));
+}
+
+#[test]
+fn bench_vae_reports_time_peaks_and_the_declared_state() {
+    let res = headroom(&[
+        "bench", "vae", "--config", "tiny", "--height", "64", "--width", "64", "--frames", "3",
+        "--json",
+    ]);
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    assert_eq!(json["frames"], 9);
+    assert_eq!(json["state_bytes"], json["declared_state_bytes"]);
+    assert!(
+        json["allocated_peak_bytes"].as_u64().unwrap()
+            <= json["reserved_peak_bytes"].as_u64().unwrap()
+    );
+    assert!(json["later_frame_ms"].as_f64().unwrap() > 0.0);
+}
