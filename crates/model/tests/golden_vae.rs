@@ -124,3 +124,44 @@ fn loading_names_a_missing_or_misshaped_tensor_with_both_shapes() {
         "{err}"
     );
 }
+
+#[test]
+fn a_sharded_checkpoint_loads_like_a_single_file() {
+    let dev = Device::cpu().unwrap();
+    let src = fixture("tiny_t1");
+    let file = headroom_tensor::io::safetensors::SafetensorsFile::open(
+        src.join("diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
+    let tensors = file.load_all(&dev, None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    let mut weight_map = serde_json::Map::new();
+    let names: Vec<&String> = tensors.keys().collect();
+    for (shard, chunk) in names.chunks(names.len().div_ceil(2)).enumerate() {
+        let file_name = format!(
+            "diffusion_pytorch_model-0000{}-of-00002.safetensors",
+            shard + 1
+        );
+        let list: Vec<(&str, &Tensor)> = chunk.iter().map(|k| (k.as_str(), &tensors[*k])).collect();
+        headroom_tensor::io::safetensors::save_safetensors(dir.path().join(&file_name), &list)
+            .unwrap();
+        for k in chunk {
+            weight_map.insert((*k).clone(), file_name.clone().into());
+        }
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(
+        dir.path()
+            .join("diffusion_pytorch_model.safetensors.index.json"),
+        index.to_string(),
+    )
+    .unwrap();
+    let sharded = WanVae::load(dir.path(), &dev, DType::F32).unwrap();
+    let single = WanVae::load(&src, &dev, DType::F32).unwrap();
+    let z = read_npy(src.join("latents.npy"), &dev).unwrap();
+    assert_eq!(
+        sharded.decode(&z).unwrap().to_vec::<f32>().unwrap(),
+        single.decode(&z).unwrap().to_vec::<f32>().unwrap()
+    );
+}
