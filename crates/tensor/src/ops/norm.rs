@@ -117,43 +117,55 @@ impl Tensor {
         let gamma = check_param(op, Some(gamma), channels)?
             .ok_or_else(|| TensorError::shape(op, "missing gamma"))?;
         let input = self.to_f32_contiguous()?;
+        let batch = self.shape()[0];
         let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
-        if let (Some(src), Some(dst), Some(g)) = (
-            input.as_slice::<f32>(),
-            out.data_mut::<f32>(),
-            gamma.as_slice::<f32>(),
-        ) {
+        // Per-position inverse norms, from the allocator like every other buffer.
+        let mut norms = Tensor::empty(&[batch, inner], DType::F32, self.device())?;
+        if let (Some(src), Some(g)) = (input.as_slice::<f32>(), gamma.as_slice::<f32>()) {
             let scale = (channels as f64).sqrt() as f32;
             let plane = channels * inner;
-            crate::parallel::run(|| {
-                dst.par_chunks_mut(plane)
-                    .zip(src.par_chunks(plane))
-                    .for_each(|(o, x)| {
-                        // Positions in tiles with a stack buffer for their norms: no heap
-                        // scratch outside the allocator.
-                        const TILE: usize = 256;
-                        let mut start = 0;
-                        while start < inner {
-                            let len = TILE.min(inner - start);
-                            let mut norms = [0f64; TILE];
-                            for c in 0..channels {
-                                let row = &x[c * inner + start..c * inner + start + len];
-                                for (n, &v) in norms.iter_mut().zip(row) {
-                                    *n += f64::from(v) * f64::from(v);
-                                }
+            if let Some(n) = norms.data_mut::<f32>() {
+                // Pass 1, parallel over position tiles: ‖x‖₂ over channels, in f64.
+                const TILE: usize = 256;
+                crate::parallel::run(|| {
+                    let tiles =
+                        n.par_chunks_mut(inner.max(1))
+                            .enumerate()
+                            .flat_map(|(b, per_batch)| {
+                                per_batch
+                                    .par_chunks_mut(TILE)
+                                    .enumerate()
+                                    .map(move |(t, out)| (b, t * TILE, out))
+                            });
+                    tiles.for_each(|(b, start, out)| {
+                        let mut acc = [0f64; TILE];
+                        for c in 0..channels {
+                            let row = &src[b * plane + c * inner + start..][..out.len()];
+                            for (a, &v) in acc.iter_mut().zip(row) {
+                                *a += f64::from(v) * f64::from(v);
                             }
-                            for (c, &gc) in g.iter().enumerate() {
-                                let at = c * inner + start;
-                                for (j, norm) in norms[..len].iter().enumerate() {
-                                    let n = (norm.sqrt() as f32).max(1e-12);
-                                    o[at + j] = x[at + j] / n * scale * gc;
-                                }
-                            }
-                            start += len;
+                        }
+                        for (o, a) in out.iter_mut().zip(acc) {
+                            *o = (a.sqrt() as f32).max(1e-12);
                         }
                     });
-            });
+                });
+            }
+            if let (Some(dst), Some(n)) = (out.data_mut::<f32>(), norms.as_slice::<f32>()) {
+                // Pass 2, parallel over (batch, channel) rows: x / ‖x‖ · √C · γ_c.
+                crate::parallel::run(|| {
+                    dst.par_chunks_mut(inner).enumerate().for_each(|(row, o)| {
+                        let (b, c) = (row / channels, row % channels);
+                        let x = &src[row * inner..][..inner];
+                        let n = &n[b * inner..][..inner];
+                        for ((o, &v), &norm) in o.iter_mut().zip(x).zip(n) {
+                            *o = v / norm * scale * g[c];
+                        }
+                    });
+                });
+            }
         }
+        drop(norms);
         out.to_dtype(self.dtype())
     }
 }
