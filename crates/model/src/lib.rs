@@ -2,10 +2,12 @@
 //! 2.1 causal VAE and its session-owned streaming decoder.
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod dit;
 pub mod error;
 pub mod vae;
 pub mod weights;
 
+pub use dit::{DitConfig, WanTransformer};
 pub use error::{ModelError, Result};
 pub use vae::{OutputFormat, StreamingDecodeState, StreamingDecoder, VaeConfig, WanVae};
 pub use weights::WeightStore;

@@ -1,0 +1,128 @@
+//! `WanTransformer3DModel`'s config (diffusers 0.42.1 names and defaults; WAN.md §3.1).
+
+use serde::Deserialize;
+
+use crate::error::{ModelError, Result};
+
+/// The Wan transformer config, as in a diffusers `transformer/config.json`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct DitConfig {
+    /// Patch size (t, h, w).
+    pub patch_size: [usize; 3],
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// Dimension per head.
+    pub attention_head_dim: usize,
+    /// Latent channels in (16; 36 for the image-conditioned variant).
+    pub in_channels: usize,
+    /// Latent channels out (`None` = `in_channels`).
+    pub out_channels: Option<usize>,
+    /// Text embedding width (4096 for umT5-XXL).
+    pub text_dim: usize,
+    /// Width of the sinusoidal timestep embedding.
+    pub freq_dim: usize,
+    /// Feed-forward width.
+    pub ffn_dim: usize,
+    /// Transformer blocks.
+    pub num_layers: usize,
+    /// Whether cross-attention has its affine LayerNorm (`norm2`).
+    pub cross_attn_norm: bool,
+    /// q/k normalisation (always RMS across heads in 2.1).
+    pub qk_norm: Option<String>,
+    /// Epsilon of every norm.
+    pub eps: f64,
+    /// Positions per RoPE axis.
+    pub rope_max_seq_len: usize,
+    /// I2V image embedder width (not supported: must be null).
+    pub image_dim: Option<serde_json::Value>,
+    /// Added KV projection (not supported: must be null).
+    pub added_kv_proj_dim: Option<serde_json::Value>,
+    /// Positional embedding length (not supported: must be null).
+    pub pos_embed_seq_len: Option<serde_json::Value>,
+}
+
+impl Default for DitConfig {
+    fn default() -> Self {
+        Self {
+            patch_size: [1, 2, 2],
+            num_attention_heads: 40,
+            attention_head_dim: 128,
+            in_channels: 16,
+            out_channels: Some(16),
+            text_dim: 4096,
+            freq_dim: 256,
+            ffn_dim: 13824,
+            num_layers: 40,
+            cross_attn_norm: true,
+            qk_norm: Some("rms_norm_across_heads".to_string()),
+            eps: 1e-6,
+            rope_max_seq_len: 1024,
+            image_dim: None,
+            added_kv_proj_dim: None,
+            pos_embed_seq_len: None,
+        }
+    }
+}
+
+impl DitConfig {
+    /// Parses a `config.json` value and checks it describes a supported Wan transformer.
+    pub fn from_json(value: &serde_json::Value) -> Result<Self> {
+        let config: DitConfig = serde_json::from_value(value.clone())
+            .map_err(|e| ModelError::config("transformer config.json", e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the rules the network relies on.
+    pub fn validate(&self) -> Result<()> {
+        let unsupported = |v: &Option<serde_json::Value>| v.as_ref().is_some_and(|v| !v.is_null());
+        if unsupported(&self.image_dim)
+            || unsupported(&self.added_kv_proj_dim)
+            || unsupported(&self.pos_embed_seq_len)
+        {
+            return Err(ModelError::config(
+                "image_dim / added_kv_proj_dim / pos_embed_seq_len",
+                "must be null: the Wan 2.1 I2V image branch is not supported (36-channel image conditioning works through in_channels)",
+            ));
+        }
+        if self.num_attention_heads == 0 || self.attention_head_dim == 0 || self.num_layers == 0 {
+            return Err(ModelError::config(
+                "num_attention_heads / attention_head_dim / num_layers",
+                "must be at least 1",
+            ));
+        }
+        if self.attention_head_dim % 2 != 0 || self.attention_head_dim < 6 {
+            return Err(ModelError::config(
+                "attention_head_dim",
+                format!(
+                    "must be even and ≥ 6 for the 3-axis RoPE, got {}",
+                    self.attention_head_dim
+                ),
+            ));
+        }
+        if self.freq_dim % 2 != 0 || self.freq_dim == 0 {
+            return Err(ModelError::config(
+                "freq_dim",
+                format!("must be even and positive, got {}", self.freq_dim),
+            ));
+        }
+        if self.patch_size.contains(&0) {
+            return Err(ModelError::config(
+                "patch_size",
+                format!("must be positive, got {:?}", self.patch_size),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `heads · head_dim`.
+    pub fn dim(&self) -> usize {
+        self.num_attention_heads * self.attention_head_dim
+    }
+
+    /// Output channels.
+    pub fn out_channels(&self) -> usize {
+        self.out_channels.unwrap_or(self.in_channels)
+    }
+}

@@ -1,0 +1,126 @@
+//! The condition embedder (WAN.md §3.5): sinusoidal timestep → `temb` and the 6-way
+//! modulation `tproj`; text → context tokens.
+
+use headroom_tensor::{DType, Device, Tensor};
+
+use super::config::DitConfig;
+use crate::error::Result;
+use crate::weights::{Init, WeightStore};
+
+/// `Timesteps(freq_dim, flip_sin_to_cos=True, shift=0)` in f32 arithmetic as PyTorch does
+/// it: `[cos(t·f_k), sin(t·f_k)]` with `f_k = exp(−ln(10000)·k / half)`.
+pub fn timestep_sinusoid(t: f32, freq_dim: usize) -> Vec<f32> {
+    let half = freq_dim / 2;
+    let scale = -(10000f64.ln() as f32);
+    let args: Vec<f32> = (0..half)
+        .map(|k| t * ((scale * k as f32) / half as f32).exp())
+        .collect();
+    args.iter()
+        .map(|a| a.cos())
+        .chain(args.iter().map(|a| a.sin()))
+        .collect()
+}
+
+/// A `Linear` with its bias.
+#[derive(Debug)]
+pub struct Linear {
+    /// `[out, in]`.
+    pub weight: Tensor,
+    /// `[out]`.
+    pub bias: Tensor,
+}
+
+impl Linear {
+    /// Loads `{prefix}.weight` `[out, in]` and `{prefix}.bias`, in `dtype`.
+    pub fn load(
+        w: &WeightStore,
+        prefix: &str,
+        input: usize,
+        output: usize,
+        dtype: Option<DType>,
+    ) -> Result<Self> {
+        let weight_key = format!("{prefix}.weight");
+        let bias_key = format!("{prefix}.bias");
+        Ok(match dtype {
+            Some(d) => Self {
+                weight: w.get_as(&weight_key, &[output, input], Init::FanIn, d)?,
+                bias: w.get_as(&bias_key, &[output], Init::Scaled(0.05), d)?,
+            },
+            None => Self {
+                weight: w.get(&weight_key, &[output, input], Init::FanIn)?,
+                bias: w.get_as(&bias_key, &[output], Init::Scaled(0.05), DType::F32)?,
+            },
+        })
+    }
+
+    /// `x · Wᵀ + b`.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.linear(&self.weight, Some(&self.bias))?)
+    }
+}
+
+/// `WanTimeTextImageEmbedding` without the image branch.
+#[derive(Debug)]
+pub struct ConditionEmbedder {
+    freq_dim: usize,
+    time_1: Linear,
+    time_2: Linear,
+    time_proj: Linear,
+    text_1: Linear,
+    text_2: Linear,
+}
+
+impl ConditionEmbedder {
+    /// Loads `condition_embedder.*` (the time MLP stays f32, as diffusers keeps it).
+    pub fn load(w: &WeightStore, c: &DitConfig) -> Result<Self> {
+        let dim = c.dim();
+        let p = "condition_embedder";
+        Ok(Self {
+            freq_dim: c.freq_dim,
+            time_1: Linear::load(
+                w,
+                &format!("{p}.time_embedder.linear_1"),
+                c.freq_dim,
+                dim,
+                Some(DType::F32),
+            )?,
+            time_2: Linear::load(
+                w,
+                &format!("{p}.time_embedder.linear_2"),
+                dim,
+                dim,
+                Some(DType::F32),
+            )?,
+            time_proj: Linear::load(w, &format!("{p}.time_proj"), dim, 6 * dim, None)?,
+            text_1: Linear::load(
+                w,
+                &format!("{p}.text_embedder.linear_1"),
+                c.text_dim,
+                dim,
+                None,
+            )?,
+            text_2: Linear::load(w, &format!("{p}.text_embedder.linear_2"), dim, dim, None)?,
+        })
+    }
+
+    /// `(temb [1, dim], tproj [1, 6, dim])` for timestep `t`.
+    pub fn time(&self, t: f32, device: &Device) -> Result<(Tensor, Tensor)> {
+        let emb = Tensor::from_slice(
+            &timestep_sinusoid(t, self.freq_dim),
+            &[1, self.freq_dim],
+            device,
+        )?;
+        let temb = self.time_2.forward(&self.time_1.forward(&emb)?.silu()?)?;
+        let tproj = self.time_proj.forward(&temb.silu()?)?;
+        let dim = temb.shape()[1];
+        Ok((temb, tproj.reshape(&[1, 6, dim])?))
+    }
+
+    /// Text tokens `[S, text_dim]` → context `[1, S, dim]`.
+    pub fn text(&self, text: &Tensor) -> Result<Tensor> {
+        let h = self
+            .text_2
+            .forward(&self.text_1.forward(text)?.gelu_tanh()?)?;
+        Ok(h.unsqueeze(0)?)
+    }
+}

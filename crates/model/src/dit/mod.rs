@@ -1,0 +1,296 @@
+//! The Wan transformer (`WanTransformer3DModel`, diffusers 0.42.1; WAN.md §3): patch
+//! embedding, condition embedder, blocks with 3-axis RoPE, final modulation, unpatchify.
+//! [`WanTransformer::forward_tokens`] takes earlier frames' keys/values, the building
+//! block of block-causal generation with a KV cache.
+
+pub mod block;
+pub mod config;
+pub mod embed;
+
+use std::path::Path;
+
+use headroom_tensor::kernels::rope::RopeTable;
+use headroom_tensor::ops::attention::Mask;
+use headroom_tensor::ops::conv::{Conv3dOptions, TimePad};
+use headroom_tensor::{DType, Device, Tensor};
+
+pub use block::{KeyValues, TextKeyValues};
+pub use config::DitConfig;
+
+use crate::error::{ModelError, Result};
+use crate::weights::{read_config, Init, WeightStore};
+use block::Block;
+use embed::{ConditionEmbedder, Linear};
+
+/// The Wan transformer; immutable once loaded.
+#[derive(Debug)]
+pub struct WanTransformer {
+    config: DitConfig,
+    patch_w: Tensor,
+    patch_b: Tensor,
+    embedder: ConditionEmbedder,
+    blocks: Vec<Block>,
+    table_out: Tensor,
+    proj_out: Linear,
+    rope: RopeTable,
+    device: Device,
+}
+
+/// Grid of latent tokens: frames × rows × columns after patching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenGrid {
+    /// Frames (F / pt).
+    pub frames: usize,
+    /// Rows (H / ph).
+    pub rows: usize,
+    /// Columns (W / pw).
+    pub cols: usize,
+}
+
+impl TokenGrid {
+    /// Tokens per frame.
+    pub fn per_frame(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// RoPE positions of every token, frames counted from `first_frame`.
+    pub fn positions(&self, first_frame: usize) -> Vec<[usize; 3]> {
+        let mut out = Vec::with_capacity(self.frames * self.per_frame());
+        for f in 0..self.frames {
+            for y in 0..self.rows {
+                for x in 0..self.cols {
+                    out.push([first_frame + f, y, x]);
+                }
+            }
+        }
+        out
+    }
+}
+
+impl WanTransformer {
+    /// Builds the network from a weight store.
+    pub fn from_store(config: DitConfig, w: &WeightStore) -> Result<Self> {
+        config.validate()?;
+        let dim = config.dim();
+        let [pt, ph, pw] = config.patch_size;
+        let out = config.out_channels();
+        Ok(Self {
+            patch_w: w.get(
+                "patch_embedding.weight",
+                &[dim, config.in_channels, pt, ph, pw],
+                Init::FanIn,
+            )?,
+            patch_b: w.get_as(
+                "patch_embedding.bias",
+                &[dim],
+                Init::Scaled(0.05),
+                DType::F32,
+            )?,
+            embedder: ConditionEmbedder::load(w, &config)?,
+            blocks: (0..config.num_layers)
+                .map(|i| Block::load(w, i, &config))
+                .collect::<Result<_>>()?,
+            table_out: w.get_as(
+                "scale_shift_table",
+                &[1, 2, dim],
+                Init::Scaled(0.1),
+                DType::F32,
+            )?,
+            proj_out: Linear::load(w, "proj_out", dim, out * pt * ph * pw, None)?,
+            rope: RopeTable::new(config.attention_head_dim, config.rope_max_seq_len, 10_000.0),
+            device: w.device().clone(),
+            config,
+        })
+    }
+
+    /// Loads a diffusers transformer folder with weights in `dtype` (the time MLP, norms
+    /// and modulation tables stay f32 as diffusers keeps them).
+    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        let config = DitConfig::from_json(&read_config(dir)?)?;
+        Self::from_store(config, &WeightStore::from_dir(dir, device, dtype)?)
+    }
+
+    /// Seeded random weights for `config`.
+    pub fn seeded(config: DitConfig, seed: u64, device: &Device, dtype: DType) -> Result<Self> {
+        Self::from_store(config, &WeightStore::seeded(seed, device, dtype))
+    }
+
+    /// The config.
+    pub fn config(&self) -> &DitConfig {
+        &self.config
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The token grid of latents `[1, C, F, H, W]`, checking shape and divisibility.
+    pub fn grid(&self, latents: &Tensor) -> Result<TokenGrid> {
+        let op = "dit forward";
+        let [b, c, f, h, w] = *latents.shape() else {
+            return Err(ModelError::input(
+                op,
+                format!("latents must be [1, C, F, H, W], got {:?}", latents.shape()),
+            ));
+        };
+        let [pt, ph, pw] = self.config.patch_size;
+        if b != 1 || c != self.config.in_channels {
+            return Err(ModelError::input(
+                op,
+                format!(
+                    "latents {:?} must have batch 1 and {} channels",
+                    latents.shape(),
+                    self.config.in_channels
+                ),
+            ));
+        }
+        if f == 0 || f % pt != 0 || h % ph != 0 || w % pw != 0 || h == 0 || w == 0 {
+            return Err(ModelError::input(
+                op,
+                format!(
+                    "latents {:?}: F, H, W must be positive multiples of the patch {:?}",
+                    latents.shape(),
+                    self.config.patch_size
+                ),
+            ));
+        }
+        let grid = TokenGrid {
+            frames: f / pt,
+            rows: h / ph,
+            cols: w / pw,
+        };
+        let max = self.config.rope_max_seq_len;
+        if grid.rows > max || grid.cols > max {
+            return Err(ModelError::input(
+                op,
+                format!("token grid {grid:?} exceeds rope_max_seq_len {max}"),
+            ));
+        }
+        Ok(grid)
+    }
+
+    /// Cross-attention keys/values of text embeddings `[S, text_dim]` (a single zero token
+    /// when `None`: any number of identical zero tokens attends the same).
+    pub fn text_key_values(&self, text: Option<&Tensor>) -> Result<TextKeyValues> {
+        let zeros;
+        let text = match text {
+            Some(t) => {
+                if t.rank() != 2 || t.shape()[1] != self.config.text_dim || t.shape()[0] == 0 {
+                    return Err(ModelError::input(
+                        "text embeddings",
+                        format!(
+                            "must be [L, {}] with L ≥ 1, got {:?}",
+                            self.config.text_dim,
+                            t.shape()
+                        ),
+                    ));
+                }
+                t
+            }
+            None => {
+                zeros = Tensor::zeros(&[1, self.config.text_dim], DType::F32, &self.device)?;
+                &zeros
+            }
+        };
+        let ctx = self.embedder.text(text)?;
+        Ok(TextKeyValues(
+            self.blocks
+                .iter()
+                .map(|b| b.text_key_values(&ctx))
+                .collect::<Result<_>>()?,
+        ))
+    }
+
+    /// Patch-embeds latents into tokens `[1, L, dim]`.
+    pub fn embed(&self, latents: &Tensor) -> Result<Tensor> {
+        let options = Conv3dOptions {
+            stride: self.config.patch_size,
+            pad_t_front: 0,
+            time_pad: TimePad::Zeros,
+            pad_hw: [0, 0],
+        };
+        let h = latents.conv3d(&self.patch_w, Some(&self.patch_b), options)?;
+        let [b, dim, f, y, x] = *h.shape() else {
+            unreachable!("conv3d keeps 5 axes")
+        };
+        Ok(h.reshape(&[b, dim, f * y * x])?
+            .transpose(1, 2)?
+            .contiguous()?)
+    }
+
+    /// Runs every block on tokens at `positions`; `past[i]` holds block `i`'s keys/values
+    /// of earlier tokens. Returns the velocity tokens `[1, L, out·pt·ph·pw]` and each
+    /// block's own keys/values.
+    pub fn forward_tokens(
+        &self,
+        tokens: &Tensor,
+        positions: &[[usize; 3]],
+        t: f32,
+        text: &TextKeyValues,
+        past: Option<&[KeyValues]>,
+        mask: Mask,
+    ) -> Result<(Tensor, Vec<KeyValues>)> {
+        let (temb, tproj) = self.embedder.time(t, &self.device)?;
+        let mut h = tokens.clone();
+        let mut own = Vec::with_capacity(self.blocks.len());
+        for (i, block) in self.blocks.iter().enumerate() {
+            let (next, kv) = block.forward(
+                &h,
+                &tproj,
+                (&self.rope, positions),
+                past.map(|p| &p[i]),
+                mask,
+                &text.0[i],
+            )?;
+            h = next;
+            own.push(kv);
+        }
+        let m = self.table_out.add(&temb.unsqueeze(1)?)?;
+        let (shift, scale) = (m.narrow(1, 0, 1)?, m.narrow(1, 1, 1)?);
+        let h = h
+            .layer_norm(None, None, self.config.eps as f32)?
+            .mul(&scale.add_scalar(1.0)?)?
+            .add(&shift)?;
+        Ok((self.proj_out.forward(&h)?, own))
+    }
+
+    /// Velocity tokens → `[1, out, F, H, W]` (feature order `(pt, ph, pw, C)`, C fastest).
+    pub fn unpatchify(&self, v: &Tensor, grid: TokenGrid) -> Result<Tensor> {
+        let [pt, ph, pw] = self.config.patch_size;
+        let c = self.config.out_channels();
+        let (f, y, x) = (grid.frames, grid.rows, grid.cols);
+        Ok(v.reshape(&[1, f, y, x, pt, ph, pw, c])?
+            .permute(&[0, 7, 1, 4, 2, 5, 3, 6])?
+            .reshape(&[1, c, f * pt, y * ph, x * pw])?)
+    }
+
+    /// One full-sequence forward at timestep `t`: latents `[1, in, F, H, W]` → velocity
+    /// `[1, out, F, H, W]`, optionally under a block-causal mask of `block_frames` frames.
+    pub fn forward(
+        &self,
+        latents: &Tensor,
+        t: f32,
+        text: Option<&Tensor>,
+        block_frames: Option<usize>,
+    ) -> Result<Tensor> {
+        let grid = self.grid(latents)?;
+        let text = self.text_key_values(text)?;
+        let tokens = self.embed(latents)?;
+        let mask = match block_frames {
+            Some(0) => {
+                return Err(ModelError::input(
+                    "dit forward",
+                    "block_frames must be at least 1",
+                ))
+            }
+            Some(n) => Mask::BlockCausal {
+                block_len: n * grid.per_frame(),
+                q_start: 0,
+            },
+            None => Mask::None,
+        };
+        let (v, _) = self.forward_tokens(&tokens, &grid.positions(0), t, &text, None, mask)?;
+        self.unpatchify(&v, grid)
+    }
+}
