@@ -92,7 +92,7 @@ impl DitConfig {
                 "must be at least 1",
             ));
         }
-        if self.attention_head_dim % 2 != 0 || self.attention_head_dim < 6 {
+        if !self.attention_head_dim.is_multiple_of(2) || self.attention_head_dim < 6 {
             return Err(ModelError::config(
                 "attention_head_dim",
                 format!(
@@ -101,7 +101,7 @@ impl DitConfig {
                 ),
             ));
         }
-        if self.freq_dim % 2 != 0 || self.freq_dim == 0 {
+        if !self.freq_dim.is_multiple_of(2) || self.freq_dim == 0 {
             return Err(ModelError::config(
                 "freq_dim",
                 format!("must be even and positive, got {}", self.freq_dim),
