@@ -1,6 +1,7 @@
 //! `headroom`: the command line of the headroom engine.
 
 mod bench_cmd;
+mod dit_cmd;
 mod mem_cmd;
 mod vae_cmd;
 
@@ -28,6 +29,8 @@ enum Command {
     Bench(bench_cmd::BenchArgs),
     /// The Wan VAE: decode latents and encode video (.npy in, .npy out).
     Vae(vae_cmd::VaeArgs),
+    /// The Wan transformer: one full-sequence forward (.npy in, .npy out).
+    Dit(dit_cmd::DitArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Mem(args) => mem_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Vae(args) => vae_cmd::run(args),
+        Command::Dit(args) => dit_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -162,3 +162,61 @@ fn bench_vae_reports_time_peaks_and_the_declared_state() {
     );
     assert!(json["later_frame_ms"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn dit_forward_matches_the_diffusers_fixture_and_completes_image_channels() {
+    let dev = Device::cpu().unwrap();
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/dit/i2v36");
+    let tmp = tempfile::tempdir().unwrap();
+    // Split the 36 channels into 16 noise channels and 20 image-condition channels.
+    let x = read_npy(dir.join("latents.npy"), &dev).unwrap();
+    let (noise, cond) = (tmp.path().join("noise.npy"), tmp.path().join("cond.npy"));
+    headroom_tensor::io::npy::write_npy(&noise, &x.narrow(1, 0, 16).unwrap()).unwrap();
+    headroom_tensor::io::npy::write_npy(&cond, &x.narrow(1, 16, 20).unwrap()).unwrap();
+    let out = tmp.path().join("v.npy");
+    let t = read_npy(dir.join("timestep.npy"), &dev)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()[0]
+        .to_string();
+    let res = headroom(&[
+        "dit",
+        "forward",
+        "--model",
+        dir.to_str().unwrap(),
+        "--latents",
+        noise.to_str().unwrap(),
+        "--image-latents",
+        cond.to_str().unwrap(),
+        "--timestep",
+        &t,
+        "--text-embeds",
+        dir.join("text.npy").to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let got = read_npy(&out, &dev).unwrap().to_vec::<f32>().unwrap();
+    let expected = read_npy(dir.join("out_text.npy"), &dev)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap();
+    assert!(max_abs_diff(&got, &expected) <= 1e-4);
+    let res = headroom(&[
+        "dit",
+        "forward",
+        "--model",
+        dir.to_str().unwrap(),
+        "--latents",
+        noise.to_str().unwrap(),
+        "--timestep",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&res.stderr).contains("--image-latents"));
+}
