@@ -3,7 +3,9 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod dit;
+pub mod dmd;
 pub mod error;
+pub mod kv;
 pub mod vae;
 pub mod weights;
 

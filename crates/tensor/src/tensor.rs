@@ -383,6 +383,36 @@ impl Tensor {
         Ok(out)
     }
 
+    /// Overwrites this tensor's elements with `src`'s (same shape; dtypes converted). The
+    /// tensor must be contiguous and the only handle on its storage (a pooled block the
+    /// caller owns), so no other view observes the write.
+    pub fn assign(&mut self, src: &Tensor) -> Result<()> {
+        if src.shape() != self.shape() {
+            return Err(TensorError::shape(
+                "assign",
+                format!(
+                    "source {:?} does not match destination {:?}",
+                    src.shape(),
+                    self.shape()
+                ),
+            ));
+        }
+        self.same_device("assign", src)?;
+        if !self.is_contiguous()
+            || self.layout.offset() != 0
+            || Arc::strong_count(&self.storage) != 1
+        {
+            return Err(TensorError::shape(
+                "assign",
+                "the destination must be a contiguous tensor that owns its storage alone",
+            ));
+        }
+        if !self.device.is_meta() {
+            crate::ops::copy::copy_into(src, self);
+        }
+        Ok(())
+    }
+
     /// The storage bytes, or `None` on a meta device.
     pub fn storage_data(&self) -> Option<&[u8]> {
         self.storage.bytes()

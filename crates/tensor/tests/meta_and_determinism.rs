@@ -112,3 +112,25 @@ fn empty_tensors_of_every_dtype_read_and_write() {
     let i = Tensor::zeros(&[0], DType::I64, &dev).unwrap();
     assert!(i.to_vec::<i64>().unwrap().is_empty());
 }
+
+#[test]
+fn assign_overwrites_an_owned_block_in_place_and_refuses_shared_ones() {
+    let dev = Device::cpu().unwrap();
+    let mut page = Tensor::zeros(&[2, 3], DType::BF16, &dev).unwrap();
+    let addr_before = page.storage_data().unwrap().as_ptr();
+    let src = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], &dev).unwrap();
+    page.assign(&src).unwrap();
+    assert_eq!(page.storage_data().unwrap().as_ptr(), addr_before);
+    assert_eq!(
+        page.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(),
+        [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    );
+    let view = page.narrow(0, 0, 1).unwrap();
+    assert!(page
+        .assign(&src)
+        .unwrap_err()
+        .to_string()
+        .contains("owns its storage"));
+    drop(view);
+    assert!(page.assign(&src.narrow(0, 0, 1).unwrap()).is_err());
+}
