@@ -151,7 +151,7 @@ impl SessionKv {
     ) -> Result<Self> {
         if block_frames == 0
             || window_frames < sink_frames + block_frames
-            || (window_frames - sink_frames) % block_frames != 0
+            || !(window_frames - sink_frames).is_multiple_of(block_frames)
         {
             return Err(ModelError::input(
                 "kv window",
