@@ -369,3 +369,17 @@ fn concurrent_allocations_from_many_threads_stay_consistent() {
     a.empty_cache();
     assert_eq!(reserved(&a), 0);
 }
+
+#[test]
+fn an_injected_oom_fails_exactly_the_chosen_allocation_once() {
+    let a = allocator(1 << 30, None);
+    a.inject_oom_after(Some(2));
+    let _x = a.allocate(512, 0).unwrap();
+    let _y = a.allocate(512, 0).unwrap();
+    assert!(matches!(
+        a.allocate(512, 0),
+        Err(MemError::OutOfMemory { .. })
+    ));
+    assert!(a.allocate(512, 0).is_ok());
+    assert_eq!(a.stats().num_ooms, 1);
+}

@@ -123,6 +123,8 @@ pub type StreamId = u32;
 struct Shared {
     state: Mutex<State>,
     holds_bytes: bool,
+    /// Allocations left before an injected out-of-memory error (tests of failure paths).
+    fail_after: std::sync::atomic::AtomicI64,
 }
 
 impl Shared {
@@ -150,6 +152,7 @@ impl CachingAllocator {
             shared: Arc::new(Shared {
                 state: Mutex::new(State::new(config, device)),
                 holds_bytes,
+                fail_after: std::sync::atomic::AtomicI64::new(-1),
             }),
         })
     }
@@ -168,6 +171,19 @@ impl CachingAllocator {
             });
         }
         let mut state = self.shared.lock();
+        if self
+            .shared
+            .fail_after
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 0
+            && self
+                .shared
+                .fail_after
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed)
+                == 0
+        {
+            return Err(state.injected_oom(size, stream));
+        }
         let id = state.malloc(size, stream)?;
         let b = state.blocks.get(id);
         Ok(Allocation {
@@ -178,6 +194,15 @@ impl CachingAllocator {
             requested: size,
             stream,
         })
+    }
+
+    /// Makes the allocation after the next `count` ones fail with out of memory, once
+    /// (`None` cancels): how tests reach the failure paths of the code above.
+    pub fn inject_oom_after(&self, count: Option<u64>) {
+        let value = count.map_or(-1, |c| i64::try_from(c).unwrap_or(i64::MAX));
+        self.shared
+            .fail_after
+            .store(value, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The policy chosen at construction.

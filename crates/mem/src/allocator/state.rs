@@ -149,6 +149,11 @@ impl State {
         }
     }
 
+    /// An out-of-memory error injected by a test, counted like a real one.
+    pub(crate) fn injected_oom(&mut self, requested: u64, stream: u32) -> MemError {
+        self.out_of_memory(requested, stream)
+    }
+
     fn out_of_memory(&mut self, requested: u64, stream: u32) -> MemError {
         self.stats.num_ooms += 1;
         let capacity = self.device.capacity();

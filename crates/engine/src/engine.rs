@@ -1,0 +1,273 @@
+//! `Engine`: loads (or seeds) a model once on a platform, owns the KV page pool, and
+//! admits sessions only when their pages, decoder state and conditioning fit.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy};
+use headroom_model::kv::{KvPool, PageLayout, SessionKv};
+use headroom_model::{StreamingDecoder, WanTransformer, WanVae};
+use headroom_tensor::{DType, Device, Tensor};
+
+use crate::error::{EngineError, Result};
+use crate::preset::ModelPreset;
+use crate::session::{Session, SessionRequest, BLOCK_FRAMES};
+
+/// How an engine is set up.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Built-in model name.
+    pub model: String,
+    /// Seed of the built-in model's weights.
+    pub weight_seed: u64,
+    /// Allocator settings of the `cpu` platform.
+    pub allocator: AllocatorConfig,
+    /// Reclaim policy at phase boundaries.
+    pub reclaim: ReclaimPolicy,
+    /// Bytes of KV pages the pool takes, once, at the first session.
+    pub kv_budget_bytes: u64,
+    /// Frames kept for the whole session.
+    pub sink_frames: usize,
+    /// Frames a block sees at most (history + itself).
+    pub window_frames: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            model: "small".to_string(),
+            weight_seed: 0,
+            allocator: AllocatorConfig::default(),
+            reclaim: ReclaimPolicy::Never,
+            kv_budget_bytes: 256 << 20,
+            sink_frames: 9,
+            window_frames: 18,
+        }
+    }
+}
+
+/// A loaded model serving sessions one after another.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    device: Device,
+    dit: Arc<WanTransformer>,
+    vae: Arc<WanVae>,
+    pool: Mutex<Option<Arc<KvPool>>>,
+    next_id: AtomicU64,
+}
+
+impl Engine {
+    /// An engine on the host (`cpu` platform) with the configured policies.
+    pub fn new(config: EngineConfig) -> Result<Self> {
+        let platform = CachingPlatform::cpu(None, config.allocator.clone(), config.reclaim)?;
+        Self::on(config, Arc::new(platform))
+    }
+
+    /// An engine on `platform` (tests use a recording or failing platform).
+    pub fn on(config: EngineConfig, platform: Arc<dyn Platform>) -> Result<Self> {
+        let preset = ModelPreset::named(&config.model)?;
+        let device = Device::new(platform);
+        let dit = WanTransformer::seeded(preset.dit, config.weight_seed, &device, DType::F32)?;
+        let vae = WanVae::seeded(
+            preset.vae,
+            config.weight_seed.wrapping_add(1),
+            &device,
+            DType::F32,
+        )?;
+        Ok(Self {
+            config,
+            device,
+            dit: Arc::new(dit),
+            vae: Arc::new(vae),
+            pool: Mutex::new(None),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The platform sessions run on.
+    pub fn platform(&self) -> &Arc<dyn Platform> {
+        self.device.platform()
+    }
+
+    /// The transformer.
+    pub fn transformer(&self) -> &WanTransformer {
+        &self.dit
+    }
+
+    /// The KV pool, once the first session created it.
+    pub fn kv_pool(&self) -> Option<Arc<KvPool>> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn validate(&self, r: &SessionRequest) -> Result<usize> {
+        let s = self.vae.config().spatial_factor() * self.dit.config().patch_size[1];
+        if r.width == 0
+            || r.height == 0
+            || !r.width.is_multiple_of(s)
+            || !r.height.is_multiple_of(s)
+        {
+            return Err(EngineError::request(
+                "width/height",
+                format!(
+                    "must be positive multiples of {s}, got {}x{}",
+                    r.width, r.height
+                ),
+            ));
+        }
+        if r.num_frames < 9 || !(r.num_frames + 3).is_multiple_of(12) {
+            return Err(EngineError::request(
+                "num_frames",
+                format!(
+                    "must be 12·K − 3 (9, 21, 33, …) for K chunks, got {}",
+                    r.num_frames
+                ),
+            ));
+        }
+        if r.steps == 0 {
+            return Err(EngineError::request("steps", "must be at least 1"));
+        }
+        let blocks = (r.num_frames + 3) / 12;
+        if blocks * BLOCK_FRAMES > self.dit.config().rope_max_seq_len {
+            return Err(EngineError::request(
+                "num_frames",
+                "more latent frames than RoPE positions",
+            ));
+        }
+        if let Some(image) = &r.image {
+            if image.shape() != [3, r.height, r.width] {
+                return Err(EngineError::request(
+                    "image",
+                    format!(
+                        "must be [3, {}, {}] in [−1, 1], got {:?}",
+                        r.height,
+                        r.width,
+                        image.shape()
+                    ),
+                ));
+            }
+        }
+        Ok(blocks)
+    }
+
+    fn pool_for(&self, layout: PageLayout) -> Result<Arc<KvPool>> {
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        match pool.as_ref() {
+            Some(p) if p.layout() == layout => return Ok(Arc::clone(p)),
+            Some(p) if p.free_pages() != p.total_pages() => {
+                return Err(EngineError::Admission(format!(
+                    "sessions at another resolution hold KV pages ({} of {} in use)",
+                    p.total_pages() - p.free_pages(),
+                    p.total_pages()
+                )))
+            }
+            _ => {}
+        }
+        // Replacing an idle pool frees its pages before the new one takes its own.
+        *pool = None;
+        let created = KvPool::with_budget(
+            layout,
+            self.config.kv_budget_bytes,
+            self.config.window_frames,
+            &self.device,
+        )
+        .map_err(|e| EngineError::Admission(e.to_string()))?;
+        *pool = Some(Arc::clone(&created));
+        Ok(created)
+    }
+
+    /// Validates and admits a session: its KV pages are reserved now, and its decoder
+    /// state and conditioning must fit in the device's free memory.
+    pub fn open_session(&self, request: SessionRequest) -> Result<Session> {
+        let blocks = self.validate(&request)?;
+        let c = self.dit.config();
+        let tokens = (request.height / self.vae.config().spatial_factor() / c.patch_size[1])
+            * (request.width / self.vae.config().spatial_factor() / c.patch_size[2]);
+        let layout = PageLayout {
+            layers: c.num_layers,
+            tokens,
+            heads: c.num_attention_heads,
+            head_dim: c.attention_head_dim,
+            dtype: DType::F32,
+        };
+        let pool = self.pool_for(layout)?;
+        let kv = SessionKv::new(
+            &pool,
+            self.config.sink_frames,
+            self.config.window_frames,
+            BLOCK_FRAMES,
+        )
+        .map_err(|e| EngineError::Admission(e.to_string()))?;
+        let state = StreamingDecoder::new(&self.vae, None).declared_state_bytes(
+            request.height,
+            request.width,
+            DType::F32,
+        );
+        let latent_frames = blocks * BLOCK_FRAMES;
+        let s = self.vae.config().spatial_factor();
+        let cond_bytes =
+            (20 * latent_frames * (request.height / s) * (request.width / s) * 4) as u64;
+        let (free, _) = self.platform().mem_info();
+        let cached = {
+            let st = self.platform().memory_stats();
+            (st.reserved_bytes.all().current - st.allocated_bytes.all().current).max(0) as u64
+        };
+        if state + cond_bytes > free + cached {
+            return Err(EngineError::Admission(format!(
+                "decoder state {state} B + conditioning {cond_bytes} B do not fit in {} B free",
+                free + cached
+            )));
+        }
+        let text = self.dit.text_key_values(request.text_embeds.as_ref())?;
+        let cond = if c.in_channels == c.out_channels() + 20 {
+            Some(self.image_condition(&request, latent_frames)?)
+        } else {
+            None
+        };
+        let id = format!("session-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
+        Session::new(
+            id,
+            Arc::clone(&self.dit),
+            Arc::clone(&self.vae),
+            kv,
+            text,
+            cond,
+            &request,
+            blocks,
+        )
+    }
+
+    /// `[mask (4) | normalised image latent (16)]` for every latent frame: the VAE mean
+    /// of `[image, black, …]` over the session's horizon, mask 1 at frame 0 only.
+    fn image_condition(&self, r: &SessionRequest, latent_frames: usize) -> Result<Tensor> {
+        let frames = 1 + 4 * (latent_frames - 1);
+        let black = Tensor::full(
+            &[1, 3, frames - 1, r.height, r.width],
+            -1.0,
+            DType::F32,
+            &self.device,
+        )?;
+        let first = match &r.image {
+            Some(image) => image
+                .to_dtype(DType::F32)?
+                .reshape(&[1, 3, 1, r.height, r.width])?,
+            None => Tensor::full(
+                &[1, 3, 1, r.height, r.width],
+                -1.0,
+                DType::F32,
+                &self.device,
+            )?,
+        };
+        let video = Tensor::cat(&[&first, &black], 2)?;
+        drop(black);
+        let latent = self.vae.normalize(&self.vae.encode(&video)?)?;
+        drop(video);
+        let [_, _, t, h, w] = *latent.shape() else {
+            unreachable!("latents are 5-D")
+        };
+        let ones = Tensor::full(&[1, 4, 1, h, w], 1.0, DType::F32, &self.device)?;
+        let zeros = Tensor::zeros(&[1, 4, t - 1, h, w], DType::F32, &self.device)?;
+        let mask = Tensor::cat(&[&ones, &zeros], 2)?;
+        Ok(Tensor::cat(&[&mask, &latent], 1)?)
+    }
+}

@@ -1,0 +1,42 @@
+//! The one error type of the engine.
+
+/// Errors of the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A request field breaks a rule; the message names the field and the rule.
+    #[error("request: {field}: {rule}")]
+    Request {
+        /// The field.
+        field: &'static str,
+        /// The rule it breaks.
+        rule: String,
+    },
+    /// The session does not fit in the memory the engine has left.
+    #[error("admission: {0}")]
+    Admission(String),
+    /// The session has produced every chunk it was asked for.
+    #[error("session {0} is finished")]
+    Finished(String),
+    /// A model failed (shapes, weights, out of memory).
+    #[error(transparent)]
+    Model(#[from] headroom_model::ModelError),
+    /// A tensor op failed.
+    #[error(transparent)]
+    Tensor(#[from] headroom_tensor::TensorError),
+    /// The memory core refused something.
+    #[error(transparent)]
+    Mem(#[from] headroom_mem::MemError),
+}
+
+impl EngineError {
+    /// A request error for `field`.
+    pub fn request(field: &'static str, rule: impl Into<String>) -> Self {
+        EngineError::Request {
+            field,
+            rule: rule.into(),
+        }
+    }
+}
+
+/// Result alias of the engine.
+pub type Result<T> = std::result::Result<T, EngineError>;

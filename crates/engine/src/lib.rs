@@ -1,0 +1,14 @@
+//! headroom's engine: sessions that generate video block by block (4-step DMD over a
+//! paged KV cache, a commit forward, a session-owned VAE decode), admitted only when
+//! they fit, releasing everything on close, with reclaim at named phase boundaries.
+#![warn(missing_docs, missing_debug_implementations)]
+
+pub mod engine;
+pub mod error;
+pub mod preset;
+pub mod session;
+
+pub use engine::{Engine, EngineConfig};
+pub use error::{EngineError, Result};
+pub use preset::{ModelPreset, PRESETS};
+pub use session::{Chunk, ChunkTimings, Session, SessionRequest, BLOCK_FRAMES};

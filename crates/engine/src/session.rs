@@ -1,0 +1,296 @@
+//! A streaming session: the per-block DMD loop against the session's KV pages, the
+//! commit forward, and the session-owned VAE decode, with reclaim consulted at every
+//! named phase boundary. Dropping a session releases its pages, decoder state and
+//! conditioning on every path.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use headroom_mem::{MemoryStats, Phase};
+use headroom_model::dit::TextKeyValues;
+use headroom_model::dmd::{renoise, x0_from_velocity, DmdSchedule};
+use headroom_model::kv::SessionKv;
+use headroom_model::{
+    OutputFormat, StreamingDecodeState, StreamingDecoder, WanTransformer, WanVae,
+};
+use headroom_tensor::ops::attention::Mask;
+use headroom_tensor::{DType, Device, Tensor};
+
+use crate::error::{EngineError, Result};
+
+/// Latent frames per autoregressive block.
+pub const BLOCK_FRAMES: usize = 3;
+
+/// What a client asks for.
+#[derive(Debug, Clone)]
+pub struct SessionRequest {
+    /// Video width in pixels (multiple of 16).
+    pub width: usize,
+    /// Video height in pixels (multiple of 16).
+    pub height: usize,
+    /// Frames: 12·K − 3 for K chunks (9, 21, 33, …).
+    pub num_frames: usize,
+    /// Seed of the session's noise.
+    pub seed: u64,
+    /// DMD steps per block.
+    pub steps: usize,
+    /// Timestep shift.
+    pub flow_shift: f64,
+    /// Text embeddings `[L, text_dim]`, or none.
+    pub text_embeds: Option<Tensor>,
+    /// First frame `[3, H, W]` in [−1, 1] for image-conditioned models (black if none).
+    pub image: Option<Tensor>,
+}
+
+impl SessionRequest {
+    /// A request with the defaults: 4 steps, shift 5, seed 42, no text, no image.
+    pub fn new(width: usize, height: usize, num_frames: usize) -> Self {
+        Self {
+            width,
+            height,
+            num_frames,
+            seed: 42,
+            steps: 4,
+            flow_shift: 5.0,
+            text_embeds: None,
+            image: None,
+        }
+    }
+}
+
+/// Time spent in each phase of a chunk.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ChunkTimings {
+    /// The denoise steps.
+    pub denoise: Duration,
+    /// The KV commit forward.
+    pub commit: Duration,
+    /// The VAE decode (including its reclaim).
+    pub decode: Duration,
+}
+
+/// One chunk of video.
+#[derive(Debug)]
+pub struct Chunk {
+    /// Chunk index from 0.
+    pub index: usize,
+    /// Frames, u8 `[T, H, W, 3]`.
+    pub frames: Tensor,
+    /// Phase timings.
+    pub timings: ChunkTimings,
+    /// Allocator statistics at the end of the denoise phase.
+    pub stats_denoise_end: MemoryStats,
+    /// Allocator statistics after the decode.
+    pub stats_decoded: MemoryStats,
+}
+
+/// A running session.
+pub struct Session {
+    id: String,
+    dit: Arc<WanTransformer>,
+    vae: Arc<WanVae>,
+    device: Device,
+    kv: Option<SessionKv>,
+    text: TextKeyValues,
+    cond: Option<Tensor>,
+    decode_state: StreamingDecodeState,
+    schedule: DmdSchedule,
+    seed: u64,
+    noise_counter: u64,
+    next_block: usize,
+    blocks: usize,
+    latent_hw: [usize; 2],
+}
+
+impl Session {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: String,
+        dit: Arc<WanTransformer>,
+        vae: Arc<WanVae>,
+        kv: SessionKv,
+        text: TextKeyValues,
+        cond: Option<Tensor>,
+        request: &SessionRequest,
+        blocks: usize,
+    ) -> Result<Self> {
+        let s = vae.config().spatial_factor();
+        Ok(Self {
+            decode_state: StreamingDecodeState::new(&id)?,
+            id,
+            device: dit.device().clone(),
+            dit,
+            vae,
+            kv: Some(kv),
+            text,
+            cond,
+            schedule: DmdSchedule::shifted(request.steps, request.flow_shift)?,
+            seed: request.seed,
+            noise_counter: 0,
+            next_block: 0,
+            blocks,
+            latent_hw: [request.height / s, request.width / s],
+        })
+    }
+
+    /// The session id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Chunks produced so far.
+    pub fn chunks_done(&self) -> usize {
+        self.next_block
+    }
+
+    /// Chunks the session will produce.
+    pub fn chunks_total(&self) -> usize {
+        self.blocks
+    }
+
+    fn noise(&mut self, shape: &[usize]) -> Result<Tensor> {
+        let t = Tensor::randn(
+            shape,
+            self.seed,
+            self.noise_counter,
+            DType::F32,
+            &self.device,
+        )?;
+        self.noise_counter += t.numel() as u64;
+        Ok(t)
+    }
+
+    /// The model input of block latents `x`: with the block's image condition appended
+    /// for image-conditioned models.
+    fn model_input(&self, x: &Tensor, first_frame: usize) -> Result<Tensor> {
+        match &self.cond {
+            Some(c) => Ok(Tensor::cat(
+                &[x, &c.narrow(2, first_frame, BLOCK_FRAMES)?],
+                1,
+            )?),
+            None => Ok(x.clone()),
+        }
+    }
+
+    /// Generates, commits and decodes the next block: 9 frames first, then 12.
+    pub fn next_chunk(&mut self) -> Result<Chunk> {
+        let result = self.try_next_chunk();
+        if result.is_err() {
+            // A failed chunk ends the session: give back what it held now.
+            self.release();
+            self.device.platform().phase(Phase::Error);
+        }
+        result
+    }
+
+    fn try_next_chunk(&mut self) -> Result<Chunk> {
+        let n = self.next_block;
+        if n >= self.blocks || self.kv.is_none() {
+            return Err(EngineError::Finished(self.id.clone()));
+        }
+        let first = BLOCK_FRAMES * n;
+        let [h, w] = self.latent_hw;
+        let out_c = self.dit.config().out_channels();
+        let start = Instant::now();
+        let past = self
+            .kv
+            .as_ref()
+            .map(SessionKv::gather)
+            .transpose()?
+            .flatten();
+        let mut x = self.noise(&[1, out_c, BLOCK_FRAMES, h, w])?;
+        let steps = self.schedule.len();
+        let mut x0 = x.clone();
+        for k in 0..steps {
+            let input = self.model_input(&x, first)?;
+            let grid = self.dit.grid(&input)?;
+            let tokens = self.dit.embed(&input)?;
+            let (v, _) = self.dit.forward_tokens(
+                &tokens,
+                &grid.positions(first),
+                self.schedule.timesteps[k],
+                &self.text,
+                past.as_deref(),
+                Mask::None,
+            )?;
+            let v = self.dit.unpatchify(&v, grid)?;
+            x0 = x0_from_velocity(&x, &v, self.schedule.sigmas[k])?;
+            if k + 1 < steps {
+                let eps = self.noise(&[1, out_c, BLOCK_FRAMES, h, w])?;
+                x = renoise(&x0, &eps, self.schedule.sigmas[k + 1])?;
+            }
+        }
+        let denoise = start.elapsed();
+        let start = Instant::now();
+        let input = self.model_input(&x0, first)?;
+        let grid = self.dit.grid(&input)?;
+        let tokens = self.dit.embed(&input)?;
+        let (_, own) = self.dit.forward_tokens(
+            &tokens,
+            &grid.positions(first),
+            0.0,
+            &self.text,
+            past.as_deref(),
+            Mask::None,
+        )?;
+        drop(past);
+        if let Some(kv) = self.kv.as_mut() {
+            kv.commit(first, &own)?;
+        }
+        drop(own);
+        let commit = start.elapsed();
+        let platform = self.device.platform().clone();
+        platform.phase(Phase::DenoiseEnd);
+        let stats_denoise_end = platform.memory_stats();
+        let start = Instant::now();
+        let z = self.vae.denormalize(&x0)?;
+        let decoder = StreamingDecoder::new(&self.vae, None);
+        let pixels = decoder
+            .decode_chunk(&z, &mut self.decode_state, OutputFormat::PlanarUint8, true)?
+            .ok_or_else(|| EngineError::request("decode", "no frames produced"))?;
+        let frames = pixels.permute(&[1, 2, 3, 0])?.contiguous()?;
+        let decode = start.elapsed();
+        self.next_block += 1;
+        Ok(Chunk {
+            index: n,
+            frames,
+            timings: ChunkTimings {
+                denoise,
+                commit,
+                decode,
+            },
+            stats_denoise_end,
+            stats_decoded: platform.memory_stats(),
+        })
+    }
+
+    fn release(&mut self) {
+        self.kv = None;
+        self.cond = None;
+        self.text = TextKeyValues(Vec::new());
+        self.decode_state.release();
+    }
+
+    /// Ends the session, releasing everything it holds.
+    pub fn close(self) {}
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .field(
+                "chunks",
+                &format_args!("{}/{}", self.next_block, self.blocks),
+            )
+            .field("seed", &self.seed)
+            .finish()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.release();
+        self.device.platform().phase(Phase::SessionEnd);
+    }
+}

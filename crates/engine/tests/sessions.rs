@@ -1,0 +1,166 @@
+//! Sessions on the tiny built-in model: chunk sizes, determinism across seeds and reclaim
+//! policies, residency across sequential sessions, and failure mid-chunk.
+
+use headroom_engine::{Engine, EngineConfig, EngineError, SessionRequest};
+use headroom_mem::ReclaimPolicy;
+
+fn engine(reclaim: ReclaimPolicy) -> Engine {
+    Engine::new(EngineConfig {
+        model: "tiny".to_string(),
+        reclaim,
+        kv_budget_bytes: 64 << 20,
+        ..EngineConfig::default()
+    })
+    .unwrap()
+}
+
+fn request(seed: u64) -> SessionRequest {
+    SessionRequest {
+        seed,
+        ..SessionRequest::new(48, 32, 33)
+    }
+}
+
+fn run(engine: &Engine, request: SessionRequest) -> Vec<Vec<u8>> {
+    let mut session = engine.open_session(request).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..session.chunks_total() {
+        out.push(session.next_chunk().unwrap().frames.to_vec::<u8>().unwrap());
+    }
+    out
+}
+
+#[test]
+fn a_session_yields_9_then_12_frame_chunks_of_rgb_pixels() {
+    let engine = engine(ReclaimPolicy::Never);
+    let mut session = engine.open_session(request(1)).unwrap();
+    assert_eq!(session.chunks_total(), 3);
+    let mut sizes = Vec::new();
+    for i in 0..3 {
+        let chunk = session.next_chunk().unwrap();
+        assert_eq!(chunk.index, i);
+        assert_eq!(&chunk.frames.shape()[1..], [32, 48, 3]);
+        sizes.push(chunk.frames.shape()[0]);
+    }
+    assert_eq!(sizes, [9, 12, 12]);
+    assert!(matches!(
+        session.next_chunk(),
+        Err(EngineError::Finished(_))
+    ));
+}
+
+#[test]
+fn same_seed_gives_identical_bytes_whatever_the_reclaim_policy() {
+    let never = run(&engine(ReclaimPolicy::Never), request(7));
+    let again = run(&engine(ReclaimPolicy::Never), request(7));
+    let before_decode = run(&engine(ReclaimPolicy::BeforeDecode), request(7));
+    let always = run(&engine(ReclaimPolicy::Always), request(7));
+    assert_eq!(never, again);
+    assert_eq!(never, before_decode);
+    assert_eq!(never, always);
+    assert_ne!(never, run(&engine(ReclaimPolicy::Never), request(8)));
+}
+
+#[test]
+fn sequential_sessions_leave_the_same_residency_and_never_leak_a_page() {
+    let engine = engine(ReclaimPolicy::BeforeDecode);
+    let mut after_close = Vec::new();
+    for i in 0..20 {
+        let request = SessionRequest {
+            num_frames: 9,
+            ..request(i)
+        };
+        run(&engine, request);
+        after_close.push(
+            engine
+                .platform()
+                .memory_stats()
+                .reserved_bytes
+                .all()
+                .current,
+        );
+        let pool = engine.kv_pool().unwrap();
+        assert_eq!(pool.free_pages(), pool.total_pages());
+    }
+    assert!(
+        after_close.iter().all(|&r| r == after_close[0]),
+        "{after_close:?}"
+    );
+}
+
+#[test]
+fn a_session_that_fails_mid_chunk_releases_everything_and_the_next_succeeds() {
+    let engine = engine(ReclaimPolicy::Never);
+    let allocated = || {
+        engine
+            .platform()
+            .memory_stats()
+            .allocated_bytes
+            .all()
+            .current
+    };
+    run(&engine, request(1));
+    let idle = allocated();
+    let mut session = engine.open_session(request(2)).unwrap();
+    session.next_chunk().unwrap();
+    engine.platform().allocator().inject_oom_after(Some(300));
+    let err = session.next_chunk().unwrap_err();
+    assert!(err.to_string().contains("out of memory"), "{err}");
+    drop(session);
+    assert_eq!(allocated(), idle);
+    let pool = engine.kv_pool().unwrap();
+    assert_eq!(pool.free_pages(), pool.total_pages());
+    assert_eq!(run(&engine, request(3)).len(), 3);
+}
+
+#[test]
+fn bad_requests_are_refused_with_the_field_and_the_rule() {
+    let engine = engine(ReclaimPolicy::Never);
+    let cases = [
+        (SessionRequest::new(50, 32, 33), "width/height"),
+        (SessionRequest::new(48, 32, 34), "num_frames"),
+        (
+            SessionRequest {
+                steps: 0,
+                ..request(1)
+            },
+            "steps",
+        ),
+    ];
+    for (r, field) in cases {
+        let err = engine.open_session(r).unwrap_err().to_string();
+        assert!(err.starts_with("request:") && err.contains(field), "{err}");
+    }
+    let err = Engine::new(EngineConfig {
+        model: "huge".into(),
+        ..EngineConfig::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("unknown model") && err.contains("tiny"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sessions_beyond_the_kv_budget_are_refused_at_admission() {
+    let engine = Engine::new(EngineConfig {
+        model: "tiny".to_string(),
+        // One session's 18 pages of 2304 B each, not two.
+        kv_budget_bytes: 50_000,
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let first = engine.open_session(request(1)).unwrap();
+    let err = match engine.open_session(request(2)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a second session was admitted"),
+    };
+    assert!(
+        err.starts_with("admission:") && err.contains("pages"),
+        "{err}"
+    );
+    drop(first);
+    assert!(engine.open_session(request(2)).is_ok());
+}
