@@ -24,8 +24,11 @@ pub struct EngineConfig {
     pub allocator: AllocatorConfig,
     /// Reclaim policy at phase boundaries.
     pub reclaim: ReclaimPolicy,
-    /// Bytes of KV pages the pool takes, once, at the first session.
-    pub kv_budget_bytes: u64,
+    /// Bytes of KV pages the pool takes, once, at the first session; `None` sizes it
+    /// for `max_sessions` sessions exactly.
+    pub kv_budget_bytes: Option<u64>,
+    /// Sessions the automatic KV budget makes room for.
+    pub max_sessions: usize,
     /// Frames kept for the whole session.
     pub sink_frames: usize,
     /// Frames a block sees at most (history + itself).
@@ -39,7 +42,8 @@ impl Default for EngineConfig {
             weight_seed: 0,
             allocator: AllocatorConfig::default(),
             reclaim: ReclaimPolicy::Never,
-            kv_budget_bytes: 256 << 20,
+            kv_budget_bytes: None,
+            max_sessions: 1,
             sink_frames: 9,
             window_frames: 18,
         }
@@ -165,13 +169,11 @@ impl Engine {
         }
         // Replacing an idle pool frees its pages before the new one takes its own.
         *pool = None;
-        let created = KvPool::with_budget(
-            layout,
-            self.config.kv_budget_bytes,
-            self.config.window_frames,
-            &self.device,
-        )
-        .map_err(|e| EngineError::Admission(e.to_string()))?;
+        let budget = self.config.kv_budget_bytes.unwrap_or_else(|| {
+            layout.bytes() * (self.config.window_frames * self.config.max_sessions.max(1)) as u64
+        });
+        let created = KvPool::with_budget(layout, budget, self.config.window_frames, &self.device)
+            .map_err(|e| EngineError::Admission(e.to_string()))?;
         *pool = Some(Arc::clone(&created));
         Ok(created)
     }

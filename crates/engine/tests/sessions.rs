@@ -8,7 +8,7 @@ fn engine(reclaim: ReclaimPolicy) -> Engine {
     Engine::new(EngineConfig {
         model: "tiny".to_string(),
         reclaim,
-        kv_budget_bytes: 64 << 20,
+        kv_budget_bytes: Some(64 << 20),
         ..EngineConfig::default()
     })
     .unwrap()
@@ -148,7 +148,7 @@ fn sessions_beyond_the_kv_budget_are_refused_at_admission() {
     let engine = Engine::new(EngineConfig {
         model: "tiny".to_string(),
         // One session's 18 pages of 2304 B each, not two.
-        kv_budget_bytes: 50_000,
+        kv_budget_bytes: Some(50_000),
         ..EngineConfig::default()
     })
     .unwrap();

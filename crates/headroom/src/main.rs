@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod dit_cmd;
+mod generate_cmd;
 mod mem_cmd;
 mod vae_cmd;
 
@@ -23,6 +24,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Generate a video: one streaming session on a built-in model (the main job).
+    Generate(generate_cmd::GenerateArgs),
     /// Memory tools: replay allocation traces through headroom's allocator.
     Mem(mem_cmd::MemArgs),
     /// Benchmarks that print ratios measured side by side in one run.
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         headroom_tensor::parallel::set_threads(threads);
     }
     let result = match cli.command {
+        Command::Generate(args) => generate_cmd::run(args),
         Command::Mem(args) => mem_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
         Command::Vae(args) => vae_cmd::run(args),
