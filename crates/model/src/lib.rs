@@ -2,6 +2,7 @@
 //! 2.1 causal VAE and its session-owned streaming decoder.
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod camera;
 pub mod dit;
 pub mod dmd;
 pub mod error;

@@ -1,0 +1,346 @@
+//! Camera control (STEPWISE.md part A): WASD/IJKL keys integrated into camera-to-world
+//! poses (OpenCV axes, f64), framewise relative poses with translation normalisation and
+//! the previous-block anchor, and the ray embedding `[origin, direction]` on the pixel
+//! grid folded 8×8 onto the latent grid (`[1, 384, L, h, w]`).
+
+use headroom_tensor::{DType, Device, Tensor};
+
+use crate::error::{ModelError, Result};
+
+/// A 4×4 camera-to-world matrix, row-major, f64.
+pub type Pose = [[f64; 4]; 4];
+
+/// Translation per latent frame of a W/A/S/D key.
+pub const STEP: f64 = 0.05;
+/// Pitch per latent frame of I/K, degrees.
+pub const PITCH_STEP_DEG: f64 = 4.0;
+/// Yaw per latent frame of J/L, degrees.
+pub const YAW_STEP_DEG: f64 = 6.0;
+/// Cumulative pitch limit, degrees.
+pub const PITCH_LIMIT_DEG: f64 = 85.0;
+
+/// The identity pose.
+pub fn identity() -> Pose {
+    let mut p = [[0.0; 4]; 4];
+    (0..4).for_each(|i| p[i][i] = 1.0);
+    p
+}
+
+fn matmul(a: &Pose, b: &Pose) -> Pose {
+    let mut out = [[0.0; 4]; 4];
+    for i in 0..4 {
+        for j in 0..4 {
+            out[i][j] = (0..4).map(|k| a[i][k] * b[k][j]).sum();
+        }
+    }
+    out
+}
+
+/// The rigid inverse `[Rᵀ, −Rᵀt]`.
+pub fn rigid_inverse(p: &Pose) -> Pose {
+    let mut out = identity();
+    for i in 0..3 {
+        for j in 0..3 {
+            out[i][j] = p[j][i];
+        }
+        out[i][3] = -(0..3).map(|k| p[k][i] * p[k][3]).sum::<f64>();
+    }
+    out
+}
+
+fn rot_x(a: f64) -> Pose {
+    let (s, c) = a.sin_cos();
+    let mut r = identity();
+    r[1][1] = c;
+    r[1][2] = -s;
+    r[2][1] = s;
+    r[2][2] = c;
+    r
+}
+
+fn rot_y(a: f64) -> Pose {
+    let (s, c) = a.sin_cos();
+    let mut r = identity();
+    r[0][0] = c;
+    r[0][2] = s;
+    r[2][0] = -s;
+    r[2][2] = c;
+    r
+}
+
+/// One latent frame's key set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Keys {
+    /// Forward.
+    pub w: bool,
+    /// Left.
+    pub a: bool,
+    /// Back.
+    pub s: bool,
+    /// Right.
+    pub d: bool,
+    /// Pitch up.
+    pub i: bool,
+    /// Yaw left.
+    pub j: bool,
+    /// Pitch down.
+    pub k: bool,
+    /// Yaw right.
+    pub l: bool,
+}
+
+impl Keys {
+    /// Parses a key set such as `"wd"` (case-insensitive; `-` or empty = no key).
+    pub fn parse(s: &str) -> Result<Self> {
+        let mut keys = Keys::default();
+        for c in s.chars().map(|c| c.to_ascii_lowercase()) {
+            match c {
+                'w' => keys.w = true,
+                'a' => keys.a = true,
+                's' => keys.s = true,
+                'd' => keys.d = true,
+                'i' => keys.i = true,
+                'j' => keys.j = true,
+                'k' => keys.k = true,
+                'l' => keys.l = true,
+                '-' | '.' | ' ' => {}
+                other => {
+                    return Err(ModelError::input(
+                        "actions",
+                        format!("unknown key {other:?}; use w, a, s, d (move), i, k (pitch), j, l (yaw), or - for none"),
+                    ))
+                }
+            }
+        }
+        Ok(keys)
+    }
+
+    /// One key set per character of `script` (`"wwaa-d"`): one latent frame each.
+    pub fn script(script: &str) -> Result<Vec<Self>> {
+        script
+            .chars()
+            .map(|c| Keys::parse(&c.to_string()))
+            .collect()
+    }
+}
+
+fn axis(a: bool, b: bool) -> f64 {
+    f64::from(u8::from(a)) - f64::from(u8::from(b))
+}
+
+/// The WASD/IJKL integrator (STEPWISE A4): pose and pitch persist across blocks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Controller {
+    /// Current camera-to-world pose.
+    pub pose: Pose,
+    /// Cumulative pitch, radians.
+    pub pitch: f64,
+}
+
+impl Default for Controller {
+    fn default() -> Self {
+        Self {
+            pose: identity(),
+            pitch: 0.0,
+        }
+    }
+}
+
+impl Controller {
+    /// Applies one latent frame's keys and returns the pose after it.
+    pub fn step(&mut self, keys: Keys) -> Pose {
+        let mut dp = PITCH_STEP_DEG.to_radians() * axis(keys.i, keys.k);
+        if (self.pitch + dp).abs() > PITCH_LIMIT_DEG.to_radians() {
+            dp = 0.0; // the whole step is dropped, not clamped
+        } else {
+            self.pitch += dp;
+        }
+        let dy = YAW_STEP_DEG.to_radians() * axis(keys.l, keys.j);
+        let mut r = self.pose;
+        (0..3).for_each(|i| r[i][3] = 0.0);
+        let r = matmul(&matmul(&rot_y(dy), &r), &rot_x(dp));
+        let unit = |v: [f64; 3]| {
+            let n = (v[0] * v[0] + v[2] * v[2]).sqrt();
+            if n > 0.0 {
+                [v[0] / (n + 1e-6), 0.0, v[2] / (n + 1e-6)]
+            } else {
+                v
+            }
+        };
+        let fwd = unit([r[0][2], 0.0, r[2][2]]);
+        let rgt = unit([r[0][0], 0.0, r[2][0]]);
+        let (mw, md) = (STEP * axis(keys.w, keys.s), STEP * axis(keys.d, keys.a));
+        let mut p = r;
+        for i in 0..3 {
+            p[i][3] = self.pose[i][3] + mw * fwd[i] + md * rgt[i];
+        }
+        p[3] = [0.0, 0.0, 0.0, 1.0];
+        self.pose = p;
+        p
+    }
+}
+
+/// Framewise deltas `D_0 = I, D_i = inv(P_{i−1})·P_i`, translations divided by `scale`
+/// (`None`: the largest delta translation, if non-zero).
+pub fn framewise_deltas(poses: &[Pose], scale: Option<f64>) -> Vec<Pose> {
+    let mut deltas: Vec<Pose> = (0..poses.len())
+        .map(|i| {
+            if i == 0 {
+                identity()
+            } else {
+                matmul(&rigid_inverse(&poses[i - 1]), &poses[i])
+            }
+        })
+        .collect();
+    let norm = |d: &Pose| (d[0][3] * d[0][3] + d[1][3] * d[1][3] + d[2][3] * d[2][3]).sqrt();
+    let scale = scale.unwrap_or_else(|| deltas.iter().map(norm).fold(0.0, f64::max));
+    if scale > 0.0 {
+        for d in &mut deltas {
+            (0..3).for_each(|i| d[i][3] /= scale);
+        }
+    }
+    deltas
+}
+
+/// Ray embedding of framewise poses on an `height × width` pixel grid with intrinsics
+/// `[fx, fy, cx, cy]`, folded 8×8: `[1, 6·64, L, height/8, width/8]`, channel
+/// `c·64 + dy·8 + dx` with `c` = origin xyz then direction xyz.
+pub fn ray_embedding(
+    deltas: &[Pose],
+    height: usize,
+    width: usize,
+    intrinsics: [f64; 4],
+    device: &Device,
+) -> Result<Tensor> {
+    if !height.is_multiple_of(8) || !width.is_multiple_of(8) || height == 0 || width == 0 {
+        return Err(ModelError::input(
+            "camera",
+            format!("height and width must be positive multiples of 8, got {height}x{width}"),
+        ));
+    }
+    let [fx, fy, cx, cy] = intrinsics;
+    let (h, w, l) = (height / 8, width / 8, deltas.len());
+    let mut tensor = Tensor::empty(&[1, 384, l, h, w], DType::F32, device)?;
+    let Some(out) = tensor.data_mut::<f32>() else {
+        return Ok(tensor); // meta device: shapes only
+    };
+    for (f, d) in deltas.iter().enumerate() {
+        for v in 0..height {
+            for u in 0..width {
+                let c = [(u as f64 + 0.5 - cx) / fx, (v as f64 + 0.5 - cy) / fy, 1.0];
+                let n = (c[0] * c[0] + c[1] * c[1] + 1.0).sqrt();
+                let c = [c[0] / n, c[1] / n, c[2] / n];
+                let mut dir = [0.0; 3];
+                for (i, di) in dir.iter_mut().enumerate() {
+                    *di = (0..3).map(|k| d[i][k] * c[k]).sum();
+                }
+                let dn = (dir[0] * dir[0] + dir[1] * dir[1] + dir[2] * dir[2]).sqrt();
+                let values = [
+                    d[0][3],
+                    d[1][3],
+                    d[2][3],
+                    dir[0] / dn,
+                    dir[1] / dn,
+                    dir[2] / dn,
+                ];
+                let (y, dy, x, dx) = (v / 8, v % 8, u / 8, u % 8);
+                for (ch, value) in values.into_iter().enumerate() {
+                    let channel = ch * 64 + dy * 8 + dx;
+                    out[((channel * l + f) * h + y) * w + x] = value as f32;
+                }
+            }
+        }
+    }
+    Ok(tensor)
+}
+
+/// Default intrinsics at `width × height`: `fx = fy = 500`, centre at the middle.
+pub fn default_intrinsics(width: usize, height: usize) -> [f64; 4] {
+    [500.0, 500.0, width as f64 / 2.0, height as f64 / 2.0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn w_moves_forward_along_z_and_d_moves_right_along_x() {
+        let mut c = Controller::default();
+        let p = c.step(Keys::parse("w").unwrap());
+        assert!(close(p[2][3], STEP / (1.0 + 1e-6)) && close(p[0][3], 0.0));
+        let p = c.step(Keys::parse("d").unwrap());
+        assert!(close(p[0][3], STEP / (1.0 + 1e-6)));
+        let p = c.step(Keys::parse("ws").unwrap());
+        assert!(close(p[2][3], STEP / (1.0 + 1e-6)), "opposing keys cancel");
+    }
+
+    #[test]
+    fn l_yaws_the_forward_axis_toward_plus_x_and_i_tilts_it_image_up() {
+        let mut c = Controller::default();
+        let p = c.step(Keys::parse("l").unwrap());
+        assert!(p[0][2] > 0.0 && close(p[0][2], 6f64.to_radians().sin()));
+        let mut c = Controller::default();
+        let p = c.step(Keys::parse("i").unwrap());
+        assert!(p[1][2] < 0.0, "forward tilts toward −y (image up)");
+    }
+
+    #[test]
+    fn pitch_stops_at_85_degrees_dropping_the_whole_step() {
+        let mut c = Controller::default();
+        for _ in 0..30 {
+            c.step(Keys::parse("i").unwrap());
+        }
+        assert!(
+            close(c.pitch, 84f64.to_radians()),
+            "{}",
+            c.pitch.to_degrees()
+        );
+    }
+
+    #[test]
+    fn deltas_are_relative_and_normalised_by_the_largest_step() {
+        let mut c = Controller::default();
+        let poses: Vec<Pose> = std::iter::once(identity())
+            .chain(
+                ["w", "wd", "-"]
+                    .iter()
+                    .map(|k| c.step(Keys::parse(k).unwrap())),
+            )
+            .collect();
+        let d = framewise_deltas(&poses, None);
+        assert_eq!(d[0], identity());
+        let norm = |p: &Pose| (p[0][3].powi(2) + p[1][3].powi(2) + p[2][3].powi(2)).sqrt();
+        assert!(close(norm(&d[2]), 1.0));
+        assert!(norm(&d[1]) < 1.0 && close(norm(&d[3]), 0.0));
+        let fixed = framewise_deltas(&poses, Some(STEP));
+        assert!((norm(&fixed[1]) - 1.0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn identity_rays_look_along_z_and_fold_like_pixel_unshuffle() {
+        let dev = Device::cpu().unwrap();
+        let e = ray_embedding(&[identity()], 16, 16, [500.0, 500.0, 8.0, 8.0], &dev).unwrap();
+        assert_eq!(e.shape(), [1, 384, 1, 2, 2]);
+        let v = e.to_vec::<f32>().unwrap();
+        // Direction z ≈ 1 everywhere; origin 0.
+        for i in 0..4 * 64 {
+            assert!(v[(5 * 64 * 4) + i] > 0.999);
+            assert_eq!(v[i], 0.0);
+        }
+        // Direction x of pixel (u=0, v=0) sits at channel 3·64 + 0, cell (0, 0), and is negative.
+        assert!(v[3 * 64 * 4] < 0.0);
+        // Pixel (u=15, v=15): channel 3·64 + 7·8 + 7, cell (1, 1), positive.
+        assert!(v[((3 * 64 + 63) * 2 + 1) * 2 + 1] > 0.0);
+        assert!(ray_embedding(&[identity()], 12, 16, [1.0; 4], &dev).is_err());
+    }
+
+    #[test]
+    fn scripts_parse_one_key_set_per_frame_and_reject_unknown_keys() {
+        assert_eq!(Keys::script("wA-").unwrap().len(), 3);
+        assert!(Keys::script("wq").unwrap_err().to_string().contains("'q'"));
+    }
+}
