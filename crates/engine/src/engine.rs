@@ -138,6 +138,16 @@ impl Engine {
                 "more latent frames than RoPE positions",
             ));
         }
+        if r.actions.len() > blocks * BLOCK_FRAMES {
+            return Err(EngineError::request(
+                "actions",
+                format!(
+                    "{} key sets for {} latent frames (one per latent frame)",
+                    r.actions.len(),
+                    blocks * BLOCK_FRAMES
+                ),
+            ));
+        }
         if let Some(image) = &r.image {
             if image.shape() != [3, r.height, r.width] {
                 return Err(EngineError::request(

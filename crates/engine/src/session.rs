@@ -7,6 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headroom_mem::{MemoryStats, Phase};
+use headroom_model::camera::{
+    default_intrinsics, framewise_deltas, ray_embedding, Controller, Keys,
+};
 use headroom_model::dit::TextKeyValues;
 use headroom_model::dmd::{renoise, x0_from_velocity, DmdSchedule};
 use headroom_model::kv::SessionKv;
@@ -40,6 +43,8 @@ pub struct SessionRequest {
     pub text_embeds: Option<Tensor>,
     /// First frame `[3, H, W]` in [−1, 1] for image-conditioned models (black if none).
     pub image: Option<Tensor>,
+    /// Camera keys, one set per latent frame (missing frames: no key).
+    pub actions: Vec<Keys>,
 }
 
 impl SessionRequest {
@@ -54,6 +59,7 @@ impl SessionRequest {
             flow_shift: 5.0,
             text_embeds: None,
             image: None,
+            actions: Vec::new(),
         }
     }
 }
@@ -100,6 +106,9 @@ pub struct Session {
     next_block: usize,
     blocks: usize,
     latent_hw: [usize; 2],
+    video_hw: [usize; 2],
+    actions: Vec<Keys>,
+    controller: Controller,
 }
 
 impl Session {
@@ -130,6 +139,9 @@ impl Session {
             next_block: 0,
             blocks,
             latent_hw: [request.height / s, request.width / s],
+            video_hw: [request.height, request.width],
+            actions: request.actions.clone(),
+            controller: Controller::default(),
         })
     }
 
@@ -158,6 +170,24 @@ impl Session {
         )?;
         self.noise_counter += t.numel() as u64;
         Ok(t)
+    }
+
+    /// This block's camera tokens: the keys of its 3 latent frames integrated from the
+    /// previous block's last pose, relative deltas normalised over the block (anchor
+    /// dropped), rays on the pixel grid folded onto the latent grid (STEPWISE A4–A10).
+    fn camera_tokens(&mut self, first_frame: usize) -> Result<Option<Tensor>> {
+        if !self.dit.has_camera() {
+            return Ok(None);
+        }
+        let mut poses = vec![self.controller.pose];
+        for f in first_frame..first_frame + BLOCK_FRAMES {
+            let keys = self.actions.get(f).copied().unwrap_or_default();
+            poses.push(self.controller.step(keys));
+        }
+        let deltas = framewise_deltas(&poses, None);
+        let [h, w] = self.video_hw;
+        let rays = ray_embedding(&deltas[1..], h, w, default_intrinsics(w, h), &self.device)?;
+        Ok(self.dit.camera_tokens(&rays)?)
     }
 
     /// The model input of block latents `x`: with the block's image condition appended
@@ -198,6 +228,7 @@ impl Session {
             .map(SessionKv::gather)
             .transpose()?
             .flatten();
+        let camera = self.camera_tokens(first)?;
         let mut x = self.noise(&[1, out_c, BLOCK_FRAMES, h, w])?;
         let steps = self.schedule.len();
         let mut x0 = x.clone();
@@ -212,6 +243,7 @@ impl Session {
                 &self.text,
                 past.as_deref(),
                 Mask::None,
+                camera.as_ref(),
             )?;
             let v = self.dit.unpatchify(&v, grid)?;
             x0 = x0_from_velocity(&x, &v, self.schedule.sigmas[k])?;
@@ -232,8 +264,10 @@ impl Session {
             &self.text,
             past.as_deref(),
             Mask::None,
+            camera.as_ref(),
         )?;
         drop(past);
+        drop(camera);
         if let Some(kv) = self.kv.as_mut() {
             kv.commit(first, &own)?;
         }

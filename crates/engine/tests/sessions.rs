@@ -164,3 +164,30 @@ fn sessions_beyond_the_kv_budget_are_refused_at_admission() {
     drop(first);
     assert!(engine.open_session(request(2)).is_ok());
 }
+
+#[test]
+fn camera_actions_steer_the_video_deterministically() {
+    use headroom_model::camera::Keys;
+    let engine = engine(ReclaimPolicy::Never);
+    let with = |script: &str| SessionRequest {
+        actions: Keys::script(script).unwrap(),
+        ..request(5)
+    };
+    let still = run(&engine, with(""));
+    let forward = run(&engine, with("wwwwwwwww"));
+    assert_eq!(forward, run(&engine, with("wwwwwwwww")));
+    assert_ne!(forward, still);
+    assert_eq!(
+        still,
+        run(&engine, with("---------")),
+        "no keys equals no script"
+    );
+    let err = engine
+        .open_session(with(&"w".repeat(10)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("actions") && err.contains("10 key sets for 9"),
+        "{err}"
+    );
+}

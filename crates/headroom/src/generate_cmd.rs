@@ -9,6 +9,7 @@ use clap::Args;
 use headroom_engine::{Engine, EngineConfig, SessionRequest};
 use headroom_media::{write_png, Y4mWriter};
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
+use headroom_model::camera::Keys;
 use headroom_tensor::io::npy::read_npy;
 use headroom_tensor::io::safetensors::SafetensorsFile;
 use headroom_tensor::{DType, Device, Tensor};
@@ -40,6 +41,10 @@ pub struct GenerateArgs {
     /// Text embeddings [L, text_dim]: .npy, or .safetensors holding one tensor.
     #[arg(long)]
     text_embeds: Option<PathBuf>,
+    /// Camera keys, one character per latent frame: w/a/s/d move, i/k pitch, j/l yaw,
+    /// - none (e.g. `wwwwwwddd`).
+    #[arg(long, default_value = "")]
+    actions: String,
     /// Reclaim policy: never, before-decode, bounded[:…], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
@@ -104,6 +109,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         steps: args.steps,
         flow_shift: args.flow_shift,
         text_embeds: text,
+        actions: Keys::script(&args.actions)?,
         ..SessionRequest::new(args.width, args.height, args.frames)
     };
     let mut sink = if args.out.extension().is_some_and(|e| e == "y4m") {

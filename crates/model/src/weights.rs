@@ -121,6 +121,14 @@ impl WeightStore {
         &self.device
     }
 
+    /// Whether the store can provide `key` (a seeded store provides every key).
+    pub fn has(&self, key: &str) -> bool {
+        match &self.source {
+            Source::Files(names, _) => names.contains_key(key),
+            Source::Seeded(_) => true,
+        }
+    }
+
     /// The tensor `key` with exactly `shape`, in the store's dtype.
     pub fn get(&self, key: &str, shape: &[usize], init: Init) -> Result<Tensor> {
         self.get_as(key, shape, init, self.dtype)

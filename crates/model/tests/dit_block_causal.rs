@@ -43,6 +43,7 @@ fn incremental_blocks_with_a_kv_cache_equal_the_masked_full_forward() {
                 &text_kv,
                 past.as_deref(),
                 Mask::None,
+                None,
             )
             .unwrap();
         outs.push(model.unpatchify(&v, grid).unwrap());

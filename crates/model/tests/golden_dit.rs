@@ -49,3 +49,91 @@ fn forward_matches_diffusers_with_and_without_text() {
         }
     }
 }
+
+#[test]
+fn a_zero_initialised_camera_adapter_leaves_the_model_plain_wan() {
+    use headroom_model::camera::{framewise_deltas, identity, ray_embedding, Controller, Keys};
+    use headroom_tensor::Tensor;
+    let dev = Device::cpu().unwrap();
+    let src = fixture("t2v");
+    let plain = WanTransformer::load(&src, &dev, DType::F32).unwrap();
+    assert!(!plain.has_camera());
+    // The same checkpoint plus camera weights that are all zero.
+    let file = headroom_tensor::io::safetensors::SafetensorsFile::open(
+        src.join("diffusion_pytorch_model.safetensors"),
+    )
+    .unwrap();
+    let mut tensors = file.load_all(&dev, None).unwrap();
+    let dim = 36;
+    let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &dev).unwrap();
+    for (name, shape) in [
+        ("patch_embedding_wancamctrl", [dim, 384 * 4]),
+        ("c2ws_hidden_states_layer1", [dim, dim]),
+        ("c2ws_hidden_states_layer2", [dim, dim]),
+    ] {
+        tensors.insert(format!("{name}.weight"), zeros(&shape));
+        tensors.insert(format!("{name}.bias"), zeros(&[dim]));
+    }
+    for b in 0..2 {
+        for layer in [
+            "cam_injector_layer1",
+            "cam_injector_layer2",
+            "cam_scale_layer",
+            "cam_shift_layer",
+        ] {
+            tensors.insert(format!("blocks.{b}.{layer}.weight"), zeros(&[dim, dim]));
+            tensors.insert(format!("blocks.{b}.{layer}.bias"), zeros(&[dim]));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+    let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    headroom_tensor::io::safetensors::save_safetensors(
+        dir.path().join("diffusion_pytorch_model.safetensors"),
+        &list,
+    )
+    .unwrap();
+    let with_camera = WanTransformer::load(dir.path(), &dev, DType::F32).unwrap();
+    assert!(with_camera.has_camera());
+    let x = read_npy(src.join("latents.npy"), &dev).unwrap();
+    let mut c = Controller::default();
+    let poses: Vec<_> = std::iter::once(identity())
+        .chain((0..3).map(|_| c.step(Keys::parse("wl").unwrap())))
+        .collect();
+    let rays = ray_embedding(
+        &framewise_deltas(&poses, None)[1..],
+        32,
+        48,
+        [500.0, 500.0, 24.0, 16.0],
+        &dev,
+    )
+    .unwrap();
+    let cam = with_camera.camera_tokens(&rays).unwrap().unwrap();
+    let grid = with_camera.grid(&x).unwrap();
+    let text = with_camera.text_key_values(None).unwrap();
+    let tokens = with_camera.embed(&x).unwrap();
+    let mask = headroom_tensor::ops::attention::Mask::None;
+    let (a, _) = with_camera
+        .forward_tokens(
+            &tokens,
+            &grid.positions(0),
+            500.0,
+            &text,
+            None,
+            mask,
+            Some(&cam),
+        )
+        .unwrap();
+    let (b, _) = plain
+        .forward_tokens(
+            &tokens,
+            &grid.positions(0),
+            500.0,
+            &plain.text_key_values(None).unwrap(),
+            None,
+            mask,
+            None,
+        )
+        .unwrap();
+    assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+}

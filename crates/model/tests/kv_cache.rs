@@ -130,6 +130,7 @@ fn generation_through_the_paged_cache_equals_the_masked_full_forward() {
                 &text,
                 past.as_deref(),
                 Mask::None,
+                None,
             )
             .unwrap();
         kv.commit(3 * n, &own).unwrap();

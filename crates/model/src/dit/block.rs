@@ -117,9 +117,40 @@ impl Attention {
 #[derive(Debug, Clone)]
 pub struct TextKeyValues(pub Vec<KeyValues>);
 
+/// A block's camera injection (STEPWISE A9): `G = inj2(silu(inj1(C))) + C`, then
+/// `x = (1 + scale(G))·x + shift(G)` after the self-attention residual.
+#[derive(Debug)]
+struct CameraInjection {
+    inj1: Linear,
+    inj2: Linear,
+    scale: Linear,
+    shift: Linear,
+}
+
+impl CameraInjection {
+    fn load(w: &WeightStore, prefix: &str, dim: usize) -> Result<Self> {
+        Ok(Self {
+            inj1: Linear::load(w, &format!("{prefix}.cam_injector_layer1"), dim, dim, None)?,
+            inj2: Linear::load(w, &format!("{prefix}.cam_injector_layer2"), dim, dim, None)?,
+            scale: Linear::load(w, &format!("{prefix}.cam_scale_layer"), dim, dim, None)?,
+            shift: Linear::load(w, &format!("{prefix}.cam_shift_layer"), dim, dim, None)?,
+        })
+    }
+
+    fn apply(&self, h: &Tensor, cam: &Tensor) -> Result<Tensor> {
+        let g = self
+            .inj2
+            .forward(&self.inj1.forward(cam)?.silu()?)?
+            .add(cam)?;
+        let scale = self.scale.forward(&g)?.add_scalar(1.0)?;
+        Ok(h.mul(&scale)?.add(&self.shift.forward(&g)?)?)
+    }
+}
+
 /// One transformer block.
 #[derive(Debug)]
 pub struct Block {
+    camera: Option<CameraInjection>,
     table: Tensor,
     attn1: Attention,
     attn2: Attention,
@@ -137,11 +168,14 @@ fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor, eps: f32) -> Result<Tens
 }
 
 impl Block {
-    /// Loads `blocks.{i}`.
-    pub fn load(w: &WeightStore, i: usize, c: &DitConfig) -> Result<Self> {
+    /// Loads `blocks.{i}` (with its camera injection when `camera` is set).
+    pub fn load(w: &WeightStore, i: usize, c: &DitConfig, camera: bool) -> Result<Self> {
         let p = format!("blocks.{i}");
         let dim = c.dim();
         Ok(Self {
+            camera: camera
+                .then(|| CameraInjection::load(w, &p, dim))
+                .transpose()?,
             table: w.get_as(
                 &format!("{p}.scale_shift_table"),
                 &[1, 6, dim],
@@ -197,8 +231,10 @@ impl Block {
     }
 
     /// Runs the block on tokens `h [1, L, dim]` at `positions`. Self-attention sees
-    /// `past` keys/values (earlier frames) followed by the tokens' own, under `mask`.
+    /// `past` keys/values (earlier frames) followed by the tokens' own, under `mask`;
+    /// `camera` tokens `[1, L, dim]` modulate the result when the block has an adapter.
     /// Returns the new hidden states and the tokens' own keys/values (for a KV cache).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         h: &Tensor,
@@ -207,6 +243,7 @@ impl Block {
         past: Option<&KeyValues>,
         mask: Mask,
         text: &KeyValues,
+        camera: Option<&Tensor>,
     ) -> Result<(Tensor, KeyValues)> {
         let m = self.modulation(tproj)?;
         let (a, own) = self.self_input(h, &m, rope)?;
@@ -219,7 +256,10 @@ impl Block {
         };
         let o = self.attn1.attend(&a, Some(rope), &all, mask)?;
         drop(all);
-        let h = h.add(&o.mul(&m[2])?)?;
+        let mut h = h.add(&o.mul(&m[2])?)?;
+        if let (Some(injection), Some(cam)) = (&self.camera, camera) {
+            h = injection.apply(&h, cam)?;
+        }
         let a = match &self.norm2 {
             Some((w, b)) => h.layer_norm(Some(w), Some(b), self.eps)?,
             None => h.clone(),

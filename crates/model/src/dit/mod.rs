@@ -22,9 +22,18 @@ use crate::weights::{read_config, Init, WeightStore};
 use block::Block;
 use embed::{ConditionEmbedder, Linear};
 
+/// The camera adapter's shared part (STEPWISE A9): ray patches → tokens.
+#[derive(Debug)]
+struct CameraEmbedder {
+    patch: Linear,
+    layer1: Linear,
+    layer2: Linear,
+}
+
 /// The Wan transformer; immutable once loaded.
 #[derive(Debug)]
 pub struct WanTransformer {
+    camera: Option<CameraEmbedder>,
     config: DitConfig,
     patch_w: Tensor,
     patch_b: Tensor,
@@ -74,7 +83,25 @@ impl WanTransformer {
         let dim = config.dim();
         let [pt, ph, pw] = config.patch_size;
         let out = config.out_channels();
+        // A checkpoint without camera weights is plain Wan (the adapter's zero init).
+        let with_camera = w.has("patch_embedding_wancamctrl.weight");
+        let camera = if with_camera {
+            Some(CameraEmbedder {
+                patch: Linear::load(
+                    w,
+                    "patch_embedding_wancamctrl",
+                    384 * ph * pw * pt,
+                    dim,
+                    None,
+                )?,
+                layer1: Linear::load(w, "c2ws_hidden_states_layer1", dim, dim, None)?,
+                layer2: Linear::load(w, "c2ws_hidden_states_layer2", dim, dim, None)?,
+            })
+        } else {
+            None
+        };
         Ok(Self {
+            camera,
             patch_w: w.get(
                 "patch_embedding.weight",
                 &[dim, config.in_channels, pt, ph, pw],
@@ -88,7 +115,7 @@ impl WanTransformer {
             )?,
             embedder: ConditionEmbedder::load(w, &config)?,
             blocks: (0..config.num_layers)
-                .map(|i| Block::load(w, i, &config))
+                .map(|i| Block::load(w, i, &config, with_camera))
                 .collect::<Result<_>>()?,
             table_out: w.get_as(
                 "scale_shift_table",
@@ -219,9 +246,50 @@ impl WanTransformer {
             .contiguous()?)
     }
 
+    /// Whether the checkpoint has a camera adapter.
+    pub fn has_camera(&self) -> bool {
+        self.camera.is_some()
+    }
+
+    /// Camera tokens `[1, L, dim]` of a folded ray embedding `[1, 384, F, H, W]` (on the
+    /// latent grid), or `None` when the model has no camera adapter. They do not depend
+    /// on the timestep, so one computation serves every step of a block.
+    pub fn camera_tokens(&self, rays: &Tensor) -> Result<Option<Tensor>> {
+        let Some(cam) = &self.camera else {
+            return Ok(None);
+        };
+        let [_, c, f, h, w] = *rays.shape() else {
+            return Err(ModelError::input(
+                "camera",
+                format!("rays must be [1, 384, F, H, W], got {:?}", rays.shape()),
+            ));
+        };
+        let [pt, ph, pw] = self.config.patch_size;
+        if c != 384 || f % pt != 0 || h % ph != 0 || w % pw != 0 {
+            return Err(ModelError::input(
+                "camera",
+                format!(
+                    "rays {:?} do not patch by {:?}",
+                    rays.shape(),
+                    self.config.patch_size
+                ),
+            ));
+        }
+        // Token features in (c, pt, ph, pw) order, tokens in (f, y, x) order.
+        let patches = rays
+            .reshape(&[1, c, f / pt, pt, h / ph, ph, w / pw, pw])?
+            .permute(&[0, 2, 4, 6, 1, 3, 5, 7])?
+            .reshape(&[1, (f / pt) * (h / ph) * (w / pw), c * pt * ph * pw])?;
+        let c0 = cam.patch.forward(&patches)?;
+        let c1 = cam.layer2.forward(&cam.layer1.forward(&c0)?.silu()?)?;
+        Ok(Some(c0.add(&c1)?))
+    }
+
     /// Runs every block on tokens at `positions`; `past[i]` holds block `i`'s keys/values
-    /// of earlier tokens. Returns the velocity tokens `[1, L, out·pt·ph·pw]` and each
-    /// block's own keys/values.
+    /// of earlier tokens; `camera` tokens (from [`WanTransformer::camera_tokens`])
+    /// modulate every block when the model has an adapter. Returns the velocity tokens
+    /// `[1, L, out·pt·ph·pw]` and each block's own keys/values.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward_tokens(
         &self,
         tokens: &Tensor,
@@ -230,6 +298,7 @@ impl WanTransformer {
         text: &TextKeyValues,
         past: Option<&[KeyValues]>,
         mask: Mask,
+        camera: Option<&Tensor>,
     ) -> Result<(Tensor, Vec<KeyValues>)> {
         let (temb, tproj) = self.embedder.time(t, &self.device)?;
         let mut h = tokens.clone();
@@ -242,6 +311,7 @@ impl WanTransformer {
                 past.map(|p| &p[i]),
                 mask,
                 &text.0[i],
+                camera,
             )?;
             h = next;
             own.push(kv);
@@ -290,7 +360,8 @@ impl WanTransformer {
             },
             None => Mask::None,
         };
-        let (v, _) = self.forward_tokens(&tokens, &grid.positions(0), t, &text, None, mask)?;
+        let (v, _) =
+            self.forward_tokens(&tokens, &grid.positions(0), t, &text, None, mask, None)?;
         self.unpatchify(&v, grid)
     }
 }
