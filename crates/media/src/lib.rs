@@ -146,7 +146,7 @@ mod tests {
         let mut w = Y4mWriter::create(&path, 4, 2, 16).unwrap();
         let white = vec![255u8; 4 * 2 * 3];
         w.write_frame(&white).unwrap();
-        w.write_frame(&vec![0u8; 24]).unwrap();
+        w.write_frame(&[0u8; 24]).unwrap();
         assert!(w
             .write_frame(&[0u8; 5])
             .unwrap_err()
