@@ -88,6 +88,17 @@ impl CausalConv3d {
         })
     }
 
+    /// The VAE's common conv: 3×3×3, causal padding 1, stride 1, cached.
+    pub fn load_3x3x3(
+        w: &WeightStore,
+        prefix: &str,
+        cin: usize,
+        cout: usize,
+        slots: &mut SlotCounter,
+    ) -> Result<Self> {
+        Self::load(w, prefix, cin, cout, [3, 3, 3], [1, 1, 1], [1, 1, 1], slots)
+    }
+
     /// Runs the conv; a cached conv prepends its slot's frames (zeros when empty) and
     /// keeps the last `front` frames of its input for the next chunk.
     pub fn forward(&self, x: &Tensor, cache: &mut Slots<'_>) -> Result<Tensor> {
@@ -163,30 +174,11 @@ impl ResidualBlock {
         cout: usize,
         slots: &mut SlotCounter,
     ) -> Result<Self> {
-        let k3 = [3, 3, 3];
         Ok(Self {
             norm1: ChannelRms::load(w, &format!("{prefix}.norm1"), &[cin, 1, 1, 1])?,
-            conv1: CausalConv3d::load(
-                w,
-                &format!("{prefix}.conv1"),
-                cin,
-                cout,
-                k3,
-                [1, 1, 1],
-                [1, 1, 1],
-                slots,
-            )?,
+            conv1: CausalConv3d::load_3x3x3(w, &format!("{prefix}.conv1"), cin, cout, slots)?,
             norm2: ChannelRms::load(w, &format!("{prefix}.norm2"), &[cout, 1, 1, 1])?,
-            conv2: CausalConv3d::load(
-                w,
-                &format!("{prefix}.conv2"),
-                cout,
-                cout,
-                k3,
-                [1, 1, 1],
-                [1, 1, 1],
-                slots,
-            )?,
+            conv2: CausalConv3d::load_3x3x3(w, &format!("{prefix}.conv2"), cout, cout, slots)?,
             shortcut: (cin != cout)
                 .then(|| {
                     CausalConv3d::load(

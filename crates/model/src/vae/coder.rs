@@ -35,15 +35,11 @@ impl Encoder {
     pub fn load(w: &WeightStore, config: &VaeConfig) -> Result<Self> {
         let mut slots = SlotCounter::default();
         let dims = config.enc_dims();
-        let k3 = [3, 3, 3];
-        let conv_in = CausalConv3d::load(
+        let conv_in = CausalConv3d::load_3x3x3(
             w,
             "encoder.conv_in",
             config.in_channels,
             dims[0],
-            k3,
-            [1, 1, 1],
-            [1, 1, 1],
             &mut slots,
         )?;
         let mut down = Vec::new();
@@ -78,16 +74,8 @@ impl Encoder {
         let last = *dims.last().expect("enc_dims is never empty");
         let mid = MidBlock::load(w, "encoder.mid_block", last, &mut slots)?;
         let norm_out = ChannelRms::load(w, "encoder.norm_out", &[last, 1, 1, 1])?;
-        let conv_out = CausalConv3d::load(
-            w,
-            "encoder.conv_out",
-            last,
-            2 * config.z_dim,
-            k3,
-            [1, 1, 1],
-            [1, 1, 1],
-            &mut slots,
-        )?;
+        let conv_out =
+            CausalConv3d::load_3x3x3(w, "encoder.conv_out", last, 2 * config.z_dim, &mut slots)?;
         Ok(Self {
             conv_in,
             down,
@@ -142,17 +130,8 @@ impl Decoder {
     pub fn load(w: &WeightStore, config: &VaeConfig) -> Result<Self> {
         let mut slots = SlotCounter::default();
         let dims = config.dec_dims();
-        let k3 = [3, 3, 3];
-        let conv_in = CausalConv3d::load(
-            w,
-            "decoder.conv_in",
-            config.z_dim,
-            dims[0],
-            k3,
-            [1, 1, 1],
-            [1, 1, 1],
-            &mut slots,
-        )?;
+        let conv_in =
+            CausalConv3d::load_3x3x3(w, "decoder.conv_in", config.z_dim, dims[0], &mut slots)?;
         let mid = MidBlock::load(w, "decoder.mid_block", dims[0], &mut slots)?;
         let stages = config.dim_mult.len();
         let temporal = config.temperal_upsample();
@@ -186,16 +165,8 @@ impl Decoder {
         }
         let last = *dims.last().expect("dec_dims is never empty");
         let norm_out = ChannelRms::load(w, "decoder.norm_out", &[last, 1, 1, 1])?;
-        let conv_out = CausalConv3d::load(
-            w,
-            "decoder.conv_out",
-            last,
-            config.out_channels,
-            k3,
-            [1, 1, 1],
-            [1, 1, 1],
-            &mut slots,
-        )?;
+        let conv_out =
+            CausalConv3d::load_3x3x3(w, "decoder.conv_out", last, config.out_channels, &mut slots)?;
         Ok(Self {
             conv_in,
             mid,
