@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use headroom_mem::{MemoryStats, Phase};
 use headroom_model::camera::{
-    default_intrinsics, framewise_deltas, ray_embedding, Controller, Keys,
+    default_intrinsics, framewise_deltas, ray_embedding, CameraUpdate, Controller,
+    InteractionHandler, Keys, STEP,
 };
 use headroom_model::dit::TextKeyValues;
 use headroom_model::dmd::{renoise, x0_from_velocity, DmdSchedule};
@@ -109,6 +110,7 @@ pub struct Session {
     video_hw: [usize; 2],
     actions: Vec<Keys>,
     controller: Controller,
+    interaction: Option<InteractionHandler>,
 }
 
 impl Session {
@@ -142,6 +144,7 @@ impl Session {
             video_hw: [request.height, request.width],
             actions: request.actions.clone(),
             controller: Controller::default(),
+            interaction: None,
         })
     }
 
@@ -179,12 +182,28 @@ impl Session {
         if !self.dit.has_camera() {
             return Ok(None);
         }
-        let mut poses = vec![self.controller.pose];
-        for f in first_frame..first_frame + BLOCK_FRAMES {
-            let keys = self.actions.get(f).copied().unwrap_or_default();
-            poses.push(self.controller.step(keys));
-        }
-        let deltas = framewise_deltas(&poses, None);
+        let (poses, scale) = match self.interaction.as_mut() {
+            // Interaction: the server cannot see future motion, so translations use the
+            // fixed scale of one W step (STEPWISE A7).
+            Some(handler) => {
+                let anchor = handler.pose();
+                (
+                    std::iter::once(anchor)
+                        .chain(handler.step_chunk(BLOCK_FRAMES))
+                        .collect::<Vec<_>>(),
+                    Some(STEP),
+                )
+            }
+            None => {
+                let mut poses = vec![self.controller.pose];
+                for f in first_frame..first_frame + BLOCK_FRAMES {
+                    let keys = self.actions.get(f).copied().unwrap_or_default();
+                    poses.push(self.controller.step(keys));
+                }
+                (poses, None)
+            }
+        };
+        let deltas = framewise_deltas(&poses, scale);
         let [h, w] = self.video_hw;
         let rays = ray_embedding(&deltas[1..], h, w, default_intrinsics(w, h), &self.device)?;
         Ok(self.dit.camera_tokens(&rays)?)
@@ -303,6 +322,21 @@ impl Session {
         self.cond = None;
         self.text = TextKeyValues(Vec::new());
         self.decode_state.release();
+    }
+
+    /// Queues a camera update (`target` or `velocity`); it takes effect at the next chunk
+    /// boundary. A session driven by an action script refuses updates, as vllm-omni does.
+    pub fn interact(&mut self, update: CameraUpdate) -> Result<()> {
+        if !self.actions.is_empty() {
+            return Err(EngineError::request(
+                "interaction",
+                "this session follows an action script; camera updates cannot be mixed with it",
+            ));
+        }
+        self.interaction
+            .get_or_insert_with(InteractionHandler::default)
+            .queue(update)?;
+        Ok(())
     }
 
     /// Ends the session, releasing everything it holds.

@@ -191,3 +191,46 @@ fn camera_actions_steer_the_video_deterministically() {
         "{err}"
     );
 }
+
+#[test]
+fn camera_updates_take_effect_at_the_next_chunk_boundary() {
+    use headroom_model::camera::{CameraUpdate, Keys, UpdateMode};
+    let engine = engine(ReclaimPolicy::Never);
+    let velocity = CameraUpdate {
+        mode: UpdateMode::Velocity,
+        translation: [0.0, 0.0, 0.05],
+        rotation: [0.0, 0.0, 0.0, 1.0],
+        transition_chunks: 1.0,
+    };
+    let chunks = |update_after_first: bool| {
+        let mut session = engine.open_session(request(9)).unwrap();
+        let first = session.next_chunk().unwrap().frames.to_vec::<u8>().unwrap();
+        if update_after_first {
+            session.interact(velocity).unwrap();
+        }
+        let second = session.next_chunk().unwrap().frames.to_vec::<u8>().unwrap();
+        (first, second)
+    };
+    let (a1, a2) = chunks(false);
+    let (b1, b2) = chunks(true);
+    assert_eq!(a1, b1, "the chunk before the boundary is unchanged");
+    assert_ne!(a2, b2, "the update steers the next chunk");
+    let mut scripted = engine
+        .open_session(SessionRequest {
+            actions: Keys::script("www").unwrap(),
+            ..request(9)
+        })
+        .unwrap();
+    let err = scripted.interact(velocity).unwrap_err().to_string();
+    assert!(err.contains("action script"), "{err}");
+    let mut session = engine.open_session(request(9)).unwrap();
+    let bad = CameraUpdate {
+        translation: [f64::INFINITY, 0.0, 0.0],
+        ..velocity
+    };
+    assert!(session
+        .interact(bad)
+        .unwrap_err()
+        .to_string()
+        .contains("finite"));
+}
