@@ -33,6 +33,8 @@ pub struct EngineConfig {
     pub sink_frames: usize,
     /// Frames a block sees at most (history + itself).
     pub window_frames: usize,
+    /// Storage dtype of the weights (compute is f32).
+    pub weight_dtype: DType,
 }
 
 impl Default for EngineConfig {
@@ -46,6 +48,7 @@ impl Default for EngineConfig {
             max_sessions: 1,
             sink_frames: 9,
             window_frames: 18,
+            weight_dtype: DType::F32,
         }
     }
 }
@@ -72,12 +75,13 @@ impl Engine {
     pub fn on(config: EngineConfig, platform: Arc<dyn Platform>) -> Result<Self> {
         let preset = ModelPreset::named(&config.model)?;
         let device = Device::new(platform);
-        let dit = WanTransformer::seeded(preset.dit, config.weight_seed, &device, DType::F32)?;
+        let dtype = config.weight_dtype;
+        let dit = WanTransformer::seeded(preset.dit, config.weight_seed, &device, dtype)?;
         let vae = WanVae::seeded(
             preset.vae,
             config.weight_seed.wrapping_add(1),
             &device,
-            DType::F32,
+            dtype,
         )?;
         Ok(Self {
             config,
@@ -200,7 +204,7 @@ impl Engine {
             tokens,
             heads: c.num_attention_heads,
             head_dim: c.attention_head_dim,
-            dtype: DType::F32,
+            dtype: self.config.weight_dtype,
         };
         let pool = self.pool_for(layout)?;
         let kv = SessionKv::new(
