@@ -46,6 +46,11 @@ pub struct SessionRequest {
     pub image: Option<Tensor>,
     /// Camera keys, one set per latent frame (missing frames: no key).
     pub actions: Vec<Keys>,
+    /// Decode block N on a second thread while block N + 1 denoises (same output).
+    pub overlap: bool,
+    /// Commit the last DMD step's keys/values instead of running the commit forward
+    /// (one forward fewer per block; changes the output).
+    pub reuse_last_step_kv: bool,
 }
 
 impl SessionRequest {
@@ -61,6 +66,8 @@ impl SessionRequest {
             text_embeds: None,
             image: None,
             actions: Vec::new(),
+            overlap: false,
+            reuse_last_step_kv: false,
         }
     }
 }
@@ -91,6 +98,32 @@ pub struct Chunk {
     pub stats_decoded: MemoryStats,
 }
 
+/// A block's clean latents and how long they took.
+#[derive(Debug)]
+struct Denoised {
+    x0: Tensor,
+    denoise: Duration,
+    commit: Duration,
+}
+
+/// Decodes clean block latents into u8 frames `[T, H, W, 3]` through the session's
+/// decoder state.
+fn decode_block(
+    vae: &WanVae,
+    state: &mut StreamingDecodeState,
+    x0: &Tensor,
+) -> Result<(Tensor, Duration)> {
+    let start = Instant::now();
+    let z = vae.denormalize(x0)?;
+    let pixels = StreamingDecoder::new(vae, None)
+        .decode_chunk(&z, state, OutputFormat::PlanarUint8, true)?
+        .ok_or_else(|| EngineError::request("decode", "no frames produced"))?;
+    Ok((
+        pixels.permute(&[1, 2, 3, 0])?.contiguous()?,
+        start.elapsed(),
+    ))
+}
+
 /// A running session.
 pub struct Session {
     id: String,
@@ -111,6 +144,10 @@ pub struct Session {
     actions: Vec<Keys>,
     controller: Controller,
     interaction: Option<InteractionHandler>,
+    overlap: bool,
+    reuse_last_step_kv: bool,
+    /// The next block, denoised ahead while the previous one decoded (overlap).
+    pending: Option<Denoised>,
 }
 
 impl Session {
@@ -145,6 +182,9 @@ impl Session {
             actions: request.actions.clone(),
             controller: Controller::default(),
             interaction: None,
+            overlap: request.overlap,
+            reuse_last_step_kv: request.reuse_last_step_kv,
+            pending: None,
         })
     }
 
@@ -237,6 +277,57 @@ impl Session {
         if n >= self.blocks || self.kv.is_none() {
             return Err(EngineError::Finished(self.id.clone()));
         }
+        let platform = self.device.platform().clone();
+        let block = match self.pending.take() {
+            Some(block) => block,
+            None => {
+                let block = self.denoise_block(n)?;
+                platform.phase(Phase::DenoiseEnd);
+                block
+            }
+        };
+        let stats_denoise_end = platform.memory_stats();
+        let (frames, decode) = if self.overlap && n + 1 < self.blocks {
+            // Decode block n on a second thread while block n + 1 denoises here; the
+            // decoder state moves to that thread and back.
+            let placeholder = StreamingDecodeState::new(&self.id)?;
+            let mut state = std::mem::replace(&mut self.decode_state, placeholder);
+            let vae = Arc::clone(&self.vae);
+            let x0 = block.x0.clone();
+            let (decoded, next) = std::thread::scope(|scope| {
+                let worker = scope.spawn(move || {
+                    let out = decode_block(&vae, &mut state, &x0);
+                    (out, state)
+                });
+                let next = self.denoise_block(n + 1);
+                (worker.join(), next)
+            });
+            let (decoded, state) = decoded
+                .map_err(|_| EngineError::request("decode", "the decode thread panicked"))?;
+            self.decode_state = state;
+            self.pending = Some(next?);
+            platform.phase(Phase::DenoiseEnd);
+            decoded?
+        } else {
+            decode_block(&self.vae, &mut self.decode_state, &block.x0)?
+        };
+        self.next_block += 1;
+        Ok(Chunk {
+            index: n,
+            frames,
+            timings: ChunkTimings {
+                denoise: block.denoise,
+                commit: block.commit,
+                decode,
+            },
+            stats_denoise_end,
+            stats_decoded: platform.memory_stats(),
+        })
+    }
+
+    /// The DMD steps of block `n` and its KV commit (the commit forward at t = 0, or the
+    /// last step's keys/values when reusing them).
+    fn denoise_block(&mut self, n: usize) -> Result<Denoised> {
         let first = BLOCK_FRAMES * n;
         let [h, w] = self.latent_hw;
         let out_c = self.dit.config().out_channels();
@@ -251,19 +342,24 @@ impl Session {
         let mut x = self.noise(&[1, out_c, BLOCK_FRAMES, h, w])?;
         let steps = self.schedule.len();
         let mut x0 = x.clone();
+        let mut last_own = None;
         for k in 0..steps {
             let input = self.model_input(&x, first)?;
             let grid = self.dit.grid(&input)?;
             let tokens = self.dit.embed(&input)?;
-            let (v, _) = self.dit.forward_tokens(
+            let t = self.schedule.timesteps[k];
+            let (v, own) = self.dit.forward_tokens(
                 &tokens,
                 &grid.positions(first),
-                self.schedule.timesteps[k],
+                t,
                 &self.text,
                 past.as_deref(),
                 Mask::None,
                 camera.as_ref(),
             )?;
+            if self.reuse_last_step_kv && k + 1 == steps {
+                last_own = Some(own);
+            }
             let v = self.dit.unpatchify(&v, grid)?;
             x0 = x0_from_velocity(&x, &v, self.schedule.sigmas[k])?;
             if k + 1 < steps {
@@ -273,51 +369,38 @@ impl Session {
         }
         let denoise = start.elapsed();
         let start = Instant::now();
-        let input = self.model_input(&x0, first)?;
-        let grid = self.dit.grid(&input)?;
-        let tokens = self.dit.embed(&input)?;
-        let (_, own) = self.dit.forward_tokens(
-            &tokens,
-            &grid.positions(first),
-            0.0,
-            &self.text,
-            past.as_deref(),
-            Mask::None,
-            camera.as_ref(),
-        )?;
+        let own = match last_own {
+            Some(own) => own,
+            None => {
+                let input = self.model_input(&x0, first)?;
+                let grid = self.dit.grid(&input)?;
+                let tokens = self.dit.embed(&input)?;
+                let (_, own) = self.dit.forward_tokens(
+                    &tokens,
+                    &grid.positions(first),
+                    0.0,
+                    &self.text,
+                    past.as_deref(),
+                    Mask::None,
+                    camera.as_ref(),
+                )?;
+                own
+            }
+        };
         drop(past);
         drop(camera);
         if let Some(kv) = self.kv.as_mut() {
             kv.commit(first, &own)?;
         }
-        drop(own);
-        let commit = start.elapsed();
-        let platform = self.device.platform().clone();
-        platform.phase(Phase::DenoiseEnd);
-        let stats_denoise_end = platform.memory_stats();
-        let start = Instant::now();
-        let z = self.vae.denormalize(&x0)?;
-        let decoder = StreamingDecoder::new(&self.vae, None);
-        let pixels = decoder
-            .decode_chunk(&z, &mut self.decode_state, OutputFormat::PlanarUint8, true)?
-            .ok_or_else(|| EngineError::request("decode", "no frames produced"))?;
-        let frames = pixels.permute(&[1, 2, 3, 0])?.contiguous()?;
-        let decode = start.elapsed();
-        self.next_block += 1;
-        Ok(Chunk {
-            index: n,
-            frames,
-            timings: ChunkTimings {
-                denoise,
-                commit,
-                decode,
-            },
-            stats_denoise_end,
-            stats_decoded: platform.memory_stats(),
+        Ok(Denoised {
+            x0,
+            denoise,
+            commit: start.elapsed(),
         })
     }
 
     fn release(&mut self) {
+        self.pending = None;
         self.kv = None;
         self.cond = None;
         self.text = TextKeyValues(Vec::new());

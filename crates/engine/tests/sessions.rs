@@ -234,3 +234,41 @@ fn camera_updates_take_effect_at_the_next_chunk_boundary() {
         .to_string()
         .contains("finite"));
 }
+
+#[test]
+fn overlapping_decode_with_the_next_denoise_gives_identical_bytes() {
+    let engine = engine(ReclaimPolicy::BeforeDecode);
+    let plain = run(&engine, request(11));
+    let overlapped = run(
+        &engine,
+        SessionRequest {
+            overlap: true,
+            ..request(11)
+        },
+    );
+    assert_eq!(plain, overlapped);
+    let pool = engine.kv_pool().unwrap();
+    assert_eq!(pool.free_pages(), pool.total_pages());
+}
+
+#[test]
+fn reusing_the_last_step_kv_skips_the_commit_forward_and_changes_the_output() {
+    let engine = engine(ReclaimPolicy::Never);
+    let plain = run(&engine, request(12));
+    let reused = run(
+        &engine,
+        SessionRequest {
+            reuse_last_step_kv: true,
+            ..request(12)
+        },
+    );
+    assert_eq!(plain[0].len(), reused[0].len());
+    assert_eq!(
+        plain[0], reused[0],
+        "the first block sees no history either way"
+    );
+    assert_ne!(
+        plain[1], reused[1],
+        "later blocks attend to noisy keys/values"
+    );
+}

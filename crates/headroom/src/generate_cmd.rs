@@ -45,6 +45,12 @@ pub struct GenerateArgs {
     /// - none (e.g. `wwwwwwddd`).
     #[arg(long, default_value = "")]
     actions: String,
+    /// Decode each chunk on a second thread while the next one denoises (same output).
+    #[arg(long)]
+    overlap: bool,
+    /// Commit the last DMD step's keys/values instead of running the commit forward.
+    #[arg(long)]
+    reuse_last_step_kv: bool,
     /// Reclaim policy: never, before-decode, bounded[:…], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
@@ -110,6 +116,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         flow_shift: args.flow_shift,
         text_embeds: text,
         actions: Keys::script(&args.actions)?,
+        overlap: args.overlap,
+        reuse_last_step_kv: args.reuse_last_step_kv,
         ..SessionRequest::new(args.width, args.height, args.frames)
     };
     let mut sink = if args.out.extension().is_some_and(|e| e == "y4m") {
