@@ -73,16 +73,38 @@ impl Engine {
 
     /// An engine on `platform` (tests use a recording or failing platform).
     pub fn on(config: EngineConfig, platform: Arc<dyn Platform>) -> Result<Self> {
-        let preset = ModelPreset::named(&config.model)?;
         let device = Device::new(platform);
         let dtype = config.weight_dtype;
-        let dit = WanTransformer::seeded(preset.dit, config.weight_seed, &device, dtype)?;
-        let vae = WanVae::seeded(
-            preset.vae,
-            config.weight_seed.wrapping_add(1),
-            &device,
-            dtype,
-        )?;
+        let folder = std::path::Path::new(&config.model);
+        let (dit, vae) = if folder.join("transformer").is_dir() && folder.join("vae").is_dir() {
+            // A diffusers pipeline folder: real weights.
+            (
+                WanTransformer::load(&folder.join("transformer"), &device, dtype)?,
+                WanVae::load(&folder.join("vae"), &device, dtype)?,
+            )
+        } else {
+            let preset = ModelPreset::named(&config.model)?;
+            (
+                WanTransformer::seeded(preset.dit, config.weight_seed, &device, dtype)?,
+                WanVae::seeded(
+                    preset.vae,
+                    config.weight_seed.wrapping_add(1),
+                    &device,
+                    dtype,
+                )?,
+            )
+        };
+        let (z, c) = (vae.config().z_dim, dit.config());
+        if c.out_channels() != z || (c.in_channels != z && c.in_channels != z + 20) {
+            return Err(EngineError::request(
+                "model",
+                format!(
+                    "transformer channels {} in / {} out do not fit a VAE with z_dim {z} (need out = z_dim, in = z_dim or z_dim + 20)",
+                    c.in_channels,
+                    c.out_channels()
+                ),
+            ));
+        }
         Ok(Self {
             config,
             device,

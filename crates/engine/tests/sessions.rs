@@ -272,3 +272,27 @@ fn reusing_the_last_step_kv_skips_the_commit_forward_and_changes_the_output() {
         "later blocks attend to noisy keys/values"
     );
 }
+
+#[test]
+fn a_pipeline_folder_loads_and_mismatched_parts_are_refused() {
+    let fixtures =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures");
+    let dir = tempfile::tempdir().unwrap();
+    for (part, src) in [("transformer", "dit/t2v"), ("vae", "vae/tiny_t1")] {
+        let to = dir.path().join(part);
+        std::fs::create_dir(&to).unwrap();
+        for file in ["config.json", "diffusion_pytorch_model.safetensors"] {
+            std::fs::copy(fixtures.join(src).join(file), to.join(file)).unwrap();
+        }
+    }
+    let err = Engine::new(EngineConfig {
+        model: dir.path().display().to_string(),
+        ..EngineConfig::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("z_dim 4") && err.contains("16 in / 16 out"),
+        "{err}"
+    );
+}
