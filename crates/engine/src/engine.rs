@@ -256,7 +256,9 @@ impl Engine {
                 free + cached
             )));
         }
-        let text = self.dit.text_key_values(request.text_embeds.as_ref())?;
+        let text = self
+            .dit
+            .text_key_values(self.padded_text(request.text_embeds.as_ref())?.as_ref())?;
         let cond = if c.in_channels == c.out_channels() + 20 {
             Some(self.image_condition(&request, latent_frames)?)
         } else {
@@ -275,6 +277,31 @@ impl Engine {
         )
     }
 
+    /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed (padding rows
+    /// take part in cross-attention, so they change the output).
+    fn padded_text(&self, text: Option<&Tensor>) -> Result<Option<Tensor>> {
+        const TOKENS: usize = 512;
+        let Some(text) = text else { return Ok(None) };
+        let dim = self.dit.config().text_dim;
+        match *text.shape() {
+            [l, d] if d == dim && (1..=TOKENS).contains(&l) => {
+                if l == TOKENS {
+                    return Ok(Some(text.to_device(&self.device)?));
+                }
+                let text = text.to_device(&self.device)?.to_dtype(DType::F32)?;
+                let pad = Tensor::zeros(&[TOKENS - l, dim], DType::F32, &self.device)?;
+                Ok(Some(Tensor::cat(&[&text, &pad], 0)?))
+            }
+            _ => Err(EngineError::request(
+                "text_embeds",
+                format!(
+                    "must be [L, {dim}] with 1 ≤ L ≤ {TOKENS}, got {:?}",
+                    text.shape()
+                ),
+            )),
+        }
+    }
+
     /// `[mask (4) | normalised image latent (16)]` for every latent frame: the VAE mean
     /// of `[image, black, …]` over the session's horizon, mask 1 at frame 0 only.
     fn image_condition(&self, r: &SessionRequest, latent_frames: usize) -> Result<Tensor> {
@@ -287,6 +314,7 @@ impl Engine {
         )?;
         let first = match &r.image {
             Some(image) => image
+                .to_device(&self.device)?
                 .to_dtype(DType::F32)?
                 .reshape(&[1, 3, 1, r.height, r.width])?,
             None => Tensor::full(

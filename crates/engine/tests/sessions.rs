@@ -296,3 +296,39 @@ fn a_pipeline_folder_loads_and_mismatched_parts_are_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn text_embeddings_condition_the_video_and_bad_shapes_are_refused() {
+    use headroom_tensor::{DType, Device, Tensor};
+    let engine = engine(ReclaimPolicy::Never);
+    let dev = Device::cpu().unwrap();
+    let text = Tensor::randn(&[7, 16], 3, 0, DType::F32, &dev).unwrap();
+    let with = run(
+        &engine,
+        SessionRequest {
+            text_embeds: Some(text),
+            num_frames: 9,
+            ..request(4)
+        },
+    );
+    let without = run(
+        &engine,
+        SessionRequest {
+            num_frames: 9,
+            ..request(4)
+        },
+    );
+    assert_ne!(with, without);
+    let bad = Tensor::zeros(&[7, 15], DType::F32, &dev).unwrap();
+    let err = engine
+        .open_session(SessionRequest {
+            text_embeds: Some(bad),
+            ..request(4)
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("text_embeds") && err.contains("[L, 16]"),
+        "{err}"
+    );
+}

@@ -486,6 +486,27 @@ impl Tensor {
             .ok_or(TensorError::Meta { op: "to_f32_vec" })
     }
 
+    /// This tensor on `device` (itself when already there, else a copy of its bytes).
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if &self.device == device {
+            return Ok(self.clone());
+        }
+        let dense = self.contiguous()?;
+        if device.is_meta() {
+            return Tensor::empty(self.shape(), self.dtype, device);
+        }
+        let bytes = dense
+            .storage_data()
+            .ok_or(TensorError::Meta { op: "to_device" })?;
+        let start = dense.layout.offset() * self.dtype.size();
+        Tensor::from_bytes(
+            &bytes[start..start + self.numel() * self.dtype.size()],
+            self.shape(),
+            self.dtype,
+            device,
+        )
+    }
+
     /// Checks that this tensor holds floats (f32, bf16, f16), naming `op` otherwise.
     pub fn require_float(&self, op: &'static str) -> Result<()> {
         if self.dtype.is_float() {
