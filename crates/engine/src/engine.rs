@@ -164,6 +164,12 @@ impl Engine {
                 "more latent frames than RoPE positions",
             ));
         }
+        if !r.actions.is_empty() && r.trajectory.is_some() {
+            return Err(EngineError::request(
+                "actions",
+                "give key actions or a pose trajectory, not both",
+            ));
+        }
         if r.actions.len() > blocks * BLOCK_FRAMES {
             return Err(EngineError::request(
                 "actions",

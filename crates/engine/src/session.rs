@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use headroom_mem::{MemoryStats, Phase};
 use headroom_model::camera::{
     default_intrinsics, framewise_deltas, ray_embedding, CameraUpdate, Controller,
-    InteractionHandler, Keys, STEP,
+    InteractionHandler, Keys, Pose, Trajectory, STEP,
 };
 use headroom_model::dit::TextKeyValues;
 use headroom_model::dmd::{renoise, x0_from_velocity, DmdSchedule};
@@ -46,6 +46,8 @@ pub struct SessionRequest {
     pub image: Option<Tensor>,
     /// Camera keys, one set per latent frame (missing frames: no key).
     pub actions: Vec<Keys>,
+    /// An explicit camera trajectory (instead of actions).
+    pub trajectory: Option<Trajectory>,
     /// Decode block N on a second thread while block N + 1 denoises (same output).
     pub overlap: bool,
     /// Commit the last DMD step's keys/values instead of running the commit forward
@@ -66,6 +68,7 @@ impl SessionRequest {
             text_embeds: None,
             image: None,
             actions: Vec::new(),
+            trajectory: None,
             overlap: false,
             reuse_last_step_kv: false,
         }
@@ -144,6 +147,8 @@ pub struct Session {
     actions: Vec<Keys>,
     controller: Controller,
     interaction: Option<InteractionHandler>,
+    /// Per latent frame: framewise deltas of a file trajectory and its intrinsics.
+    trajectory: Option<(Vec<Pose>, Vec<[f64; 4]>)>,
     overlap: bool,
     reuse_last_step_kv: bool,
     /// The next block, denoised ahead while the previous one decoded (overlap).
@@ -182,6 +187,15 @@ impl Session {
             actions: request.actions.clone(),
             controller: Controller::default(),
             interaction: None,
+            trajectory: match &request.trajectory {
+                Some(t) => {
+                    let latent = blocks * BLOCK_FRAMES;
+                    let (poses, ks) =
+                        t.sample(latent, request.num_frames, request.width, request.height)?;
+                    Some((framewise_deltas(&poses, None), ks))
+                }
+                None => None,
+            },
             overlap: request.overlap,
             reuse_last_step_kv: request.reuse_last_step_kv,
             pending: None,
@@ -222,6 +236,14 @@ impl Session {
         if !self.dit.has_camera() {
             return Ok(None);
         }
+        let [h, w] = self.video_hw;
+        if let Some((deltas, ks)) = &self.trajectory {
+            // A file trajectory is embedded whole (normalised by its global maximum) and
+            // sliced per block (STEPWISE A5).
+            let range = first_frame..first_frame + BLOCK_FRAMES;
+            let rays = ray_embedding(&deltas[range.clone()], h, w, &ks[range], &self.device)?;
+            return Ok(self.dit.camera_tokens(&rays)?);
+        }
         let (poses, scale) = match self.interaction.as_mut() {
             // Interaction: the server cannot see future motion, so translations use the
             // fixed scale of one W step (STEPWISE A7).
@@ -244,8 +266,13 @@ impl Session {
             }
         };
         let deltas = framewise_deltas(&poses, scale);
-        let [h, w] = self.video_hw;
-        let rays = ray_embedding(&deltas[1..], h, w, default_intrinsics(w, h), &self.device)?;
+        let rays = ray_embedding(
+            &deltas[1..],
+            h,
+            w,
+            &[default_intrinsics(w, h)],
+            &self.device,
+        )?;
         Ok(self.dit.camera_tokens(&rays)?)
     }
 
@@ -410,7 +437,7 @@ impl Session {
     /// Queues a camera update (`target` or `velocity`); it takes effect at the next chunk
     /// boundary. A session driven by an action script refuses updates, as vllm-omni does.
     pub fn interact(&mut self, update: CameraUpdate) -> Result<()> {
-        if !self.actions.is_empty() {
+        if !self.actions.is_empty() || self.trajectory.is_some() {
             return Err(EngineError::request(
                 "interaction",
                 "this session follows an action script; camera updates cannot be mixed with it",

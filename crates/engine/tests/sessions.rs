@@ -332,3 +332,36 @@ fn text_embeddings_condition_the_video_and_bad_shapes_are_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_pose_trajectory_steers_the_camera_and_cannot_be_mixed_with_keys() {
+    use headroom_model::camera::{identity, Keys, Trajectory};
+    let engine = engine(ReclaimPolicy::Never);
+    let poses = (0..33)
+        .map(|i| {
+            let mut p = identity();
+            p[0][3] = 0.02 * i as f64;
+            p
+        })
+        .collect();
+    let trajectory = Trajectory {
+        poses,
+        intrinsics: vec![],
+    };
+    let with = |t: Option<Trajectory>| SessionRequest {
+        trajectory: t,
+        ..request(6)
+    };
+    let moving = run(&engine, with(Some(trajectory.clone())));
+    assert_ne!(moving, run(&engine, with(None)));
+    assert_eq!(moving, run(&engine, with(Some(trajectory.clone()))));
+    let both = SessionRequest {
+        actions: Keys::script("w").unwrap(),
+        ..with(Some(trajectory))
+    };
+    assert!(engine
+        .open_session(both)
+        .unwrap_err()
+        .to_string()
+        .contains("not both"));
+}

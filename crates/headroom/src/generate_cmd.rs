@@ -9,7 +9,7 @@ use clap::Args;
 use headroom_engine::{Engine, EngineConfig, SessionRequest};
 use headroom_media::{write_png, Y4mWriter};
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
-use headroom_model::camera::Keys;
+use headroom_model::camera::{Keys, Trajectory};
 use headroom_tensor::io::npy::read_npy;
 use headroom_tensor::io::safetensors::SafetensorsFile;
 use headroom_tensor::{DType, Device, Tensor};
@@ -42,7 +42,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     text_embeds: Option<PathBuf>,
     /// Camera keys, one character per latent frame: w/a/s/d move, i/k pitch, j/l yaw,
-    /// - none (e.g. `wwwwwwddd`).
+    /// - none (e.g. `wwwwwwddd`); or a JSON pose file `{"poses": [[4x4]…],
+    /// "intrinsics": [[fx, fy, cx, cy]…]}` (one pose per pixel frame, 832×480 units).
     #[arg(long, default_value = "")]
     actions: String,
     /// Decode each chunk on a second thread while the next one denoises (same output).
@@ -115,7 +116,18 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         steps: args.steps,
         flow_shift: args.flow_shift,
         text_embeds: text,
-        actions: Keys::script(&args.actions)?,
+        actions: if args.actions.ends_with(".json") {
+            Vec::new()
+        } else {
+            Keys::script(&args.actions)?
+        },
+        trajectory: if args.actions.ends_with(".json") {
+            let text = std::fs::read_to_string(&args.actions)
+                .with_context(|| format!("reading {}", args.actions))?;
+            Some(Trajectory::from_json(&text)?)
+        } else {
+            None
+        },
         overlap: args.overlap,
         reuse_last_step_kv: args.reuse_last_step_kv,
         ..SessionRequest::new(args.width, args.height, args.frames)

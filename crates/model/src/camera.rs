@@ -203,28 +203,39 @@ pub fn framewise_deltas(poses: &[Pose], scale: Option<f64>) -> Vec<Pose> {
 }
 
 /// Ray embedding of framewise poses on an `height × width` pixel grid with intrinsics
-/// `[fx, fy, cx, cy]`, folded 8×8: `[1, 6·64, L, height/8, width/8]`, channel
-/// `c·64 + dy·8 + dx` with `c` = origin xyz then direction xyz.
+/// `[fx, fy, cx, cy]` (one for all frames, or one per frame), folded 8×8:
+/// `[1, 6·64, L, height/8, width/8]`, channel `c·64 + dy·8 + dx` with `c` = origin xyz
+/// then direction xyz.
 pub fn ray_embedding(
     deltas: &[Pose],
     height: usize,
     width: usize,
-    intrinsics: [f64; 4],
+    intrinsics: &[[f64; 4]],
     device: &Device,
 ) -> Result<Tensor> {
+    if intrinsics.len() != 1 && intrinsics.len() != deltas.len() {
+        return Err(ModelError::input(
+            "camera",
+            format!(
+                "{} intrinsics for {} frames",
+                intrinsics.len(),
+                deltas.len()
+            ),
+        ));
+    }
     if !height.is_multiple_of(8) || !width.is_multiple_of(8) || height == 0 || width == 0 {
         return Err(ModelError::input(
             "camera",
             format!("height and width must be positive multiples of 8, got {height}x{width}"),
         ));
     }
-    let [fx, fy, cx, cy] = intrinsics;
     let (h, w, l) = (height / 8, width / 8, deltas.len());
     let mut tensor = Tensor::empty(&[1, 384, l, h, w], DType::F32, device)?;
     let Some(out) = tensor.data_mut::<f32>() else {
         return Ok(tensor); // meta device: shapes only
     };
     for (f, d) in deltas.iter().enumerate() {
+        let [fx, fy, cx, cy] = intrinsics[f.min(intrinsics.len() - 1)];
         for v in 0..height {
             for u in 0..width {
                 let c = [(u as f64 + 0.5 - cx) / fx, (v as f64 + 0.5 - cy) / fy, 1.0];
@@ -252,6 +263,119 @@ pub fn ray_embedding(
         }
     }
     Ok(tensor)
+}
+
+/// An explicit camera trajectory: camera-to-world poses per pixel frame and intrinsics
+/// `[fx, fy, cx, cy]` in 832×480 reference pixels (STEPWISE A3, A5).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct Trajectory {
+    /// `[F][4][4]` camera-to-world matrices (OpenCV axes).
+    pub poses: Vec<Pose>,
+    /// `[F][4]` intrinsics in reference units (default: 500/500 at the output size).
+    #[serde(default)]
+    pub intrinsics: Vec<[f64; 4]>,
+}
+
+fn slerp(a: [f64; 4], b: [f64; 4], t: f64) -> [f64; 4] {
+    let mut dot: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+    let b = if dot < 0.0 {
+        dot = -dot;
+        b.map(|v| -v)
+    } else {
+        b
+    };
+    if dot > 0.9995 {
+        return nlerp(a, b, t);
+    }
+    let theta = dot.acos();
+    let (wa, wb) = (
+        ((1.0 - t) * theta).sin() / theta.sin(),
+        (t * theta).sin() / theta.sin(),
+    );
+    [0, 1, 2, 3].map(|i| wa * a[i] + wb * b[i])
+}
+
+impl Trajectory {
+    /// Parses `{"poses": [...], "intrinsics": [...]}` and checks shapes and finiteness.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let t: Trajectory = serde_json::from_str(text).map_err(|e| {
+            ModelError::input(
+                "camera trajectory",
+                format!("not a {{poses, intrinsics}} JSON object: {e}"),
+            )
+        })?;
+        if t.poses.is_empty() {
+            return Err(ModelError::input(
+                "camera trajectory",
+                "needs at least one pose",
+            ));
+        }
+        if !t.intrinsics.is_empty() && t.intrinsics.len() != t.poses.len() {
+            return Err(ModelError::input(
+                "camera trajectory",
+                format!(
+                    "{} intrinsics for {} poses",
+                    t.intrinsics.len(),
+                    t.poses.len()
+                ),
+            ));
+        }
+        let finite = t
+            .poses
+            .iter()
+            .flatten()
+            .flatten()
+            .chain(t.intrinsics.iter().flatten())
+            .all(|v| v.is_finite());
+        if !finite {
+            return Err(ModelError::input(
+                "camera trajectory",
+                "values must be finite",
+            ));
+        }
+        Ok(t)
+    }
+
+    /// One pose and one set of intrinsics (scaled to `width × height`) per latent frame:
+    /// latent `i` samples pixel time `i·(N−1)/(L−1)`, translations and intrinsics linearly,
+    /// rotations by slerp.
+    pub fn sample(
+        &self,
+        latent_frames: usize,
+        pixel_frames: usize,
+        width: usize,
+        height: usize,
+    ) -> Result<(Vec<Pose>, Vec<[f64; 4]>)> {
+        let f = self.poses.len();
+        if f != 1 && f < pixel_frames {
+            return Err(ModelError::input(
+                "camera trajectory",
+                format!("{f} poses for {pixel_frames} frames (need at least one per frame, or exactly one)"),
+            ));
+        }
+        let (sx, sy) = (width as f64 / 832.0, height as f64 / 480.0);
+        let reference = [500.0 / sx, 500.0 / sy, 416.0, 240.0];
+        let intrinsic = |i: usize| self.intrinsics.get(i).copied().unwrap_or(reference);
+        let mut poses = Vec::with_capacity(latent_frames);
+        let mut ks = Vec::with_capacity(latent_frames);
+        for i in 0..latent_frames {
+            let s = if f == 1 || latent_frames == 1 {
+                0.0
+            } else {
+                i as f64 / (latent_frames - 1) as f64 * (pixel_frames - 1) as f64
+            };
+            let lo = (s.floor() as usize).min(f - 1);
+            let hi = (lo + 1).min(f - 1);
+            let a = s - lo as f64;
+            let (p, q) = (&self.poses[lo], &self.poses[hi]);
+            let t = [0, 1, 2].map(|r| p[r][3] + (q[r][3] - p[r][3]) * a);
+            poses.push(pose_from(t, slerp(quaternion_of(p), quaternion_of(q), a)));
+            let (kl, kh) = (intrinsic(lo), intrinsic(hi));
+            let k = [0, 1, 2, 3].map(|j| kl[j] + (kh[j] - kl[j]) * a);
+            ks.push([k[0] * sx, k[1] * sy, k[2] * sx, k[3] * sy]);
+        }
+        Ok((poses, ks))
+    }
 }
 
 /// Default intrinsics at `width × height`: `fx = fy = 500`, centre at the middle.
@@ -323,7 +447,7 @@ mod tests {
     #[test]
     fn identity_rays_look_along_z_and_fold_like_pixel_unshuffle() {
         let dev = Device::cpu().unwrap();
-        let e = ray_embedding(&[identity()], 16, 16, [500.0, 500.0, 8.0, 8.0], &dev).unwrap();
+        let e = ray_embedding(&[identity()], 16, 16, &[[500.0, 500.0, 8.0, 8.0]], &dev).unwrap();
         assert_eq!(e.shape(), [1, 384, 1, 2, 2]);
         let v = e.to_vec::<f32>().unwrap();
         // Direction z ≈ 1 everywhere; origin 0.
@@ -335,7 +459,7 @@ mod tests {
         assert!(v[3 * 64 * 4] < 0.0);
         // Pixel (u=15, v=15): channel 3·64 + 7·8 + 7, cell (1, 1), positive.
         assert!(v[((3 * 64 + 63) * 2 + 1) * 2 + 1] > 0.0);
-        assert!(ray_embedding(&[identity()], 12, 16, [1.0; 4], &dev).is_err());
+        assert!(ray_embedding(&[identity()], 12, 16, &[[1.0; 4]], &dev).is_err());
     }
 
     #[test]
@@ -543,6 +667,47 @@ impl InteractionHandler {
             }
         }
         self.pose
+    }
+}
+
+#[cfg(test)]
+mod trajectory_tests {
+    use super::*;
+
+    #[test]
+    fn a_trajectory_samples_every_fourth_pixel_frame_and_scales_intrinsics() {
+        let poses: Vec<Pose> = (0..9)
+            .map(|i| {
+                let mut p = identity();
+                p[2][3] = i as f64;
+                p
+            })
+            .collect();
+        let t = Trajectory {
+            poses,
+            intrinsics: vec![],
+        };
+        let (sampled, ks) = t.sample(3, 9, 416, 240).unwrap();
+        let z: Vec<f64> = sampled.iter().map(|p| p[2][3]).collect();
+        assert_eq!(z, [0.0, 4.0, 8.0]);
+        assert_eq!(ks[0], default_intrinsics(416, 240));
+        assert!(t
+            .sample(3, 13, 416, 240)
+            .unwrap_err()
+            .to_string()
+            .contains("9 poses for 13 frames"));
+        let json = r#"{"poses": [[[1,0,0,0],[0,1,0,0],[0,0,1,0],[0,0,0,1]]], "intrinsics": [[500, 500, 416, 240]]}"#;
+        let one = Trajectory::from_json(json).unwrap();
+        assert_eq!(one.sample(3, 9, 832, 480).unwrap().0.len(), 3);
+        assert!(Trajectory::from_json(r#"{"poses": []}"#).is_err());
+    }
+
+    #[test]
+    fn rotations_interpolate_by_slerp() {
+        let q0 = [0.0, 0.0, 0.0, 1.0];
+        let q1 = [0.0, (0.5f64).sin(), 0.0, (0.5f64).cos()]; // 1 rad about y
+        let mid = slerp(q0, q1, 0.5);
+        assert!((mid[1] - (0.25f64).sin()).abs() < 1e-12);
     }
 }
 

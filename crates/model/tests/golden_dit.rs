@@ -104,7 +104,7 @@ fn a_zero_initialised_camera_adapter_leaves_the_model_plain_wan() {
         &framewise_deltas(&poses, None)[1..],
         32,
         48,
-        [500.0, 500.0, 24.0, 16.0],
+        &[[500.0, 500.0, 24.0, 16.0]],
         &dev,
     )
     .unwrap();
