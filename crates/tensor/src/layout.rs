@@ -192,6 +192,18 @@ impl Layout {
         })
     }
 
+    /// Storage index of the first element of row `row`, rows running along the last axis
+    /// in row-major order.
+    pub fn row_start(&self, mut row: usize) -> usize {
+        let mut base = self.offset;
+        for axis in (0..self.shape.len().saturating_sub(1)).rev() {
+            let d = self.shape[axis];
+            base += (row % d) * self.strides[axis];
+            row /= d;
+        }
+        base
+    }
+
     /// Storage index of every element in row-major order, calling `f(i, index)`.
     pub fn for_each_index(&self, mut f: impl FnMut(usize, usize)) {
         let n = self.numel();

@@ -59,5 +59,20 @@ fn copy_typed<S: Element, D: Element>(src: &Tensor, out: &mut Tensor) {
         });
         return;
     }
-    layout.for_each_index(|i, idx| dst[i] = convert(data[idx]));
+    // Strided source: rows of the last axis in parallel, each from its own start.
+    let inner = layout.shape().last().copied().unwrap_or(1).max(1);
+    let stride = layout.strides().last().copied().unwrap_or(0);
+    let rows_per_task = (CHUNK / inner).max(1);
+    crate::parallel::run(|| {
+        dst.par_chunks_mut(inner * rows_per_task)
+            .enumerate()
+            .for_each(|(task, chunk)| {
+                for (r, row) in chunk.chunks_mut(inner).enumerate() {
+                    let base = layout.row_start(task * rows_per_task + r);
+                    for (j, d) in row.iter_mut().enumerate() {
+                        *d = convert(data[base + j * stride]);
+                    }
+                }
+            });
+    });
 }

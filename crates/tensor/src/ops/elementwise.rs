@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::layout::{broadcast_shapes, Layout};
+use crate::layout::broadcast_shapes;
 use crate::tensor::Tensor;
 
 /// Output rows per parallel task.
@@ -18,19 +18,6 @@ pub fn promote(a: DType, b: DType) -> DType {
     } else {
         DType::F32
     }
-}
-
-/// Storage index of the first element of row `row` (rows run along the last axis).
-fn row_base(layout: &Layout, mut row: usize) -> usize {
-    let shape = layout.shape();
-    let strides = layout.strides();
-    let mut base = layout.offset();
-    for axis in (0..shape.len().saturating_sub(1)).rev() {
-        let d = shape[axis];
-        base += (row % d) * strides[axis];
-        row /= d;
-    }
-    base
 }
 
 /// Applies `f` to broadcast pairs of `a` and `b`.
@@ -62,7 +49,7 @@ pub fn binary(
                 .for_each(|(task, chunk)| {
                     for (r, row) in chunk.chunks_mut(inner).enumerate() {
                         let index = task * ROWS_PER_TASK + r;
-                        let (ba, bb) = (row_base(&la, index), row_base(&lb, index));
+                        let (ba, bb) = (la.row_start(index), lb.row_start(index));
                         if sa == 1 && sb == 1 {
                             let (ra, rb) = (&da[ba..ba + inner], &db[bb..bb + inner]);
                             for ((o, &x), &y) in row.iter_mut().zip(ra).zip(rb) {
