@@ -1,7 +1,7 @@
 //! `headroom generate`: one streaming session end to end on a built-in model, written
 //! as Y4M or PNG frames, with its memory story.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -13,6 +13,7 @@ use headroom_model::camera::{Keys, Trajectory};
 use headroom_tensor::io::npy::read_npy;
 use headroom_tensor::io::safetensors::SafetensorsFile;
 use headroom_tensor::{DType, Device, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
 
 /// Arguments of `headroom generate`.
 #[derive(Debug, Args)]
@@ -61,6 +62,13 @@ pub struct GenerateArgs {
     /// KV page budget (B, KiB, MiB, GiB); `auto` sizes it for this one session.
     #[arg(long, default_value = "auto")]
     kv_budget: String,
+    /// First frame for image-conditioned models: PNG or JPEG, resized to the video size.
+    #[arg(long)]
+    image: Option<PathBuf>,
+    /// Write the allocator's snapshot with its event trace as a PyTorch memory pickle
+    /// (pytorch.org/memory_viz).
+    #[arg(long)]
+    trace: Option<PathBuf>,
     /// Output: a .y4m file or a directory for PNG frames.
     #[arg(long, default_value = "out.y4m")]
     out: PathBuf,
@@ -91,101 +99,184 @@ enum Sink {
     Png(PathBuf, usize),
 }
 
+impl Sink {
+    fn create(out: &Path, width: usize, height: usize) -> Result<Self> {
+        if out.extension().is_some_and(|e| e == "y4m") {
+            Ok(Sink::Y4m(Y4mWriter::create(out, width, height, 16)?))
+        } else if out.extension().is_some() {
+            bail!(
+                "--out {}: use a .y4m file or a directory for PNG frames (MP4 is not built yet)",
+                out.display()
+            );
+        } else {
+            std::fs::create_dir_all(out)
+                .with_context(|| format!("--out {}: cannot create the directory", out.display()))?;
+            Ok(Sink::Png(out.to_path_buf(), 0))
+        }
+    }
+
+    fn write(&mut self, frame: &[u8], width: usize, height: usize) -> Result<()> {
+        match self {
+            Sink::Y4m(writer) => writer.write_frame(frame)?,
+            Sink::Png(dir, index) => {
+                write_png(dir, *index, width, height, frame)?;
+                *index += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<()> {
+        if let Sink::Y4m(writer) = self {
+            writer.finish()?;
+        }
+        Ok(())
+    }
+
+    /// Removes what this run wrote, so a failed run leaves no partial output behind.
+    fn discard(self, out: &Path) {
+        match self {
+            Sink::Y4m(writer) => {
+                drop(writer);
+                let _ = std::fs::remove_file(out);
+            }
+            Sink::Png(dir, written) => {
+                for i in 0..written {
+                    let _ = std::fs::remove_file(dir.join(format!("frame_{i:05}.png")));
+                }
+                let _ = std::fs::remove_dir(&dir);
+            }
+        }
+    }
+}
+
+/// Loads a PNG or JPEG first frame, resized (bicubic) to `width × height`, as
+/// `[3, H, W]` in [−1, 1].
+fn load_image(path: &Path, width: usize, height: usize, device: &Device) -> Result<Tensor> {
+    let image = image::open(path)
+        .with_context(|| format!("--image {}: cannot read it as PNG or JPEG", path.display()))?;
+    let rgb = image::imageops::resize(
+        &image.to_rgb8(),
+        width as u32,
+        height as u32,
+        image::imageops::FilterType::CatmullRom,
+    );
+    let n = width * height;
+    let mut planar = vec![0f32; 3 * n];
+    for (i, px) in rgb.pixels().enumerate() {
+        for c in 0..3 {
+            planar[c * n + i] = f32::from(px.0[c]) / 127.5 - 1.0;
+        }
+    }
+    Ok(Tensor::from_slice(&planar, &[3, height, width], device)?)
+}
+
 /// Runs `headroom generate`.
 pub fn run(args: GenerateArgs) -> Result<()> {
     let reclaim: ReclaimPolicy = args.policy.parse()?;
     let policy: AllocatorPolicy = args.allocator.parse()?;
+    let kv_budget_bytes = match args.kv_budget.as_str() {
+        "auto" => None,
+        size => Some(parse_size(size).context("--kv-budget")?),
+    };
+    let (actions, trajectory) = if args.actions.ends_with(".json") {
+        let text = std::fs::read_to_string(&args.actions)
+            .with_context(|| format!("--actions {}: cannot read it", args.actions))?;
+        (Vec::new(), Some(Trajectory::from_json(&text)?))
+    } else {
+        (Keys::script(&args.actions)?, None)
+    };
     let engine = Engine::new(EngineConfig {
         model: args.model.clone(),
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
-        kv_budget_bytes: match args.kv_budget.as_str() {
-            "auto" => None,
-            size => Some(parse_size(size)?),
-        },
+        kv_budget_bytes,
         ..EngineConfig::default()
     })?;
-    let device = Device::new(engine.platform().clone());
+    let platform = engine.platform().clone();
+    if args.trace.is_some() {
+        platform.allocator().set_history(1 << 20);
+    }
+    let device = Device::new(platform.clone());
     let text = args
         .text_embeds
         .as_ref()
         .map(|p| load_text(p, &device))
+        .transpose()?;
+    let image = args
+        .image
+        .as_ref()
+        .map(|p| load_image(p, args.width, args.height, &device))
         .transpose()?;
     let request = SessionRequest {
         seed: args.seed,
         steps: args.steps,
         flow_shift: args.flow_shift,
         text_embeds: text,
-        actions: if args.actions.ends_with(".json") {
-            Vec::new()
-        } else {
-            Keys::script(&args.actions)?
-        },
-        trajectory: if args.actions.ends_with(".json") {
-            let text = std::fs::read_to_string(&args.actions)
-                .with_context(|| format!("reading {}", args.actions))?;
-            Some(Trajectory::from_json(&text)?)
-        } else {
-            None
-        },
+        image,
+        actions,
+        trajectory,
         overlap: args.overlap,
         reuse_last_step_kv: args.reuse_last_step_kv,
         ..SessionRequest::new(args.width, args.height, args.frames)
     };
-    let mut sink = if args.out.extension().is_some_and(|e| e == "y4m") {
-        Sink::Y4m(Y4mWriter::create(&args.out, args.width, args.height, 16)?)
-    } else if args.out.extension().is_some() {
-        bail!(
-            "--out {}: use a .y4m file or a directory for PNG frames (MP4 is not built yet)",
-            args.out.display()
-        );
-    } else {
-        std::fs::create_dir_all(&args.out)
-            .with_context(|| format!("creating {}", args.out.display()))?;
-        Sink::Png(args.out.clone(), 0)
-    };
-    let platform = engine.platform().clone();
     platform.reset_peak_stats();
     let start = Instant::now();
+    // The request is validated (and admitted) before any output exists.
     let mut session = engine.open_session(request)?;
+    let mut sink = Sink::create(&args.out, args.width, args.height)?;
     let total = session.chunks_total();
+    let progress = ProgressBar::new(total as u64);
+    progress.set_style(
+        ProgressStyle::with_template("{spinner} chunk {pos}/{len} [{bar:30}] {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
     let mut chunk_times = Vec::new();
     let mut ttfc = 0.0;
     let mut frames = 0;
-    for i in 0..total {
-        let t = Instant::now();
-        let chunk = session.next_chunk()?;
-        let secs = t.elapsed().as_secs_f64();
-        if i == 0 {
-            ttfc = start.elapsed().as_secs_f64();
-        }
-        chunk_times.push(secs);
-        let [n, h, w, _] = *chunk.frames.shape() else {
-            bail!("frames must be [T, H, W, 3]")
-        };
-        let bytes = chunk.frames.to_vec::<u8>()?;
-        for f in bytes.chunks_exact(h * w * 3) {
-            match &mut sink {
-                Sink::Y4m(writer) => writer.write_frame(f)?,
-                Sink::Png(dir, index) => {
-                    write_png(dir, *index, w, h, f)?;
-                    *index += 1;
-                }
+    let outcome: Result<()> = (|| {
+        for i in 0..total {
+            let t = Instant::now();
+            let chunk = session.next_chunk()?;
+            let secs = t.elapsed().as_secs_f64();
+            if i == 0 {
+                ttfc = start.elapsed().as_secs_f64();
             }
+            chunk_times.push(secs);
+            let [n, h, w, _] = *chunk.frames.shape() else {
+                bail!("frames must be [T, H, W, 3]")
+            };
+            let bytes = chunk.frames.to_vec::<u8>()?;
+            for f in bytes.chunks_exact(h * w * 3) {
+                sink.write(f, w, h)?;
+            }
+            frames += n;
+            let line = format!(
+                "{n} frames in {secs:.2} s (denoise {:.2} s, commit {:.2} s, decode {:.2} s), reserved {}",
+                chunk.timings.denoise.as_secs_f64(),
+                chunk.timings.commit.as_secs_f64(),
+                chunk.timings.decode.as_secs_f64(),
+                format_bytes(chunk.stats_decoded.reserved_bytes.all().current as u64)
+            );
+            if progress.is_hidden() {
+                // Not a terminal (logs, CI): one line per chunk instead of a bar.
+                eprintln!("chunk {}/{total}: {line}", i + 1);
+            }
+            progress.set_message(line);
+            progress.inc(1);
         }
-        frames += n;
-        eprintln!(
-            "chunk {}/{total}: {n} frames in {secs:.2} s (denoise {:.2} s, commit {:.2} s, decode {:.2} s), reserved {}",
-            i + 1,
-            chunk.timings.denoise.as_secs_f64(),
-            chunk.timings.commit.as_secs_f64(),
-            chunk.timings.decode.as_secs_f64(),
-            format_bytes(chunk.stats_decoded.reserved_bytes.all().current as u64)
-        );
-    }
+        Ok(())
+    })();
+    progress.finish();
     drop(session);
-    if let Sink::Y4m(writer) = sink {
-        writer.finish()?;
+    if let Err(e) = outcome {
+        sink.discard(&args.out);
+        return Err(e);
+    }
+    sink.finish()?;
+    if let Some(path) = &args.trace {
+        std::fs::write(path, platform.allocator().snapshot().to_pickle())
+            .with_context(|| format!("--trace {}: cannot write it", path.display()))?;
     }
     let stats = platform.memory_stats();
     let mean = chunk_times.iter().sum::<f64>() / chunk_times.len().max(1) as f64;

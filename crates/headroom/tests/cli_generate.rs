@@ -110,3 +110,103 @@ fn generate_refuses_bad_requests_with_the_field() {
     let res = headroom(&["generate", "--model", "tiny", "--out", "/tmp/x.mp4"]);
     assert!(String::from_utf8_lossy(&res.stderr).contains(".y4m"));
 }
+
+#[test]
+fn bad_arguments_are_one_line_errors_with_exit_code_2_and_leave_no_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("v.y4m");
+    let out_s = out.to_str().unwrap();
+    let not_image = dir.path().join("not.png");
+    std::fs::write(&not_image, b"not an image").unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (&["--frames", "10"], "num_frames"),
+        (&["--width", "50"], "width/height"),
+        (&["--image", not_image.to_str().unwrap()], "--image"),
+        (&["--model", "/nonexistent/model"], "model"),
+        (&["--policy", "sometimes"], "reclaim policy"),
+        (&["--actions", "wq"], "unknown key"),
+    ];
+    for (extra, expected) in cases {
+        // Defaults for every option the case does not set itself.
+        let mut args = vec!["generate", "--out", out_s];
+        for (flag, value) in [
+            ("--model", "tiny"),
+            ("--width", "48"),
+            ("--height", "32"),
+            ("--frames", "9"),
+        ] {
+            if !extra.contains(&flag) {
+                args.extend([flag, value]);
+            }
+        }
+        args.extend_from_slice(extra);
+        let res = headroom(&args);
+        assert_eq!(res.status.code(), Some(2), "{extra:?}");
+        let stderr = String::from_utf8_lossy(&res.stderr);
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+        assert_eq!(
+            stderr
+                .trim()
+                .lines()
+                .filter(|l| l.starts_with("error"))
+                .count(),
+            1,
+            "{stderr}"
+        );
+        assert!(!out.exists(), "{extra:?} left {out:?} behind");
+    }
+}
+
+#[test]
+fn an_image_conditions_the_video_and_a_trace_pickle_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("first.png");
+    let rgb: Vec<u8> = (0..20 * 30 * 3).map(|i| (i % 251) as u8).collect();
+    image::save_buffer(&png, &rgb, 30, 20, image::ExtendedColorType::Rgb8).unwrap();
+    let run = |extra: &[&str], name: &str| {
+        let out = dir.path().join(name);
+        let mut args = vec![
+            "generate",
+            "--model",
+            "tiny",
+            "--width",
+            "48",
+            "--height",
+            "32",
+            "--frames",
+            "9",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let res = headroom(&args);
+        assert!(
+            res.status.success(),
+            "{}",
+            String::from_utf8_lossy(&res.stderr)
+        );
+        std::fs::read(out).unwrap()
+    };
+    let trace = dir.path().join("trace.pickle");
+    let with_image = run(
+        &[
+            "--image",
+            png.to_str().unwrap(),
+            "--trace",
+            trace.to_str().unwrap(),
+        ],
+        "a.y4m",
+    );
+    let without = run(&[], "b.y4m");
+    assert_ne!(with_image, without);
+    let pickle = std::fs::read(&trace).unwrap();
+    let snapshot = headroom_mem::pickle::from_pickle(&pickle).unwrap();
+    let events = snapshot
+        .get("device_traces")
+        .and_then(|t| t.as_list())
+        .unwrap()[0]
+        .as_list()
+        .unwrap()
+        .len();
+    assert!(events > 100, "{events} trace events");
+}
