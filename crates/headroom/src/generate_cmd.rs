@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use headroom_engine::{Engine, EngineConfig, SessionRequest};
-use headroom_media::{write_png, Y4mWriter};
+use headroom_media::{write_png, Mp4Writer, Y4mWriter};
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
 use headroom_model::camera::{Keys, Trajectory};
 use headroom_tensor::io::npy::read_npy;
@@ -69,8 +69,8 @@ pub struct GenerateArgs {
     /// (pytorch.org/memory_viz).
     #[arg(long)]
     trace: Option<PathBuf>,
-    /// Output: a .y4m file or a directory for PNG frames.
-    #[arg(long, default_value = "out.y4m")]
+    /// Output: an .mp4 (H.264) or .y4m file, or a directory for PNG frames.
+    #[arg(long, default_value = "out.mp4")]
     out: PathBuf,
     /// Print the report as JSON on stdout (progress goes to stderr).
     #[arg(long)]
@@ -95,17 +95,20 @@ fn load_text(path: &PathBuf, device: &Device) -> Result<Tensor> {
 }
 
 enum Sink {
+    Mp4(Mp4Writer),
     Y4m(Y4mWriter),
     Png(PathBuf, usize),
 }
 
 impl Sink {
     fn create(out: &Path, width: usize, height: usize) -> Result<Self> {
-        if out.extension().is_some_and(|e| e == "y4m") {
-            Ok(Sink::Y4m(Y4mWriter::create(out, width, height, 16)?))
+        if out.extension().is_some_and(|e| e == "mp4") {
+            Ok(Sink::Mp4(Mp4Writer::create(out, width, height, FPS)?))
+        } else if out.extension().is_some_and(|e| e == "y4m") {
+            Ok(Sink::Y4m(Y4mWriter::create(out, width, height, FPS)?))
         } else if out.extension().is_some() {
             bail!(
-                "--out {}: use a .y4m file or a directory for PNG frames (MP4 is not built yet)",
+                "--out {}: use a .mp4 or .y4m file, or a directory for PNG frames",
                 out.display()
             );
         } else {
@@ -117,6 +120,7 @@ impl Sink {
 
     fn write(&mut self, frame: &[u8], width: usize, height: usize) -> Result<()> {
         match self {
+            Sink::Mp4(writer) => writer.write_frame(frame)?,
             Sink::Y4m(writer) => writer.write_frame(frame)?,
             Sink::Png(dir, index) => {
                 write_png(dir, *index, width, height, frame)?;
@@ -127,8 +131,14 @@ impl Sink {
     }
 
     fn finish(self) -> Result<()> {
-        if let Sink::Y4m(writer) = self {
-            writer.finish()?;
+        match self {
+            Sink::Mp4(writer) => {
+                writer.finish()?;
+            }
+            Sink::Y4m(writer) => {
+                writer.finish()?;
+            }
+            Sink::Png(..) => {}
         }
         Ok(())
     }
@@ -136,6 +146,10 @@ impl Sink {
     /// Removes what this run wrote, so a failed run leaves no partial output behind.
     fn discard(self, out: &Path) {
         match self {
+            Sink::Mp4(writer) => {
+                drop(writer);
+                let _ = std::fs::remove_file(out);
+            }
             Sink::Y4m(writer) => {
                 drop(writer);
                 let _ = std::fs::remove_file(out);
@@ -170,6 +184,9 @@ fn load_image(path: &Path, width: usize, height: usize, device: &Device) -> Resu
     }
     Ok(Tensor::from_slice(&planar, &[3, height, width], device)?)
 }
+
+/// Frames per second of the written video.
+const FPS: u32 = 16;
 
 /// Runs `headroom generate`.
 pub fn run(args: GenerateArgs) -> Result<()> {

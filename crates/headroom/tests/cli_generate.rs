@@ -65,8 +65,12 @@ fn generate_writes_every_frame_and_reports_its_memory_story() {
 fn generate_is_byte_identical_across_reclaim_policies_and_allocators() {
     let dir = tempfile::tempdir().unwrap();
     let mut outputs = Vec::new();
-    for (policy, allocator) in [("never", "pytorch"), ("always", "expandable")] {
-        let out = dir.path().join(format!("{policy}.y4m"));
+    for (policy, allocator) in [
+        ("never", "pytorch"),
+        ("before-decode", "pytorch"),
+        ("always", "expandable"),
+    ] {
+        let out = dir.path().join(format!("{policy}.mp4"));
         let res = headroom(&[
             "generate",
             "--model",
@@ -92,6 +96,7 @@ fn generate_is_byte_identical_across_reclaim_policies_and_allocators() {
         outputs.push(std::fs::read(&out).unwrap());
     }
     assert_eq!(outputs[0], outputs[1]);
+    assert_eq!(outputs[0], outputs[2]);
 }
 
 #[test]
@@ -107,8 +112,8 @@ fn generate_refuses_bad_requests_with_the_field() {
     ]);
     assert!(!res.status.success());
     assert!(String::from_utf8_lossy(&res.stderr).contains("num_frames"));
-    let res = headroom(&["generate", "--model", "tiny", "--out", "/tmp/x.mp4"]);
-    assert!(String::from_utf8_lossy(&res.stderr).contains(".y4m"));
+    let res = headroom(&["generate", "--model", "tiny", "--out", "/tmp/x.avi"]);
+    assert!(String::from_utf8_lossy(&res.stderr).contains(".mp4 or .y4m"));
 }
 
 #[test]
@@ -209,4 +214,35 @@ fn an_image_conditions_the_video_and_a_trace_pickle_is_written() {
         .unwrap()
         .len();
     assert!(events > 100, "{events} trace events");
+}
+
+#[test]
+fn generate_writes_an_h264_mp4_with_the_requested_frames_and_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("v.mp4");
+    let res = headroom(&[
+        "generate",
+        "--model",
+        "tiny",
+        "--width",
+        "48",
+        "--height",
+        "32",
+        "--frames",
+        "21",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let file = std::fs::File::open(&out).unwrap();
+    let size = file.metadata().unwrap().len();
+    let reader = mp4::Mp4Reader::read_header(std::io::BufReader::new(file), size).unwrap();
+    let track = reader.tracks().values().next().unwrap();
+    assert_eq!((track.width(), track.height()), (48, 32));
+    assert_eq!(track.sample_count(), 21);
+    assert_eq!(track.media_type().unwrap(), mp4::MediaType::H264);
 }

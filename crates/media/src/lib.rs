@@ -1,6 +1,12 @@
-//! Writing frames out: YUV4MPEG2 (`.y4m`, playable by ffplay/mpv, 4:4:4) and PNG
-//! sequences. Frames are RGB u8, `height × width × 3`, row-major.
+//! Writing frames out: YUV4MPEG2 (`.y4m`, playable by ffplay/mpv, 4:4:4), PNG
+//! sequences, and H.264 in MP4 or fragmented MP4 ([`mp4`]). Frames are RGB u8,
+//! `height × width × 3`, row-major.
 #![warn(missing_docs, missing_debug_implementations)]
+
+mod h264;
+pub mod mp4;
+
+pub use mp4::{FragmentedMp4, Mp4Writer};
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -29,6 +35,24 @@ pub enum MediaError {
         /// Why.
         reason: String,
     },
+    /// The video size or frame rate cannot be encoded as H.264.
+    #[error("cannot encode {width}x{height} video at {fps} fps: {reason}")]
+    VideoFormat {
+        /// Width.
+        width: usize,
+        /// Height.
+        height: usize,
+        /// Frames per second.
+        fps: u32,
+        /// Why.
+        reason: &'static str,
+    },
+    /// The H.264 encoder failed.
+    #[error("H.264 encoder: {0}")]
+    Encode(String),
+    /// Building the MP4 container failed.
+    #[error("MP4 muxer: {0}")]
+    Mux(String),
 }
 
 /// Result alias of the writers.
