@@ -95,7 +95,7 @@ fn load_text(path: &PathBuf, device: &Device) -> Result<Tensor> {
 }
 
 enum Sink {
-    Mp4(Mp4Writer),
+    Mp4(Box<Mp4Writer>),
     Y4m(Y4mWriter),
     Png(PathBuf, usize),
 }
@@ -103,7 +103,9 @@ enum Sink {
 impl Sink {
     fn create(out: &Path, width: usize, height: usize) -> Result<Self> {
         if out.extension().is_some_and(|e| e == "mp4") {
-            Ok(Sink::Mp4(Mp4Writer::create(out, width, height, FPS)?))
+            Ok(Sink::Mp4(Box::new(Mp4Writer::create(
+                out, width, height, FPS,
+            )?)))
         } else if out.extension().is_some_and(|e| e == "y4m") {
             Ok(Sink::Y4m(Y4mWriter::create(out, width, height, FPS)?))
         } else if out.extension().is_some() {
