@@ -4,10 +4,13 @@
 
 pub mod alloc;
 pub mod kernels;
+pub mod session;
+pub mod stats;
 pub mod vae;
 
 pub use alloc::{run_alloc_bench, AllocBenchConfig, AllocBenchRow};
 pub use kernels::{run_kernel_bench, KernelBenchConfig, KernelRow};
+pub use session::{run_session_bench, SessionBenchConfig, SessionBenchSummary};
 pub use vae::{run_vae_bench, VaeBenchConfig, VaeBenchReport};
 
 /// Errors of the benchmarks.

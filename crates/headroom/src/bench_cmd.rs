@@ -3,8 +3,8 @@
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use headroom_bench::{
-    run_alloc_bench, run_kernel_bench, run_vae_bench, AllocBenchConfig, KernelBenchConfig,
-    VaeBenchConfig,
+    run_alloc_bench, run_kernel_bench, run_session_bench, run_vae_bench, AllocBenchConfig,
+    KernelBenchConfig, SessionBenchConfig, VaeBenchConfig,
 };
 use headroom_mem::{format_bytes, parse_size, AllocatorPolicy};
 
@@ -23,6 +23,53 @@ enum BenchCommand {
     Kernels(KernelsArgs),
     /// Streaming VAE decode: ms per latent frame and allocator peaks.
     Vae(VaeArgs),
+    /// Matched A/B runs of reclaim policies over sequential sessions: memory, latency,
+    /// reclaim cost and output hashes.
+    Session(SessionArgs),
+}
+
+#[derive(Debug, Args)]
+struct SessionArgs {
+    /// Built-in model (tiny, small, …).
+    #[arg(long, default_value = "small")]
+    model: String,
+    /// Reclaim policies to compare, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "never,before-decode,bounded,always"
+    )]
+    policies: Vec<String>,
+    /// Allocator: pytorch or expandable.
+    #[arg(long, default_value = "pytorch")]
+    allocator: String,
+    /// Sequential sessions per run.
+    #[arg(long, default_value_t = 3)]
+    sessions: usize,
+    /// Unrecorded runs per policy first.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Recorded runs per policy.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+    /// Sampling period in milliseconds.
+    #[arg(long, default_value_t = 20)]
+    sample_ms: u64,
+    /// Output folder (samples.csv, summary.json, summary.md).
+    #[arg(long, default_value = "bench-session")]
+    out: std::path::PathBuf,
+    /// Frames per session (12·K − 3).
+    #[arg(long, default_value_t = 33)]
+    frames: usize,
+    /// Width.
+    #[arg(long, default_value_t = 416)]
+    width: usize,
+    /// Height.
+    #[arg(long, default_value_t = 240)]
+    height: usize,
+    /// Seed of every session.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
 }
 
 #[derive(Debug, Args)]
@@ -86,7 +133,38 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchCommand::Alloc(args) => alloc(args),
         BenchCommand::Kernels(args) => kernels(args),
         BenchCommand::Vae(args) => vae(args),
+        BenchCommand::Session(args) => session(args),
     }
+}
+
+fn session(args: SessionArgs) -> Result<()> {
+    let policies = args
+        .policies
+        .iter()
+        .map(|p| p.parse::<headroom_mem::ReclaimPolicy>())
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let config = SessionBenchConfig {
+        model: args.model,
+        policies,
+        allocator: args.allocator.parse()?,
+        sessions: args.sessions,
+        warmup: args.warmup,
+        reps: args.reps,
+        sample_ms: args.sample_ms,
+        out: args.out.clone(),
+        frames: args.frames,
+        width: args.width,
+        height: args.height,
+        seed: args.seed,
+    };
+    let summary = run_session_bench(&config)?;
+    print!("{}", headroom_bench::session::markdown(&summary));
+    println!(
+        "
+raw samples, summary.json and summary.md in {}",
+        args.out.display()
+    );
+    Ok(())
 }
 
 fn vae(args: VaeArgs) -> Result<()> {

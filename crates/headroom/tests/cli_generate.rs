@@ -246,3 +246,82 @@ fn generate_writes_an_h264_mp4_with_the_requested_frames_and_size() {
     assert_eq!(track.sample_count(), 21);
     assert_eq!(track.media_type().unwrap(), mp4::MediaType::H264);
 }
+
+#[test]
+fn bench_session_writes_samples_and_a_summary_with_matching_hashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bench");
+    let res = headroom(&[
+        "bench",
+        "session",
+        "--model",
+        "tiny",
+        "--width",
+        "48",
+        "--height",
+        "32",
+        "--frames",
+        "9",
+        "--sessions",
+        "2",
+        "--warmup",
+        "1",
+        "--reps",
+        "2",
+        "--sample-ms",
+        "5",
+        "--policies",
+        "never,before-decode",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["hashes_match"], true);
+    assert_eq!(
+        (summary["sessions"].as_u64(), summary["reps"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let policies = summary["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 2);
+    for p in policies {
+        for key in [
+            "policy",
+            "allocated_peak_bytes",
+            "reserved_peak_bytes",
+            "sampled_peak_bytes",
+            "e2e_s",
+            "ttfc_s",
+            "chunk_p50_s",
+            "chunk_p95_s",
+            "reclaims",
+            "reclaim_s",
+            "reclaim_share",
+        ] {
+            assert!(p.get(key).is_some(), "missing {key}");
+        }
+        let after = p["reserved_after_session_bytes"].as_array().unwrap();
+        assert_eq!(after.len(), 2);
+        assert_eq!(
+            after[0], after[1],
+            "residency does not compound across sessions"
+        );
+        assert_eq!(p["output_sha256"].as_array().unwrap().len(), 2);
+        assert!(
+            p["allocated_peak_bytes"].as_f64().unwrap()
+                <= p["reserved_peak_bytes"].as_f64().unwrap()
+        );
+    }
+    let csv = std::fs::read_to_string(out.join("samples.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("t_ms,policy,rep,session,chunk,phase,allocated_bytes,reserved_bytes,device_used_bytes,rss_bytes"));
+    assert!(lines.all(|l| l.split(',').count() == 10));
+    assert!(std::fs::read_to_string(out.join("summary.md"))
+        .unwrap()
+        .contains("Output hashes match"));
+}

@@ -1,0 +1,439 @@
+//! `headroom bench session`: matched A/B runs of reclaim policies over sequential
+//! sessions, with a background memory sampler, exact allocator peaks, residency after
+//! every session, latency, reclaim cost, and a hash of every session's frames.
+//!
+//! Runs are interleaved (policy A rep 1, policy B rep 1, …, after the same warm-ups) so
+//! machine drift affects every policy alike; every repetition is a fresh engine serving
+//! `sessions` sessions one after another, a long-lived server's life in miniature.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use headroom_engine::{Engine, EngineConfig, SessionRequest};
+use headroom_mem::{process_rss_bytes, AllocatorConfig, AllocatorPolicy, Platform, ReclaimPolicy};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::stats::{percentile, Spread};
+use crate::{BenchError, Result};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct SessionBenchConfig {
+    /// Built-in model.
+    pub model: String,
+    /// Policies compared.
+    pub policies: Vec<ReclaimPolicy>,
+    /// Allocator policy of every run.
+    pub allocator: AllocatorPolicy,
+    /// Sequential sessions per run.
+    pub sessions: usize,
+    /// Unrecorded runs per policy first.
+    pub warmup: usize,
+    /// Recorded runs per policy.
+    pub reps: usize,
+    /// Sampling period.
+    pub sample_ms: u64,
+    /// Output folder.
+    pub out: PathBuf,
+    /// Frames per session.
+    pub frames: usize,
+    /// Width.
+    pub width: usize,
+    /// Height.
+    pub height: usize,
+    /// Seed of every session.
+    pub seed: u64,
+}
+
+/// Where a run is, for the sampler's tags.
+#[derive(Debug, Clone, Default)]
+struct Tags {
+    session: usize,
+    chunk: usize,
+    phase: &'static str,
+}
+
+/// One recorded run.
+#[derive(Debug, Clone, Serialize)]
+struct Run {
+    allocated_peak: u64,
+    reserved_peak: u64,
+    sampled_peak: u64,
+    reserved_after_session: Vec<u64>,
+    session_s: Vec<f64>,
+    ttfc_s: Vec<f64>,
+    chunk_s: Vec<f64>,
+    reclaims: u64,
+    reclaim_s: f64,
+    sha256: Vec<String>,
+}
+
+/// One policy's medians across repetitions.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyRow {
+    /// Policy.
+    pub policy: String,
+    /// Allocator's exact allocated peak (median over reps).
+    pub allocated_peak_bytes: f64,
+    /// Allocator's exact reserved peak.
+    pub reserved_peak_bytes: f64,
+    /// Highest sampled reserved bytes.
+    pub sampled_peak_bytes: f64,
+    /// Reserved bytes after each session closed.
+    pub reserved_after_session_bytes: Vec<f64>,
+    /// Median session time.
+    pub e2e_s: f64,
+    /// Median time to first chunk.
+    pub ttfc_s: f64,
+    /// Chunk time percentiles over every chunk of every rep.
+    pub chunk_p50_s: f64,
+    /// 95th percentile chunk time.
+    pub chunk_p95_s: f64,
+    /// Reclaims per run.
+    pub reclaims: f64,
+    /// Reclaim seconds per run.
+    pub reclaim_s: f64,
+    /// Reclaim time over chunk time.
+    pub reclaim_share: f64,
+    /// Ranges across reps of the peaks.
+    pub reserved_peak_range: Spread,
+    /// Frame hashes of each session (first rep).
+    pub output_sha256: Vec<String>,
+    /// Reserved peak over allocated peak − 1 (the goal: ≤ 5 %).
+    pub reserved_over_allocated: f64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionBenchSummary {
+    /// Model.
+    pub model: String,
+    /// Allocator policy.
+    pub allocator: String,
+    /// Sessions per run.
+    pub sessions: usize,
+    /// Warm-up runs per policy.
+    pub warmup: usize,
+    /// Recorded runs per policy.
+    pub reps: usize,
+    /// Whether every session's frames hash the same under every policy and rep.
+    pub hashes_match: bool,
+    /// One row per policy.
+    pub policies: Vec<PolicyRow>,
+}
+
+fn io_err(path: &std::path::Path, e: impl std::fmt::Display) -> BenchError {
+    BenchError::InvalidConfig {
+        field: "out",
+        rule: format!("{}: {e}", path.display()),
+    }
+}
+
+/// Runs one engine through `sessions` sessions, sampling memory in the background.
+fn run_once(
+    config: &SessionBenchConfig,
+    policy: ReclaimPolicy,
+    label: &str,
+    rep: usize,
+    csv: &Mutex<String>,
+) -> Result<Run> {
+    let engine = Engine::new(EngineConfig {
+        model: config.model.clone(),
+        allocator: AllocatorConfig::with_policy(config.allocator),
+        reclaim: policy,
+        ..EngineConfig::default()
+    })
+    .map_err(|e| BenchError::InvalidConfig {
+        field: "engine",
+        rule: e.to_string(),
+    })?;
+    let platform: Arc<dyn Platform> = engine.platform().clone();
+    platform.reset_peak_stats();
+    let tags = Mutex::new(Tags {
+        phase: "start",
+        ..Tags::default()
+    });
+    let stop = AtomicBool::new(false);
+    let sampled_peak = Mutex::new(0u64);
+    let start = Instant::now();
+    let mut run = Run {
+        allocated_peak: 0,
+        reserved_peak: 0,
+        sampled_peak: 0,
+        reserved_after_session: Vec::new(),
+        session_s: Vec::new(),
+        ttfc_s: Vec::new(),
+        chunk_s: Vec::new(),
+        reclaims: 0,
+        reclaim_s: 0.0,
+        sha256: Vec::new(),
+    };
+    let result = std::thread::scope(|scope| -> Result<()> {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let s = platform.memory_stats();
+                let (free, total) = platform.mem_info();
+                let t = tags.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let reserved = s.reserved_bytes.all().current.max(0) as u64;
+                let mut peak = sampled_peak.lock().unwrap_or_else(|p| p.into_inner());
+                *peak = (*peak).max(reserved);
+                let _ = writeln!(
+                    csv.lock().unwrap_or_else(|p| p.into_inner()),
+                    "{:.1},{label},{rep},{},{},{},{},{reserved},{},{}",
+                    start.elapsed().as_secs_f64() * 1e3,
+                    t.session,
+                    t.chunk,
+                    t.phase,
+                    s.allocated_bytes.all().current,
+                    total - free,
+                    process_rss_bytes().unwrap_or(0)
+                );
+                std::thread::sleep(Duration::from_millis(config.sample_ms.max(1)));
+            }
+        });
+        let outcome = (|| -> Result<()> {
+            for session_index in 0..config.sessions {
+                let request = SessionRequest {
+                    seed: config.seed,
+                    ..SessionRequest::new(config.width, config.height, config.frames)
+                };
+                let session_start = Instant::now();
+                let mut session =
+                    engine
+                        .open_session(request)
+                        .map_err(|e| BenchError::InvalidConfig {
+                            field: "session",
+                            rule: e.to_string(),
+                        })?;
+                let mut hasher = Sha256::new();
+                for chunk_index in 0..session.chunks_total() {
+                    *tags.lock().unwrap_or_else(|p| p.into_inner()) = Tags {
+                        session: session_index,
+                        chunk: chunk_index,
+                        phase: "chunk",
+                    };
+                    let t = Instant::now();
+                    let chunk = session
+                        .next_chunk()
+                        .map_err(|e| BenchError::InvalidConfig {
+                            field: "session",
+                            rule: e.to_string(),
+                        })?;
+                    let secs = t.elapsed().as_secs_f64();
+                    if chunk_index == 0 {
+                        run.ttfc_s.push(session_start.elapsed().as_secs_f64());
+                    }
+                    run.chunk_s.push(secs);
+                    hasher.update(chunk.frames.to_vec::<u8>()?);
+                }
+                *tags.lock().unwrap_or_else(|p| p.into_inner()) = Tags {
+                    session: session_index,
+                    chunk: 0,
+                    phase: "closed",
+                };
+                drop(session);
+                run.session_s.push(session_start.elapsed().as_secs_f64());
+                run.reserved_after_session
+                    .push(platform.memory_stats().reserved_bytes.all().current.max(0) as u64);
+                run.sha256.push(
+                    hasher
+                        .finalize()
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect(),
+                );
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        outcome
+    });
+    result?;
+    let s = platform.memory_stats();
+    run.allocated_peak = s.allocated_bytes.all().peak as u64;
+    run.reserved_peak = s.reserved_bytes.all().peak as u64;
+    run.sampled_peak = *sampled_peak.lock().unwrap_or_else(|p| p.into_inner());
+    run.reclaims = s.num_reclaims;
+    run.reclaim_s = s.reclaim_ns as f64 / 1e9;
+    Ok(run)
+}
+
+fn row(label: &str, runs: &[Run]) -> PolicyRow {
+    let med = |f: &dyn Fn(&Run) -> f64| {
+        crate::stats::median(&runs.iter().map(f).collect::<Vec<_>>()).unwrap_or(0.0)
+    };
+    let sessions = runs.first().map_or(0, |r| r.reserved_after_session.len());
+    let chunks: Vec<f64> = runs
+        .iter()
+        .flat_map(|r| r.chunk_s.iter().copied())
+        .collect();
+    let chunk_total = med(&|r| r.chunk_s.iter().sum());
+    let allocated = med(&|r| r.allocated_peak as f64);
+    let reserved = med(&|r| r.reserved_peak as f64);
+    let reclaim_s = med(&|r| r.reclaim_s);
+    PolicyRow {
+        policy: label.to_string(),
+        allocated_peak_bytes: allocated,
+        reserved_peak_bytes: reserved,
+        sampled_peak_bytes: med(&|r| r.sampled_peak as f64),
+        reserved_after_session_bytes: (0..sessions)
+            .map(|i| med(&|r| r.reserved_after_session[i] as f64))
+            .collect(),
+        e2e_s: crate::stats::median(
+            &runs
+                .iter()
+                .flat_map(|r| r.session_s.iter().copied())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(0.0),
+        ttfc_s: crate::stats::median(
+            &runs
+                .iter()
+                .flat_map(|r| r.ttfc_s.iter().copied())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(0.0),
+        chunk_p50_s: percentile(&chunks, 50.0).unwrap_or(0.0),
+        chunk_p95_s: percentile(&chunks, 95.0).unwrap_or(0.0),
+        reclaims: med(&|r| r.reclaims as f64),
+        reclaim_s,
+        reclaim_share: if chunk_total > 0.0 {
+            reclaim_s / chunk_total
+        } else {
+            0.0
+        },
+        reserved_peak_range: Spread::of(
+            &runs
+                .iter()
+                .map(|r| r.reserved_peak as f64)
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(Spread {
+            median: 0.0,
+            min: 0.0,
+            max: 0.0,
+        }),
+        output_sha256: runs.first().map(|r| r.sha256.clone()).unwrap_or_default(),
+        reserved_over_allocated: if allocated > 0.0 {
+            reserved / allocated - 1.0
+        } else {
+            0.0
+        },
+    }
+}
+
+/// Runs the benchmark and writes `samples.csv`, `summary.json` and `summary.md` to `out`.
+pub fn run_session_bench(config: &SessionBenchConfig) -> Result<SessionBenchSummary> {
+    if config.policies.is_empty() || config.sessions == 0 || config.reps == 0 {
+        return Err(BenchError::InvalidConfig {
+            field: "policies / sessions / reps",
+            rule: "need at least one policy, one session and one rep".to_string(),
+        });
+    }
+    std::fs::create_dir_all(&config.out).map_err(|e| io_err(&config.out, e))?;
+    let csv = Mutex::new(String::from("t_ms,policy,rep,session,chunk,phase,allocated_bytes,reserved_bytes,device_used_bytes,rss_bytes\n"));
+    let labels: Vec<String> = config.policies.iter().map(ToString::to_string).collect();
+    let scratch = Mutex::new(String::new());
+    for _ in 0..config.warmup {
+        for (policy, label) in config.policies.iter().zip(&labels) {
+            run_once(config, *policy, label, 0, &scratch)?;
+        }
+    }
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); config.policies.len()];
+    for rep in 1..=config.reps {
+        for (i, (policy, label)) in config.policies.iter().zip(&labels).enumerate() {
+            runs[i].push(run_once(config, *policy, label, rep, &csv)?);
+        }
+    }
+    let reference = &runs[0][0].sha256;
+    let hashes_match = runs.iter().flatten().all(|r| &r.sha256 == reference);
+    let summary = SessionBenchSummary {
+        model: config.model.clone(),
+        allocator: config.allocator.to_string(),
+        sessions: config.sessions,
+        warmup: config.warmup,
+        reps: config.reps,
+        hashes_match,
+        policies: labels.iter().zip(&runs).map(|(l, r)| row(l, r)).collect(),
+    };
+    let write = |name: &str, text: String| {
+        let path = config.out.join(name);
+        std::fs::write(&path, text).map_err(|e| io_err(&path, e))
+    };
+    write(
+        "samples.csv",
+        csv.into_inner().unwrap_or_else(|p| p.into_inner()),
+    )?;
+    write(
+        "summary.json",
+        serde_json::to_string_pretty(&summary).unwrap_or_default(),
+    )?;
+    write("summary.md", markdown(&summary))?;
+    Ok(summary)
+}
+
+/// The summary as a Markdown table, with the goal stated per policy.
+pub fn markdown(s: &SessionBenchSummary) -> String {
+    let mib = |b: f64| b / (1u64 << 20) as f64;
+    let mut out = format!(
+        "# bench session: {} ({} allocator), {} sessions × {} reps after {} warm-up\n\n",
+        s.model, s.allocator, s.sessions, s.reps, s.warmup
+    );
+    out.push_str("| policy | allocated peak MiB | reserved peak MiB | sampled peak MiB | reserved after session 1 / N MiB | session s | TTFC s | chunk p50 / p95 s | reclaims | reclaim share | reserved over allocated |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for p in &s.policies {
+        let first = p
+            .reserved_after_session_bytes
+            .first()
+            .copied()
+            .unwrap_or(0.0);
+        let last = p
+            .reserved_after_session_bytes
+            .last()
+            .copied()
+            .unwrap_or(0.0);
+        let _ = writeln!(
+            out,
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {:.2} | {:.2} | {:.2} / {:.2} | {:.0} | {:.3} % | {:+.1} % |",
+            p.policy,
+            mib(p.allocated_peak_bytes),
+            mib(p.reserved_peak_bytes),
+            mib(p.sampled_peak_bytes),
+            mib(first),
+            mib(last),
+            p.e2e_s,
+            p.ttfc_s,
+            p.chunk_p50_s,
+            p.chunk_p95_s,
+            p.reclaims,
+            100.0 * p.reclaim_share,
+            100.0 * p.reserved_over_allocated
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nOutput hashes {} across policies and reps.\n",
+        if s.hashes_match { "match" } else { "DIFFER" }
+    );
+    out.push_str("Goal: reserved peak within 5 % of the allocated peak with reclaim time under 1 % of chunk time.\n\n");
+    for p in &s.policies {
+        let meets = p.reserved_over_allocated <= 0.05 && p.reclaim_share < 0.01;
+        let _ = writeln!(
+            out,
+            "- {}: reserved {:+.1} % over allocated, reclaim {:.3} % of chunk time → {}",
+            p.policy,
+            100.0 * p.reserved_over_allocated,
+            100.0 * p.reclaim_share,
+            if meets {
+                "meets the goal"
+            } else {
+                "does not meet the goal"
+            }
+        );
+    }
+    out
+}
