@@ -9,26 +9,22 @@ fn headroom(args: &[&str]) -> std::process::Output {
         .expect("the headroom binary runs")
 }
 
+/// `headroom generate` on the tiny model at 48×32 with `frames` frames into `out`.
+fn generate_tiny(frames: &str, out: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let out = out.to_str().expect("temp paths are UTF-8");
+    let mut args = vec![
+        "generate", "--model", "tiny", "--width", "48", "--height", "32", "--frames", frames,
+        "--out", out,
+    ];
+    args.extend_from_slice(extra);
+    headroom(&args)
+}
+
 #[test]
 fn generate_writes_every_frame_and_reports_its_memory_story() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("v.y4m");
-    let res = headroom(&[
-        "generate",
-        "--model",
-        "tiny",
-        "--width",
-        "48",
-        "--height",
-        "32",
-        "--frames",
-        "21",
-        "--policy",
-        "before-decode",
-        "--out",
-        out.to_str().unwrap(),
-        "--json",
-    ]);
+    let res = generate_tiny("21", &out, &["--policy", "before-decode", "--json"]);
     assert!(
         res.status.success(),
         "{}",
@@ -71,23 +67,7 @@ fn generate_is_byte_identical_across_reclaim_policies_and_allocators() {
         ("always", "expandable"),
     ] {
         let out = dir.path().join(format!("{policy}.mp4"));
-        let res = headroom(&[
-            "generate",
-            "--model",
-            "tiny",
-            "--width",
-            "48",
-            "--height",
-            "32",
-            "--frames",
-            "9",
-            "--policy",
-            policy,
-            "--allocator",
-            allocator,
-            "--out",
-            out.to_str().unwrap(),
-        ]);
+        let res = generate_tiny("9", &out, &["--policy", policy, "--allocator", allocator]);
         assert!(
             res.status.success(),
             "{}",
@@ -170,21 +150,7 @@ fn an_image_conditions_the_video_and_a_trace_pickle_is_written() {
     image::save_buffer(&png, &rgb, 30, 20, image::ExtendedColorType::Rgb8).unwrap();
     let run = |extra: &[&str], name: &str| {
         let out = dir.path().join(name);
-        let mut args = vec![
-            "generate",
-            "--model",
-            "tiny",
-            "--width",
-            "48",
-            "--height",
-            "32",
-            "--frames",
-            "9",
-            "--out",
-            out.to_str().unwrap(),
-        ];
-        args.extend_from_slice(extra);
-        let res = headroom(&args);
+        let res = generate_tiny("9", &out, extra);
         assert!(
             res.status.success(),
             "{}",
@@ -220,19 +186,7 @@ fn an_image_conditions_the_video_and_a_trace_pickle_is_written() {
 fn generate_writes_an_h264_mp4_with_the_requested_frames_and_size() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("v.mp4");
-    let res = headroom(&[
-        "generate",
-        "--model",
-        "tiny",
-        "--width",
-        "48",
-        "--height",
-        "32",
-        "--frames",
-        "21",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let res = generate_tiny("21", &out, &[]);
     assert!(
         res.status.success(),
         "{}",

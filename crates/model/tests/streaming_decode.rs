@@ -40,6 +40,21 @@ fn latents(t: usize, seed: u64, device: &Device) -> Tensor {
     Tensor::randn(&[1, 4, t, 4, 6], seed, 0, DType::F32, device).unwrap()
 }
 
+/// Decodes frames `start..start + len` of `z` as the session's next chunk.
+fn decode(
+    decoder: &StreamingDecoder<'_>,
+    z: &Tensor,
+    state: &mut StreamingDecodeState,
+    start: usize,
+    len: usize,
+) -> Tensor {
+    let chunk = z.narrow(2, start, len).unwrap();
+    decoder
+        .decode_chunk(&chunk, state, OutputFormat::Video, true)
+        .unwrap()
+        .unwrap()
+}
+
 fn bits(t: &Tensor) -> Vec<u32> {
     t.to_vec::<f32>()
         .unwrap()
@@ -103,25 +118,9 @@ fn the_state_is_read_a_continued_chunk_differs_from_a_fresh_one() {
             true,
         )
         .unwrap();
-    let continued = decoder
-        .decode_chunk(
-            &z.narrow(2, 3, 3).unwrap(),
-            &mut state,
-            OutputFormat::Video,
-            true,
-        )
-        .unwrap()
-        .unwrap();
+    let continued = decode(&decoder, &z, &mut state, 3, 3);
     let mut fresh = StreamingDecodeState::new("b").unwrap();
-    let alone = decoder
-        .decode_chunk(
-            &z.narrow(2, 3, 3).unwrap(),
-            &mut fresh,
-            OutputFormat::Video,
-            true,
-        )
-        .unwrap()
-        .unwrap();
+    let alone = decode(&decoder, &z, &mut fresh, 3, 3);
     assert_eq!(continued.shape(), [1, 3, 12, 16, 24]);
     assert_eq!(alone.shape(), [1, 3, 9, 16, 24]);
     assert_ne!(
@@ -171,26 +170,10 @@ fn frame_counts_and_counters_follow_the_temporal_factor() {
     let decoder = StreamingDecoder::new(&vae, None);
     let mut state = StreamingDecodeState::new("s").unwrap();
     let z = latents(6, 5, &dev);
-    let first = decoder
-        .decode_chunk(
-            &z.narrow(2, 0, 3).unwrap(),
-            &mut state,
-            OutputFormat::Video,
-            true,
-        )
-        .unwrap()
-        .unwrap();
+    let first = decode(&decoder, &z, &mut state, 0, 3);
     assert_eq!(first.shape()[2], 9);
     assert_eq!((state.chunks_decoded, state.frames_decoded), (1, 9));
-    let second = decoder
-        .decode_chunk(
-            &z.narrow(2, 3, 3).unwrap(),
-            &mut state,
-            OutputFormat::Video,
-            true,
-        )
-        .unwrap()
-        .unwrap();
+    let second = decode(&decoder, &z, &mut state, 3, 3);
     assert_eq!(second.shape()[2], 12);
     assert_eq!((state.chunks_decoded, state.frames_decoded), (2, 21));
 }
@@ -276,15 +259,7 @@ fn a_rank_that_produces_no_output_still_advances() {
         .unwrap()
         .is_none());
     assert_eq!((silent.chunks_decoded, silent.frames_decoded), (1, 9));
-    let after = decoder
-        .decode_chunk(
-            &z.narrow(2, 3, 3).unwrap(),
-            &mut silent,
-            OutputFormat::Video,
-            true,
-        )
-        .unwrap()
-        .unwrap();
+    let after = decode(&decoder, &z, &mut silent, 3, 3);
     let whole = vae.decode(&z).unwrap();
     assert_eq!(
         bits(&after),
