@@ -165,3 +165,27 @@ fn a_sharded_checkpoint_loads_like_a_single_file() {
         single.decode(&z).unwrap().to_vec::<f32>().unwrap()
     );
 }
+
+#[test]
+fn encoding_a_stream_in_pieces_equals_encoding_it_whole() {
+    use headroom_model::vae::StreamingEncodeState;
+    let dev = Device::cpu().unwrap();
+    let dir = fixture("tiny_t2_attn");
+    let vae = WanVae::load(&dir, &dev, DType::F32).unwrap();
+    let video = read_npy(dir.join("video.npy"), &dev).unwrap(); // 9 frames
+    let whole = vae.encode(&video).unwrap().to_vec::<f32>().unwrap();
+    let mut state = StreamingEncodeState::default();
+    let a = vae
+        .encode_frames(&video.narrow(2, 0, 5).unwrap(), &mut state)
+        .unwrap();
+    let b = vae
+        .encode_frames(&video.narrow(2, 5, 4).unwrap(), &mut state)
+        .unwrap();
+    let pieces = Tensor::cat(&[&a, &b], 2).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(pieces, whole);
+    let err = vae
+        .encode_frames(&video.narrow(2, 0, 3).unwrap(), &mut state)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("whole chunks"), "{err}");
+}

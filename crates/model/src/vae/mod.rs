@@ -56,6 +56,13 @@ impl PointConv {
     }
 }
 
+/// The encoder's per-stream cache: one slot per cached conv and the frames seen.
+#[derive(Debug, Default)]
+pub struct StreamingEncodeState {
+    slots: Vec<Option<Tensor>>,
+    frames: usize,
+}
+
 /// The Wan 2.1 VAE; immutable once loaded (sessions keep their caches themselves).
 #[derive(Debug)]
 pub struct WanVae {
@@ -138,19 +145,46 @@ impl WanVae {
                 ),
             ));
         }
-        let mut slots: Vec<Option<Tensor>> = (0..self.encoder.slot_count()).map(|_| None).collect();
+        let used = 1 + 4 * ((t - 1) / 4);
+        let mut state = StreamingEncodeState::default();
+        self.encode_frames(&video.narrow(2, 0, used)?, &mut state)
+    }
+
+    /// Encodes the next frames of a stream to latent means, carrying the encoder's causal
+    /// cache in `state`: the stream's first frame is a chunk of its own, later frames go
+    /// in chunks of 4 (diffusers' order), one latent frame per chunk. Splitting a video
+    /// into pieces this way gives the same latents as encoding it whole.
+    pub fn encode_frames(
+        &self,
+        video: &Tensor,
+        state: &mut StreamingEncodeState,
+    ) -> Result<Tensor> {
+        let op = "vae encode";
+        let t = video.shape().get(2).copied().unwrap_or(0);
+        let first = usize::from(state.frames == 0);
+        if t < first || (t - first) % 4 != 0 || t == 0 {
+            return Err(ModelError::input(
+                op,
+                format!("{t} frames do not split into whole chunks (the stream's first frame alone, then 4 at a time)"),
+            ));
+        }
+        if state.slots.len() != self.encoder.slot_count() {
+            state.slots = (0..self.encoder.slot_count()).map(|_| None).collect();
+        }
         let mut cache = Slots {
-            slots: &mut slots,
+            slots: &mut state.slots,
             dtype: DType::F32,
         };
-        let chunks = 1 + (t - 1) / 4;
-        let mut outs = Vec::with_capacity(chunks);
-        for i in 0..chunks {
-            let (start, len) = if i == 0 { (0, 1) } else { (1 + 4 * (i - 1), 4) };
+        let mut outs = Vec::new();
+        let mut at = 0;
+        while at < t {
+            let len = if state.frames == 0 { 1 } else { 4 };
             outs.push(
                 self.encoder
-                    .forward(&video.narrow(2, start, len)?, &mut cache)?,
+                    .forward(&video.narrow(2, at, len)?, &mut cache)?,
             );
+            state.frames += len;
+            at += len;
         }
         let refs: Vec<&Tensor> = outs.iter().collect();
         let h = self.quant_conv.forward(&Tensor::cat(&refs, 2)?)?;
