@@ -47,6 +47,8 @@ pub struct SessionBenchConfig {
     pub height: usize,
     /// Seed of every session.
     pub seed: u64,
+    /// Device capacity in bytes (physical memory when `None`).
+    pub capacity: Option<u64>,
 }
 
 /// Where a run is, for the sampler's tags.
@@ -145,6 +147,7 @@ fn run_once(
         model: config.model.clone(),
         allocator: AllocatorConfig::with_policy(config.allocator),
         reclaim: policy,
+        capacity: config.capacity,
         ..EngineConfig::default()
     })
     .map_err(|e| BenchError::InvalidConfig {

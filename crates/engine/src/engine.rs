@@ -35,6 +35,9 @@ pub struct EngineConfig {
     pub window_frames: usize,
     /// Storage dtype of the weights (compute is f32).
     pub weight_dtype: DType,
+    /// Capacity of the `cpu` platform in bytes (physical memory when `None`): emulates a
+    /// memory-tight device, and is what `bounded` reclaim fractions refer to.
+    pub capacity: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -49,6 +52,7 @@ impl Default for EngineConfig {
             sink_frames: 9,
             window_frames: 18,
             weight_dtype: DType::F32,
+            capacity: None,
         }
     }
 }
@@ -67,7 +71,8 @@ pub struct Engine {
 impl Engine {
     /// An engine on the host (`cpu` platform) with the configured policies.
     pub fn new(config: EngineConfig) -> Result<Self> {
-        let platform = CachingPlatform::cpu(None, config.allocator.clone(), config.reclaim)?;
+        let platform =
+            CachingPlatform::cpu(config.capacity, config.allocator.clone(), config.reclaim)?;
         Self::on(config, Arc::new(platform))
     }
 

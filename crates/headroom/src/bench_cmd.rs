@@ -70,6 +70,9 @@ struct SessionArgs {
     /// Seed of every session.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Device capacity (B, KiB, MiB, GiB) to emulate; `bounded` fractions refer to it.
+    #[arg(long)]
+    capacity: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -156,6 +159,7 @@ fn session(args: SessionArgs) -> Result<()> {
         width: args.width,
         height: args.height,
         seed: args.seed,
+        capacity: args.capacity.as_deref().map(parse_size).transpose()?,
     };
     let summary = run_session_bench(&config)?;
     print!("{}", headroom_bench::session::markdown(&summary));

@@ -59,6 +59,10 @@ pub struct GenerateArgs {
     /// Allocator: pytorch or expandable.
     #[arg(long, default_value = "pytorch")]
     allocator: String,
+    /// Device capacity (B, KiB, MiB, GiB) to emulate a memory-tight device; physical
+    /// memory by default. `bounded` reclaim fractions refer to it.
+    #[arg(long)]
+    capacity: Option<String>,
     /// KV page budget (B, KiB, MiB, GiB); `auto` sizes it for this one session.
     #[arg(long, default_value = "auto")]
     kv_budget: String,
@@ -210,6 +214,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
         kv_budget_bytes,
+        capacity: args
+            .capacity
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .context("--capacity")?,
         ..EngineConfig::default()
     })?;
     let platform = engine.platform().clone();

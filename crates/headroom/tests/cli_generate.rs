@@ -279,3 +279,19 @@ fn bench_session_writes_samples_and_a_summary_with_matching_hashes() {
         .unwrap()
         .contains("Output hashes match"));
 }
+
+#[test]
+fn a_capacity_emulates_a_small_device_and_running_out_is_a_clean_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("v.mp4");
+    let res = generate_tiny("9", &out, &["--capacity", "1MiB"]);
+    assert_eq!(res.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&res.stderr).contains("out of memory"));
+    assert!(!out.exists());
+    let res = generate_tiny("9", &out, &["--capacity", "256MiB", "--json"]);
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+}
