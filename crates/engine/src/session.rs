@@ -11,7 +11,7 @@ use headroom_model::camera::{
     default_intrinsics, framewise_deltas, ray_embedding, CameraUpdate, Controller,
     InteractionHandler, Keys, Pose, Trajectory, STEP,
 };
-use headroom_model::dit::TextKeyValues;
+use headroom_model::dit::{KeyValues, TextKeyValues, TokenGrid};
 use headroom_model::dmd::{renoise, x0_from_velocity, DmdSchedule};
 use headroom_model::kv::SessionKv;
 use headroom_model::{
@@ -352,6 +352,31 @@ impl Session {
         })
     }
 
+    /// One transformer forward of block latents `x` at timestep `t` against the history:
+    /// the velocity tokens, the block's own keys/values, and its token grid.
+    fn block_forward(
+        &self,
+        x: &Tensor,
+        first: usize,
+        t: f32,
+        past: Option<&[KeyValues]>,
+        camera: Option<&Tensor>,
+    ) -> Result<(Tensor, Vec<KeyValues>, TokenGrid)> {
+        let input = self.model_input(x, first)?;
+        let grid = self.dit.grid(&input)?;
+        let tokens = self.dit.embed(&input)?;
+        let (v, own) = self.dit.forward_tokens(
+            &tokens,
+            &grid.positions(first),
+            t,
+            &self.text,
+            past,
+            Mask::None,
+            camera,
+        )?;
+        Ok((v, own, grid))
+    }
+
     /// The DMD steps of block `n` and its KV commit (the commit forward at t = 0, or the
     /// last step's keys/values when reusing them).
     fn denoise_block(&mut self, n: usize) -> Result<Denoised> {
@@ -371,19 +396,9 @@ impl Session {
         let mut x0 = x.clone();
         let mut last_own = None;
         for k in 0..steps {
-            let input = self.model_input(&x, first)?;
-            let grid = self.dit.grid(&input)?;
-            let tokens = self.dit.embed(&input)?;
             let t = self.schedule.timesteps[k];
-            let (v, own) = self.dit.forward_tokens(
-                &tokens,
-                &grid.positions(first),
-                t,
-                &self.text,
-                past.as_deref(),
-                Mask::None,
-                camera.as_ref(),
-            )?;
+            let (v, own, grid) =
+                self.block_forward(&x, first, t, past.as_deref(), camera.as_ref())?;
             if self.reuse_last_step_kv && k + 1 == steps {
                 last_own = Some(own);
             }
@@ -399,19 +414,8 @@ impl Session {
         let own = match last_own {
             Some(own) => own,
             None => {
-                let input = self.model_input(&x0, first)?;
-                let grid = self.dit.grid(&input)?;
-                let tokens = self.dit.embed(&input)?;
-                let (_, own) = self.dit.forward_tokens(
-                    &tokens,
-                    &grid.positions(first),
-                    0.0,
-                    &self.text,
-                    past.as_deref(),
-                    Mask::None,
-                    camera.as_ref(),
-                )?;
-                own
+                self.block_forward(&x0, first, 0.0, past.as_deref(), camera.as_ref())?
+                    .1
             }
         };
         drop(past);

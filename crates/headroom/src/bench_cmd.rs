@@ -2,6 +2,8 @@
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
+
+use crate::session_args::SessionShape;
 use headroom_bench::{
     run_alloc_bench, run_kernel_bench, run_session_bench, run_vae_bench, AllocBenchConfig,
     KernelBenchConfig, SessionBenchConfig, VaeBenchConfig,
@@ -30,9 +32,8 @@ enum BenchCommand {
 
 #[derive(Debug, Args)]
 struct SessionArgs {
-    /// Built-in model (tiny, small, …).
-    #[arg(long, default_value = "small")]
-    model: String,
+    #[command(flatten)]
+    shape: SessionShape,
     /// Reclaim policies to compare, comma-separated.
     #[arg(
         long,
@@ -58,21 +59,6 @@ struct SessionArgs {
     /// Output folder (samples.csv, summary.json, summary.md).
     #[arg(long, default_value = "bench-session")]
     out: std::path::PathBuf,
-    /// Frames per session (12·K − 3).
-    #[arg(long, default_value_t = 33)]
-    frames: usize,
-    /// Width.
-    #[arg(long, default_value_t = 416)]
-    width: usize,
-    /// Height.
-    #[arg(long, default_value_t = 240)]
-    height: usize,
-    /// Seed of every session.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
-    /// Device capacity (B, KiB, MiB, GiB) to emulate; `bounded` fractions refer to it.
-    #[arg(long)]
-    capacity: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -147,7 +133,7 @@ fn session(args: SessionArgs) -> Result<()> {
         .map(|p| p.parse::<headroom_mem::ReclaimPolicy>())
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let config = SessionBenchConfig {
-        model: args.model,
+        model: args.shape.model.clone(),
         policies,
         allocator: args.allocator.parse()?,
         sessions: args.sessions,
@@ -155,11 +141,11 @@ fn session(args: SessionArgs) -> Result<()> {
         reps: args.reps,
         sample_ms: args.sample_ms,
         out: args.out.clone(),
-        frames: args.frames,
-        width: args.width,
-        height: args.height,
-        seed: args.seed,
-        capacity: args.capacity.as_deref().map(parse_size).transpose()?,
+        frames: args.shape.frames,
+        width: args.shape.width,
+        height: args.shape.height,
+        seed: args.shape.seed,
+        capacity: args.shape.capacity_bytes()?,
     };
     let summary = run_session_bench(&config)?;
     print!("{}", headroom_bench::session::markdown(&summary));

@@ -6,8 +6,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+
+use crate::session_args::SessionShape;
 use headroom_engine::{Engine, EngineConfig, SessionRequest};
-use headroom_media::{write_png, Mp4Writer, Y4mWriter};
+use headroom_media::{png_frame_path, write_png, Mp4Writer, Y4mWriter};
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
 use headroom_model::camera::{Keys, Trajectory};
 use headroom_tensor::io::npy::read_npy;
@@ -18,21 +20,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 /// Arguments of `headroom generate`.
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// Built-in model: tiny, small (default, seeded weights), …
-    #[arg(long, default_value = "small")]
-    model: String,
-    /// Frames: 12·K − 3 for K chunks.
-    #[arg(long, default_value_t = 33)]
-    frames: usize,
-    /// Width in pixels (multiple of 16).
-    #[arg(long, default_value_t = 416)]
-    width: usize,
-    /// Height in pixels (multiple of 16).
-    #[arg(long, default_value_t = 240)]
-    height: usize,
-    /// Noise seed.
-    #[arg(long, default_value_t = 42)]
-    seed: u64,
+    #[command(flatten)]
+    shape: SessionShape,
     /// DMD steps per block.
     #[arg(long, default_value_t = 4)]
     steps: usize,
@@ -59,10 +48,6 @@ pub struct GenerateArgs {
     /// Allocator: pytorch or expandable.
     #[arg(long, default_value = "pytorch")]
     allocator: String,
-    /// Device capacity (B, KiB, MiB, GiB) to emulate a memory-tight device; physical
-    /// memory by default. `bounded` reclaim fractions refer to it.
-    #[arg(long)]
-    capacity: Option<String>,
     /// KV page budget (B, KiB, MiB, GiB); `auto` sizes it for this one session.
     #[arg(long, default_value = "auto")]
     kv_budget: String,
@@ -152,19 +137,15 @@ impl Sink {
     /// Removes what this run wrote, so a failed run leaves no partial output behind.
     fn discard(self, out: &Path) {
         match self {
-            Sink::Mp4(writer) => {
-                drop(writer);
-                let _ = std::fs::remove_file(out);
-            }
-            Sink::Y4m(writer) => {
-                drop(writer);
-                let _ = std::fs::remove_file(out);
-            }
             Sink::Png(dir, written) => {
                 for i in 0..written {
-                    let _ = std::fs::remove_file(dir.join(format!("frame_{i:05}.png")));
+                    let _ = std::fs::remove_file(png_frame_path(&dir, i));
                 }
                 let _ = std::fs::remove_dir(&dir);
+            }
+            file => {
+                drop(file);
+                let _ = std::fs::remove_file(out);
             }
         }
     }
@@ -210,16 +191,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         (Keys::script(&args.actions)?, None)
     };
     let engine = Engine::new(EngineConfig {
-        model: args.model.clone(),
+        model: args.shape.model.clone(),
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
         kv_budget_bytes,
-        capacity: args
-            .capacity
-            .as_deref()
-            .map(parse_size)
-            .transpose()
-            .context("--capacity")?,
+        capacity: args.shape.capacity_bytes()?,
         ..EngineConfig::default()
     })?;
     let platform = engine.platform().clone();
@@ -235,10 +211,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let image = args
         .image
         .as_ref()
-        .map(|p| load_image(p, args.width, args.height, &device))
+        .map(|p| load_image(p, args.shape.width, args.shape.height, &device))
         .transpose()?;
     let request = SessionRequest {
-        seed: args.seed,
+        seed: args.shape.seed,
         steps: args.steps,
         flow_shift: args.flow_shift,
         text_embeds: text,
@@ -247,13 +223,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         trajectory,
         overlap: args.overlap,
         reuse_last_step_kv: args.reuse_last_step_kv,
-        ..SessionRequest::new(args.width, args.height, args.frames)
+        ..SessionRequest::new(args.shape.width, args.shape.height, args.shape.frames)
     };
     platform.reset_peak_stats();
     let start = Instant::now();
     // The request is validated (and admitted) before any output exists.
     let mut session = engine.open_session(request)?;
-    let mut sink = Sink::create(&args.out, args.width, args.height)?;
+    let mut sink = Sink::create(&args.out, args.shape.width, args.shape.height)?;
     let total = session.chunks_total();
     let progress = ProgressBar::new(total as u64);
     progress.set_style(
@@ -311,8 +287,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let mean = chunk_times.iter().sum::<f64>() / chunk_times.len().max(1) as f64;
     let report = serde_json::json!({
         "frames": frames,
-        "width": args.width,
-        "height": args.height,
+        "width": args.shape.width,
+        "height": args.shape.height,
         "ttfc_s": ttfc,
         "chunk_mean_s": mean,
         "allocated_peak_bytes": stats.allocated_bytes.all().peak,
@@ -327,8 +303,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     } else {
         println!(
             "{frames} frames {}x{} → {}",
-            args.width,
-            args.height,
+            args.shape.width,
+            args.shape.height,
             args.out.display()
         );
         println!("time to first chunk {ttfc:.2} s, mean chunk {mean:.2} s");

@@ -4,6 +4,7 @@ mod bench_cmd;
 mod dit_cmd;
 mod generate_cmd;
 mod mem_cmd;
+mod session_args;
 mod vae_cmd;
 
 use std::process::ExitCode;

@@ -139,6 +139,11 @@ impl Y4mWriter {
     }
 }
 
+/// Where [`write_png`] puts frame `index`: `dir/frame_NNNNN.png`.
+pub fn png_frame_path(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("frame_{index:05}.png"))
+}
+
 /// Writes one RGB frame as `dir/frame_NNNNN.png`.
 pub fn write_png(
     dir: &Path,
@@ -148,7 +153,7 @@ pub fn write_png(
     rgb: &[u8],
 ) -> Result<PathBuf> {
     check(width, height, rgb)?;
-    let path = dir.join(format!("frame_{index:05}.png"));
+    let path = png_frame_path(dir, index);
     let file = File::create(&path).map_err(|e| io(&path, e))?;
     let mut encoder = png::Encoder::new(BufWriter::new(file), width as u32, height as u32);
     encoder.set_color(png::ColorType::Rgb);

@@ -174,24 +174,23 @@ impl Tensor {
                 ),
             ));
         }
-        fn decode(bytes: &[u8], dtype: DType) -> f32 {
-            let le = |n: usize| {
-                let mut b = [0u8; 8];
-                b[..n].copy_from_slice(&bytes[..n]);
-                b
-            };
+        // The element reader is chosen once per tensor, not per element.
+        fn reader(dtype: DType) -> fn(&[u8]) -> f32 {
             match dtype {
-                DType::F32 => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
-                DType::BF16 => bf16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).to_f32(),
-                DType::F16 => f16::from_bits(u16::from_le_bytes([bytes[0], bytes[1]])).to_f32(),
-                DType::U8 => f32::from(bytes[0]),
-                DType::I64 => i64::from_le_bytes(le(8)) as f32,
+                DType::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+                DType::BF16 => |b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
+                DType::F16 => |b| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
+                DType::U8 => |b| f32::from(b[0]),
+                DType::I64 => {
+                    |b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32
+                }
             }
         }
         fn fill<T: Element>(t: &mut Tensor, bytes: &[u8], stored: DType) {
+            let read = reader(stored);
             if let Some(out) = t.data_mut::<T>() {
                 for (o, chunk) in out.iter_mut().zip(bytes.chunks_exact(stored.size())) {
-                    *o = T::from_f32(decode(chunk, stored));
+                    *o = T::from_f32(read(chunk));
                 }
             }
         }

@@ -429,7 +429,6 @@ impl Resample {
             ResampleMode::Down3d => {
                 let y = self.down_spatial(x, b)?;
                 let slot = self.slot.expect("down3d has a slot");
-                let t = y.shape()[2];
                 match cache.slots[slot].take() {
                     None => {
                         cache.slots[slot] = Some(last_frames(&y, 1, cache.dtype)?);
@@ -439,7 +438,6 @@ impl Resample {
                         let joined = Tensor::cat(&[&prev.to_dtype(DType::F32)?, &y], 2)?;
                         cache.slots[slot] = Some(last_frames(&y, 1, cache.dtype)?);
                         let conv = self.time_conv.as_ref().expect("down3d has a time conv");
-                        let _ = t;
                         conv.forward(&joined, cache)
                     }
                 }

@@ -37,7 +37,7 @@ fn reduce(
     keepdim: bool,
     kind: Reduce,
 ) -> Result<Tensor> {
-    let (outer, len, inner) = split_at_axis(op, x.shape(), axis)?;
+    let (_, len, inner) = split_at_axis(op, x.shape(), axis)?;
     if len == 0 && matches!(kind, Reduce::Max | Reduce::Mean) {
         return Err(TensorError::shape(
             op,
@@ -71,7 +71,6 @@ fn reduce(
                     }
                 });
         });
-        let _ = outer;
     }
     if x.dtype().is_float() {
         out.to_dtype(x.dtype())

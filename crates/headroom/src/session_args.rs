@@ -1,0 +1,41 @@
+//! The options every command that runs sessions shares (`generate`, `bench session`).
+
+use anyhow::{Context, Result};
+use clap::Args;
+use headroom_mem::parse_size;
+
+/// Which model, how much video, and on how large a device.
+#[derive(Debug, Args)]
+pub struct SessionShape {
+    /// Built-in model (tiny, small, wan2.1-t2v-1.3b, lingbot-world-v2-14b) or a diffusers
+    /// pipeline folder with transformer/ and vae/.
+    #[arg(long, default_value = "small")]
+    pub model: String,
+    /// Frames: 12·K − 3 for K chunks.
+    #[arg(long, default_value_t = 33)]
+    pub frames: usize,
+    /// Width in pixels (multiple of 16).
+    #[arg(long, default_value_t = 416)]
+    pub width: usize,
+    /// Height in pixels (multiple of 16).
+    #[arg(long, default_value_t = 240)]
+    pub height: usize,
+    /// Noise seed.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Device capacity (B, KiB, MiB, GiB) to emulate a memory-tight device; physical
+    /// memory by default. `bounded` reclaim fractions refer to it.
+    #[arg(long)]
+    pub capacity: Option<String>,
+}
+
+impl SessionShape {
+    /// `--capacity` in bytes, if given.
+    pub fn capacity_bytes(&self) -> Result<Option<u64>> {
+        self.capacity
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .context("--capacity")
+    }
+}
