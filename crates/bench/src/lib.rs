@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod kernels;
+pub mod plot;
 pub mod session;
 pub mod stats;
 pub mod vae;
@@ -29,6 +30,14 @@ pub enum BenchError {
         field: &'static str,
         /// The rule it breaks.
         rule: String,
+    },
+    /// Writing an output file failed.
+    #[error("{}: {message}", path.display())]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What went wrong.
+        message: String,
     },
 }
 

@@ -29,6 +29,8 @@ pub struct SessionBenchConfig {
     pub policies: Vec<ReclaimPolicy>,
     /// Allocator policy of every run.
     pub allocator: AllocatorPolicy,
+    /// PyTorch's `max_split_size` for every run (`None`: unlimited).
+    pub max_split_size: Option<u64>,
     /// Sequential sessions per run.
     pub sessions: usize,
     /// Unrecorded runs per policy first.
@@ -59,6 +61,67 @@ struct Tags {
     phase: &'static str,
 }
 
+/// One reading of the background sampler.
+#[derive(Debug, Clone)]
+struct Sample {
+    t_ms: f64,
+    rep: usize,
+    tags: Tags,
+    last_phase: String,
+    allocated: u64,
+    reserved: u64,
+    device_used: u64,
+    rss: u64,
+}
+
+/// What one run's sampler saw: readings and the phase boundaries crossed.
+#[derive(Debug, Clone, Default)]
+struct Recording {
+    samples: Vec<Sample>,
+    /// (milliseconds, phase name).
+    marks: Vec<(f64, String)>,
+}
+
+/// The columns of `samples.csv`.
+pub const SAMPLES_CSV_HEADER: &str = "t_ms,policy,rep,session,chunk,phase,allocated_bytes,reserved_bytes,device_used_bytes,rss_bytes,last_phase";
+
+impl Recording {
+    fn csv_rows(&self, label: &str, out: &mut String) {
+        for s in &self.samples {
+            let _ = writeln!(
+                out,
+                "{:.1},{label},{},{},{},{},{},{},{},{},{}",
+                s.t_ms,
+                s.rep,
+                s.tags.session,
+                s.tags.chunk,
+                s.tags.phase,
+                s.allocated,
+                s.reserved,
+                s.device_used,
+                s.rss,
+                s.last_phase
+            );
+        }
+    }
+
+    fn panel(&self, label: &str) -> crate::plot::Panel {
+        crate::plot::Panel {
+            label: label.to_string(),
+            points: self
+                .samples
+                .iter()
+                .map(|s| (s.t_ms / 1e3, s.allocated, s.reserved))
+                .collect(),
+            marks: self
+                .marks
+                .iter()
+                .map(|(t, p)| (t / 1e3, p.clone()))
+                .collect(),
+        }
+    }
+}
+
 /// One recorded run.
 #[derive(Debug, Clone, Serialize)]
 struct Run {
@@ -72,6 +135,8 @@ struct Run {
     reclaims: u64,
     reclaim_s: f64,
     sha256: Vec<String>,
+    #[serde(skip)]
+    recording: Recording,
 }
 
 /// One policy's medians across repetitions.
@@ -129,23 +194,20 @@ pub struct SessionBenchSummary {
 }
 
 fn io_err(path: &std::path::Path, e: impl std::fmt::Display) -> BenchError {
-    BenchError::InvalidConfig {
-        field: "out",
-        rule: format!("{}: {e}", path.display()),
+    BenchError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
     }
 }
 
 /// Runs one engine through `sessions` sessions, sampling memory in the background.
-fn run_once(
-    config: &SessionBenchConfig,
-    policy: ReclaimPolicy,
-    label: &str,
-    rep: usize,
-    csv: &Mutex<String>,
-) -> Result<Run> {
+fn run_once(config: &SessionBenchConfig, policy: ReclaimPolicy, rep: usize) -> Result<Run> {
     let engine = Engine::new(EngineConfig {
         model: config.model.clone(),
-        allocator: AllocatorConfig::with_policy(config.allocator),
+        allocator: AllocatorConfig {
+            max_split_size: config.max_split_size,
+            ..AllocatorConfig::with_policy(config.allocator)
+        },
         reclaim: policy,
         capacity: config.capacity,
         ..EngineConfig::default()
@@ -161,7 +223,6 @@ fn run_once(
         ..Tags::default()
     });
     let stop = AtomicBool::new(false);
-    let sampled_peak = Mutex::new(0u64);
     let start = Instant::now();
     let mut run = Run {
         allocated_peak: 0,
@@ -174,27 +235,39 @@ fn run_once(
         reclaims: 0,
         reclaim_s: 0.0,
         sha256: Vec::new(),
+        recording: Recording::default(),
     };
+    let recording = Mutex::new(Recording::default());
     let result = std::thread::scope(|scope| -> Result<()> {
         scope.spawn(|| {
+            let allocator = platform.allocator();
+            let mut seen = 0u64;
+            let mut last_phase = String::from("none");
             while !stop.load(Ordering::Relaxed) {
                 let s = platform.memory_stats();
                 let (free, total) = platform.mem_info();
-                let t = tags.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let t_ms = start.elapsed().as_secs_f64() * 1e3;
+                let tags = tags.lock().unwrap_or_else(|p| p.into_inner()).clone();
                 let reserved = s.reserved_bytes.all().current.max(0) as u64;
-                let mut peak = sampled_peak.lock().unwrap_or_else(|p| p.into_inner());
-                *peak = (*peak).max(reserved);
-                let _ = writeln!(
-                    csv.lock().unwrap_or_else(|p| p.into_inner()),
-                    "{:.1},{label},{rep},{},{},{},{},{reserved},{},{}",
-                    start.elapsed().as_secs_f64() * 1e3,
-                    t.session,
-                    t.chunk,
-                    t.phase,
-                    s.allocated_bytes.all().current,
-                    total - free,
-                    process_rss_bytes().unwrap_or(0)
-                );
+                let (count, name) = allocator.phase_mark();
+                let mut rec = recording.lock().unwrap_or_else(|p| p.into_inner());
+                if count != seen {
+                    // Boundaries crossed since the last reading (only the last is named).
+                    seen = count;
+                    last_phase = name.unwrap_or_default();
+                    rec.marks.push((t_ms, last_phase.clone()));
+                }
+                rec.samples.push(Sample {
+                    t_ms,
+                    rep,
+                    tags,
+                    last_phase: last_phase.clone(),
+                    allocated: s.allocated_bytes.all().current.max(0) as u64,
+                    reserved,
+                    device_used: total - free,
+                    rss: process_rss_bytes().unwrap_or(0),
+                });
+                drop(rec);
                 std::thread::sleep(Duration::from_millis(config.sample_ms.max(1)));
             }
         });
@@ -259,7 +332,14 @@ fn run_once(
     let s = platform.memory_stats();
     run.allocated_peak = s.allocated_bytes.all().peak as u64;
     run.reserved_peak = s.reserved_bytes.all().peak as u64;
-    run.sampled_peak = *sampled_peak.lock().unwrap_or_else(|p| p.into_inner());
+    run.recording = recording.into_inner().unwrap_or_else(|p| p.into_inner());
+    run.sampled_peak = run
+        .recording
+        .samples
+        .iter()
+        .map(|s| s.reserved)
+        .max()
+        .unwrap_or(0);
     run.reclaims = s.num_reclaims;
     run.reclaim_s = s.reclaim_ns as f64 / 1e9;
     Ok(run)
@@ -329,7 +409,8 @@ fn row(label: &str, runs: &[Run]) -> PolicyRow {
     }
 }
 
-/// Runs the benchmark and writes `samples.csv`, `summary.json` and `summary.md` to `out`.
+/// Runs the benchmark and writes `samples.csv`, `summary.json`, `summary.md` and
+/// `memory.png` to `out`.
 pub fn run_session_bench(config: &SessionBenchConfig) -> Result<SessionBenchSummary> {
     if config.policies.is_empty() || config.sessions == 0 || config.reps == 0 {
         return Err(BenchError::InvalidConfig {
@@ -338,18 +419,16 @@ pub fn run_session_bench(config: &SessionBenchConfig) -> Result<SessionBenchSumm
         });
     }
     std::fs::create_dir_all(&config.out).map_err(|e| io_err(&config.out, e))?;
-    let csv = Mutex::new(String::from("t_ms,policy,rep,session,chunk,phase,allocated_bytes,reserved_bytes,device_used_bytes,rss_bytes\n"));
     let labels: Vec<String> = config.policies.iter().map(ToString::to_string).collect();
-    let scratch = Mutex::new(String::new());
     for _ in 0..config.warmup {
-        for (policy, label) in config.policies.iter().zip(&labels) {
-            run_once(config, *policy, label, 0, &scratch)?;
+        for policy in &config.policies {
+            run_once(config, *policy, 0)?;
         }
     }
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); config.policies.len()];
     for rep in 1..=config.reps {
-        for (i, (policy, label)) in config.policies.iter().zip(&labels).enumerate() {
-            runs[i].push(run_once(config, *policy, label, rep, &csv)?);
+        for (policy, policy_runs) in config.policies.iter().zip(runs.iter_mut()) {
+            policy_runs.push(run_once(config, *policy, rep)?);
         }
     }
     let reference = &runs[0][0].sha256;
@@ -367,10 +446,19 @@ pub fn run_session_bench(config: &SessionBenchConfig) -> Result<SessionBenchSumm
         let path = config.out.join(name);
         std::fs::write(&path, text).map_err(|e| io_err(&path, e))
     };
-    write(
-        "samples.csv",
-        csv.into_inner().unwrap_or_else(|p| p.into_inner()),
-    )?;
+    let mut csv = format!("{SAMPLES_CSV_HEADER}\n");
+    for rep in 0..config.reps {
+        for (label, policy_runs) in labels.iter().zip(&runs) {
+            policy_runs[rep].recording.csv_rows(label, &mut csv);
+        }
+    }
+    write("samples.csv", csv)?;
+    let panels: Vec<_> = labels
+        .iter()
+        .zip(&runs)
+        .map(|(label, r)| r[0].recording.panel(label))
+        .collect();
+    crate::plot::write_memory_png(&config.out.join("memory.png"), &panels)?;
     write(
         "summary.json",
         serde_json::to_string_pretty(&summary).unwrap_or_default(),
@@ -439,4 +527,97 @@ pub fn markdown(s: &SessionBenchSummary) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(t_ms: f64, allocated: u64, reserved: u64) -> Sample {
+        Sample {
+            t_ms,
+            rep: 1,
+            tags: Tags {
+                session: 0,
+                chunk: 1,
+                phase: "chunk",
+            },
+            last_phase: "decode_start".to_string(),
+            allocated,
+            reserved,
+            device_used: reserved,
+            rss: 7,
+        }
+    }
+
+    #[test]
+    fn csv_rows_have_the_header_columns() {
+        let rec = Recording {
+            samples: vec![sample(1.0, 10, 20), sample(2.5, 5, 20)],
+            marks: vec![(2.0, "decode_start".to_string())],
+        };
+        let mut out = String::new();
+        rec.csv_rows("fit:slack=0.04", &mut out);
+        let columns = SAMPLES_CSV_HEADER.split(',').count();
+        assert_eq!(out.lines().count(), 2);
+        for line in out.lines() {
+            assert_eq!(line.split(',').count(), columns, "{line}");
+        }
+        assert!(out.starts_with("1.0,fit:slack=0.04,1,0,1,chunk,10,20,20,7,decode_start"));
+        let panel = rec.panel("fit");
+        assert_eq!(panel.points, vec![(0.001, 10, 20), (0.0025, 5, 20)]);
+        assert_eq!(panel.marks, vec![(0.002, "decode_start".to_string())]);
+    }
+
+    #[test]
+    fn rows_take_medians_across_reps_and_state_the_goal() {
+        let run = |alloc: u64, reserved: u64, reclaim_s: f64| Run {
+            allocated_peak: alloc,
+            reserved_peak: reserved,
+            sampled_peak: reserved,
+            reserved_after_session: vec![reserved / 2, reserved / 2],
+            session_s: vec![2.0, 2.0],
+            ttfc_s: vec![1.0, 1.0],
+            chunk_s: vec![1.0, 1.0, 1.0, 1.0],
+            reclaims: 1,
+            reclaim_s,
+            sha256: vec!["a".into(), "b".into()],
+            recording: Recording::default(),
+        };
+        let r = row(
+            "fit",
+            &[
+                run(100, 104, 0.01),
+                run(100, 110, 0.02),
+                run(100, 102, 0.03),
+            ],
+        );
+        assert_eq!(r.reserved_peak_bytes, 104.0);
+        assert!((r.reserved_over_allocated - 0.04).abs() < 1e-12);
+        assert!((r.reclaim_share - 0.02 / 4.0).abs() < 1e-12);
+        assert_eq!(r.reserved_after_session_bytes, vec![52.0, 52.0]);
+        let summary = SessionBenchSummary {
+            model: "tiny".into(),
+            allocator: "pytorch".into(),
+            sessions: 2,
+            warmup: 0,
+            reps: 3,
+            hashes_match: true,
+            policies: vec![r],
+        };
+        let md = markdown(&summary);
+        assert!(md.contains("- fit: reserved +4.0 % over allocated, reclaim 0.500 % of chunk time → meets the goal"), "{md}");
+        let json: serde_json::Value = serde_json::to_value(&summary).unwrap();
+        for key in [
+            "model",
+            "allocator",
+            "sessions",
+            "warmup",
+            "reps",
+            "hashes_match",
+            "policies",
+        ] {
+            assert!(json.get(key).is_some(), "{key}");
+        }
+    }
 }

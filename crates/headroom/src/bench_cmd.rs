@@ -38,12 +38,16 @@ struct SessionArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "never,before-decode,bounded,always"
+        default_value = "never,before-decode,bounded,fit,always"
     )]
     policies: Vec<String>,
     /// Allocator: pytorch or expandable.
     #[arg(long, default_value = "pytorch")]
     allocator: String,
+    /// PyTorch's max_split_size (B, KiB, MiB, GiB; > 20 MiB): blocks this large are never
+    /// split. Unlimited by default, as in PyTorch.
+    #[arg(long)]
+    max_split_size: Option<String>,
     /// Sequential sessions per run.
     #[arg(long, default_value_t = 3)]
     sessions: usize,
@@ -136,6 +140,11 @@ fn session(args: SessionArgs) -> Result<()> {
         model: args.shape.model.clone(),
         policies,
         allocator: args.allocator.parse()?,
+        max_split_size: args
+            .max_split_size
+            .as_deref()
+            .map(headroom_mem::parse_size)
+            .transpose()?,
         sessions: args.sessions,
         warmup: args.warmup,
         reps: args.reps,

@@ -42,7 +42,7 @@ pub struct GenerateArgs {
     /// Commit the last DMD step's keys/values instead of running the commit forward.
     #[arg(long)]
     reuse_last_step_kv: bool,
-    /// Reclaim policy: never, before-decode, bounded[:…], always.
+    /// Reclaim policy: never, before-decode, bounded[:…], fit[:slack=F], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
     /// Allocator: pytorch or expandable.

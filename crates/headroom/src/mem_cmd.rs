@@ -36,7 +36,7 @@ struct ReplayArgs {
     /// PyTorch's max_split_size (B, KiB, MiB, GiB); unlimited when absent.
     #[arg(long, value_parser = parse_bytes)]
     max_split_size: Option<u64>,
-    /// Reclaim policy at phase lines: never, before-decode, bounded[:max_cached=F,min_free=F], always.
+    /// Reclaim policy at phase lines: never, before-decode, bounded[:max_cached=F,min_free=F], fit[:slack=F], always.
     #[arg(long, default_value = "never", value_parser = parse_reclaim)]
     reclaim: ReclaimPolicy,
     /// Write the final snapshot: a PyTorch pickle for pytorch.org/memory_viz, or JSON if

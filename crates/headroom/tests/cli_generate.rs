@@ -225,7 +225,7 @@ fn bench_session_writes_samples_and_a_summary_with_matching_hashes() {
         "--sample-ms",
         "5",
         "--policies",
-        "never,before-decode",
+        "never,before-decode,fit",
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -242,7 +242,7 @@ fn bench_session_writes_samples_and_a_summary_with_matching_hashes() {
         (Some(2), Some(2))
     );
     let policies = summary["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 2);
+    assert_eq!(policies.len(), 3);
     for p in policies {
         for key in [
             "policy",
@@ -273,8 +273,10 @@ fn bench_session_writes_samples_and_a_summary_with_matching_hashes() {
     }
     let csv = std::fs::read_to_string(out.join("samples.csv")).unwrap();
     let mut lines = csv.lines();
-    assert_eq!(lines.next(), Some("t_ms,policy,rep,session,chunk,phase,allocated_bytes,reserved_bytes,device_used_bytes,rss_bytes"));
-    assert!(lines.all(|l| l.split(',').count() == 10));
+    assert_eq!(lines.next(), Some("t_ms,policy,rep,session,chunk,phase,allocated_bytes,reserved_bytes,device_used_bytes,rss_bytes,last_phase"));
+    assert!(lines.all(|l| l.split(',').count() == 11));
+    let png = std::fs::read(out.join("memory.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
     assert!(std::fs::read_to_string(out.join("summary.md"))
         .unwrap()
         .contains("Output hashes match"));

@@ -6,6 +6,7 @@
 //! | `never`         | no boundary                                                        |
 //! | `before-decode` | `decode_start` (the fix of vLLM-Omni PR #9313), `sleep`, `model_swap` |
 //! | `bounded`       | any boundary where cached-but-unused bytes exceed a fraction of the capacity or free bytes fall under a floor; always at `sleep` and `model_swap` |
+//! | `fit`           | `session_end` and `error` (a closed session's cache goes back whole); within a session only while allocating: before the reserved bytes would grow past `1 + slack` times the allocated peak, just enough cached memory is given back (largest free segments first) |
 //! | `always`        | every boundary                                                     |
 //!
 //! `sleep` and `model_swap` exist to hand memory back, so every policy but `never` acts
@@ -119,6 +120,12 @@ pub enum ReclaimPolicy {
         /// Reclaim when free bytes fall under this fraction of the capacity.
         min_free_fraction: f64,
     },
+    /// Reclaim while allocating, only what keeps reserved bytes within `1 + slack` of
+    /// the allocated peak (see the allocator's `set_fit_slack`).
+    Fit {
+        /// Allowed excess of reserved over allocated peak bytes, as a fraction.
+        slack: f64,
+    },
     /// Reclaim at every boundary: the upper bound on reclaim cost.
     Always,
 }
@@ -127,6 +134,8 @@ pub enum ReclaimPolicy {
 pub const DEFAULT_MAX_CACHED_FRACTION: f64 = 0.25;
 /// Default floor on free memory for `bounded`.
 pub const DEFAULT_MIN_FREE_FRACTION: f64 = 0.10;
+/// Default slack of `fit`: reserved within 4 % of the allocated peak (the goal is 5 %).
+pub const DEFAULT_FIT_SLACK: f64 = 0.04;
 
 impl ReclaimPolicy {
     /// `bounded` with the default fractions.
@@ -137,6 +146,21 @@ impl ReclaimPolicy {
         }
     }
 
+    /// `fit` with the default slack.
+    pub fn fit() -> Self {
+        ReclaimPolicy::Fit {
+            slack: DEFAULT_FIT_SLACK,
+        }
+    }
+
+    /// The slack the allocator enforces while allocating (`fit` only).
+    pub fn fit_slack(&self) -> Option<f64> {
+        match *self {
+            ReclaimPolicy::Fit { slack } => Some(slack),
+            _ => None,
+        }
+    }
+
     /// Whether to reclaim at `phase` given the memory picture.
     pub fn should_reclaim(&self, phase: Phase, pressure: &Pressure) -> bool {
         let explicit = matches!(phase, Phase::Sleep | Phase::ModelSwap);
@@ -144,6 +168,9 @@ impl ReclaimPolicy {
             ReclaimPolicy::Never => false,
             ReclaimPolicy::Always => true,
             ReclaimPolicy::BeforeDecode => explicit || phase == Phase::DecodeStart,
+            ReclaimPolicy::Fit { .. } => {
+                explicit || matches!(phase, Phase::SessionEnd | Phase::Error)
+            }
             ReclaimPolicy::Bounded {
                 max_cached_fraction,
                 min_free_fraction,
@@ -167,6 +194,7 @@ impl fmt::Display for ReclaimPolicy {
             ReclaimPolicy::Never => f.write_str("never"),
             ReclaimPolicy::BeforeDecode => f.write_str("before-decode"),
             ReclaimPolicy::Always => f.write_str("always"),
+            ReclaimPolicy::Fit { slack } => write!(f, "fit:slack={slack}"),
             ReclaimPolicy::Bounded {
                 max_cached_fraction,
                 min_free_fraction,
@@ -181,7 +209,7 @@ impl fmt::Display for ReclaimPolicy {
 impl FromStr for ReclaimPolicy {
     type Err = MemError;
     /// Parses `never`, `before-decode`, `always`, `bounded` or
-    /// `bounded:max_cached=0.25,min_free=0.1`.
+    /// `bounded:max_cached=0.25,min_free=0.1`, `fit` or `fit:slack=0.04`.
     fn from_str(s: &str) -> Result<Self> {
         let invalid = |rule: String| MemError::InvalidConfig {
             field: "reclaim policy",
@@ -223,8 +251,30 @@ impl FromStr for ReclaimPolicy {
                     min_free_fraction,
                 })
             }
+            "fit" => {
+                let mut slack = DEFAULT_FIT_SLACK;
+                for item in params.split(',').filter(|p| !p.is_empty()) {
+                    match item.split_once('=') {
+                        Some(("slack", value)) => {
+                            slack = value
+                                .parse::<f64>()
+                                .ok()
+                                .filter(|v| (0.0..=1.0).contains(v))
+                                .ok_or_else(|| {
+                                    invalid(format!("slack must be a number in [0, 1], got {value:?}"))
+                                })?;
+                        }
+                        _ => {
+                            return Err(invalid(format!(
+                                "unknown parameter {item:?}; fit takes slack=F"
+                            )))
+                        }
+                    }
+                }
+                Ok(ReclaimPolicy::Fit { slack })
+            }
             other => Err(invalid(format!(
-                "must be never, before-decode, bounded[:max_cached=F,min_free=F] or always; got {other:?}"
+                "must be never, before-decode, bounded[:max_cached=F,min_free=F], fit[:slack=F] or always; got {other:?}"
             ))),
         }
     }
@@ -356,9 +406,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("reclaim policy"), "{err}");
+        assert_eq!(
+            "fit:slack=0.1".parse::<ReclaimPolicy>().unwrap(),
+            ReclaimPolicy::Fit { slack: 0.1 }
+        );
+        let err = "fit:slack=-1"
+            .parse::<ReclaimPolicy>()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("slack") && err.contains("[0, 1]"), "{err}");
         for policy in [
             ReclaimPolicy::Never,
             ReclaimPolicy::bounded(),
+            ReclaimPolicy::fit(),
             ReclaimPolicy::Always,
         ] {
             assert_eq!(policy.to_string().parse::<ReclaimPolicy>().unwrap(), policy);

@@ -12,6 +12,7 @@
 
 mod block;
 mod expandable;
+mod fit;
 mod inspect;
 mod segments;
 mod state;
@@ -263,7 +264,9 @@ impl CachingAllocator {
 
     /// Marks a named phase in the history (a `phase` trace event).
     pub fn record_phase(&self, name: &str) {
-        self.shared.lock().history.push(
+        let mut state = self.shared.lock();
+        state.phase_mark = (state.phase_mark.0 + 1, Some(name.to_string()));
+        state.history.push(
             crate::history::TraceAction::Phase,
             0,
             0,
@@ -273,12 +276,24 @@ impl CachingAllocator {
         );
     }
 
+    /// How many phase boundaries were crossed, and the last one's name: lets a sampler
+    /// see boundaries without keeping a history.
+    pub fn phase_mark(&self) -> (u64, Option<String>) {
+        self.shared.lock().phase_mark.clone()
+    }
+
     /// Counts one reclaim that took `duration` and released `released_bytes`.
     pub fn record_reclaim(&self, duration: Duration, released_bytes: u64) {
         let mut state = self.shared.lock();
         state.stats.num_reclaims += 1;
         state.stats.reclaim_ns += u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
         state.stats.reclaimed_bytes += released_bytes;
+    }
+
+    /// Turns the `fit` policy's allocation-time reclaim on (`Some(slack)`: keep reserved
+    /// bytes within `1 + slack` of the allocated peak where cached memory allows) or off.
+    pub fn set_fit_slack(&self, slack: Option<f64>) {
+        self.shared.lock().fit_slack = slack;
     }
 
     /// Turns the event history on (`capacity` > 0) or off.

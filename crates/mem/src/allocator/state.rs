@@ -34,6 +34,10 @@ pub(crate) struct State {
     pub segments: BTreeMap<u64, SegmentInfo>,
     pub stats: MemoryStats,
     pub history: History,
+    /// The `fit` policy's slack over the allocated peak, when it is on.
+    pub fit_slack: Option<f64>,
+    /// Phase boundaries crossed so far, and the last one's name.
+    pub phase_mark: (u64, Option<String>),
 }
 
 impl State {
@@ -50,6 +54,8 @@ impl State {
             pools: [Pool::default(), Pool::default()],
             segments: BTreeMap::new(),
             stats,
+            fit_slack: None,
+            phase_mark: (0, None),
         }
     }
 
@@ -131,17 +137,19 @@ impl State {
         let pool = PoolKind::for_size(size);
         let found = match self.get_free_block(pool, stream, size) {
             Some(id) => Some(id),
-            None => self
-                .alloc_block(pool, stream, size, false)
-                .or_else(|| {
-                    self.release_available_cached_blocks(pool, stream, size)
-                        .then(|| self.alloc_block(pool, stream, size, false))
-                        .flatten()
-                })
-                .or_else(|| {
-                    self.release_cached_blocks();
-                    self.alloc_block(pool, stream, size, true)
-                }),
+            None => {
+                self.fit_before_growth(size);
+                self.alloc_block(pool, stream, size, false)
+                    .or_else(|| {
+                        self.release_available_cached_blocks(pool, stream, size)
+                            .then(|| self.alloc_block(pool, stream, size, false))
+                            .flatten()
+                    })
+                    .or_else(|| {
+                        self.release_cached_blocks();
+                        self.alloc_block(pool, stream, size, true)
+                    })
+            }
         };
         match found {
             Some(id) => Ok(self.alloc_found_block(id, size, requested)),

@@ -60,9 +60,11 @@ impl CachingPlatform {
                 rule: "must be more than 0 bytes".to_string(),
             });
         }
+        let allocator = CachingAllocator::new(device, config)?;
+        allocator.set_fit_slack(reclaim.fit_slack());
         Ok(Self {
             kind,
-            allocator: CachingAllocator::new(device, config)?,
+            allocator,
             reclaim,
         })
     }
