@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy};
+use headroom_model::dit::Sharding;
 use headroom_model::kv::{KvPool, PageLayout, SessionKv};
 use headroom_model::{StreamingDecoder, WanTransformer, WanVae};
 use headroom_tensor::{DType, Device, Tensor};
@@ -78,19 +79,36 @@ impl Engine {
 
     /// An engine on `platform` (tests use a recording or failing platform).
     pub fn on(config: EngineConfig, platform: Arc<dyn Platform>) -> Result<Self> {
+        Self::on_rank(config, platform, None)
+    }
+
+    /// One rank of a sharded engine on `platform`: it holds its part of the transformer
+    /// and of the KV cache, and decodes every chunk itself (replicated decode). Every
+    /// rank of the mesh must run the same sessions with the same requests.
+    pub fn on_rank(
+        config: EngineConfig,
+        platform: Arc<dyn Platform>,
+        shard: Option<Sharding>,
+    ) -> Result<Self> {
         let device = Device::new(platform);
         let dtype = config.weight_dtype;
         let folder = std::path::Path::new(&config.model);
         let (dit, vae) = if folder.join("transformer").is_dir() && folder.join("vae").is_dir() {
             // A diffusers pipeline folder: real weights.
             (
-                WanTransformer::load(&folder.join("transformer"), &device, dtype)?,
+                WanTransformer::load_sharded(&folder.join("transformer"), &device, dtype, shard)?,
                 WanVae::load(&folder.join("vae"), &device, dtype)?,
             )
         } else {
             let preset = ModelPreset::named(&config.model)?;
             (
-                WanTransformer::seeded(preset.dit, config.weight_seed, &device, dtype)?,
+                WanTransformer::seeded_sharded(
+                    preset.dit,
+                    config.weight_seed,
+                    &device,
+                    dtype,
+                    shard,
+                )?,
                 WanVae::seeded(
                     preset.vae,
                     config.weight_seed.wrapping_add(1),
@@ -158,6 +176,19 @@ impl Engine {
                     r.num_frames
                 ),
             ));
+        }
+        if let Some(shard) = self.dit.sharding() {
+            let c = self.dit.config();
+            let tokens = BLOCK_FRAMES / c.patch_size[0] * (r.height / s) * (r.width / s);
+            if !tokens.is_multiple_of(shard.sp.size()) {
+                return Err(EngineError::request(
+                    "width/height",
+                    format!(
+                        "a block's {tokens} tokens do not split into sp = {} equal parts",
+                        shard.sp.size()
+                    ),
+                ));
+            }
         }
         if r.steps == 0 {
             return Err(EngineError::request("steps", "must be at least 1"));
@@ -235,7 +266,7 @@ impl Engine {
         let layout = PageLayout {
             layers: c.num_layers,
             tokens,
-            heads: c.num_attention_heads,
+            heads: self.dit.kv_heads(),
             head_dim: c.attention_head_dim,
             dtype: self.config.weight_dtype,
         };

@@ -5,10 +5,12 @@
 
 pub mod engine;
 pub mod error;
+pub mod mesh;
 pub mod preset;
 pub mod session;
 
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};
+pub use mesh::Mesh;
 pub use preset::{ModelPreset, PRESETS};
 pub use session::{Chunk, ChunkTimings, Session, SessionRequest, BLOCK_FRAMES};

@@ -29,7 +29,8 @@ impl ModelPreset {
             "tiny" => Self {
                 name: "tiny",
                 dit: DitConfig {
-                    num_attention_heads: 2,
+                    // Four heads: enough to shard over TP2 × SP2.
+                    num_attention_heads: 4,
                     attention_head_dim: 12,
                     in_channels: 36,
                     out_channels: Some(16),

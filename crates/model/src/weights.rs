@@ -121,6 +121,11 @@ impl WeightStore {
         &self.device
     }
 
+    /// The dtype weights are stored in (norms and biases may stay f32).
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// Whether the store can provide `key` (a seeded store provides every key).
     pub fn has(&self, key: &str) -> bool {
         match &self.source {
@@ -132,6 +137,27 @@ impl WeightStore {
     /// The tensor `key` with exactly `shape`, in the store's dtype.
     pub fn get(&self, key: &str, shape: &[usize], init: Init) -> Result<Tensor> {
         self.get_as(key, shape, init, self.dtype)
+    }
+
+    /// Part `index` of `parts` equal parts along `axis` of the tensor `key` (whole shape
+    /// `shape`), for tensor-parallel shards. The whole tensor is read (or drawn) first,
+    /// so a seeded store draws the same values sharded or not.
+    #[allow(clippy::too_many_arguments)]
+    pub fn get_part(
+        &self,
+        key: &str,
+        shape: &[usize],
+        init: Init,
+        dtype: DType,
+        axis: usize,
+        (index, parts): (usize, usize),
+    ) -> Result<Tensor> {
+        let whole = self.get_as(key, shape, init, dtype)?;
+        if parts <= 1 {
+            return Ok(whole);
+        }
+        let len = shape[axis] / parts;
+        Ok(whole.narrow(axis, index * len, len)?.contiguous()?)
     }
 
     /// The tensor `key` with exactly `shape`, in `dtype` (norm scales and biases that

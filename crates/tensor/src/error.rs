@@ -47,6 +47,12 @@ pub enum TensorError {
         /// The operation.
         op: &'static str,
     },
+    /// A collective could not complete: another rank of the group failed.
+    #[error("{op}: the rank group was aborted (another rank failed)")]
+    Aborted {
+        /// The collective.
+        op: &'static str,
+    },
 }
 
 impl TensorError {

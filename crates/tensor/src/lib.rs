@@ -3,6 +3,7 @@
 //! deterministic results for a given thread count.
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod comm;
 pub mod device;
 pub mod dtype;
 pub mod error;

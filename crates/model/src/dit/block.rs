@@ -6,7 +6,8 @@ use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::{DType, Tensor};
 
 use super::config::DitConfig;
-use super::embed::Linear;
+use super::embed::{Linear, Split};
+use super::shard::{self, Sharding};
 use crate::error::Result;
 use crate::weights::{Init, WeightStore};
 
@@ -19,7 +20,7 @@ pub struct KeyValues {
     pub v: Tensor,
 }
 
-/// One attention layer's projections and q/k norms.
+/// One attention layer's projections and q/k norms (this rank's heads when sharded).
 #[derive(Debug)]
 struct Attention {
     to_q: Linear,
@@ -28,33 +29,46 @@ struct Attention {
     to_out: Linear,
     norm_q: Tensor,
     norm_k: Tensor,
+    /// Heads held here: all of them, or `heads / tp` on a tensor-parallel rank.
     heads: usize,
     head_dim: usize,
+    /// Features the q/k norms span (all heads).
+    dim: usize,
     eps: f32,
 }
 
 impl Attention {
-    fn load(w: &WeightStore, prefix: &str, c: &DitConfig) -> Result<Self> {
+    fn load(w: &WeightStore, prefix: &str, c: &DitConfig, tp: (usize, usize)) -> Result<Self> {
         let dim = c.dim();
+        let norm = |name: &str| {
+            w.get_part(
+                &format!("{prefix}.{name}.weight"),
+                &[dim],
+                Init::NearOne,
+                DType::F32,
+                0,
+                tp,
+            )
+        };
+        let rows = |name: &str| {
+            Linear::load_split(w, &format!("{prefix}.{name}"), dim, dim, Split::Rows(tp))
+        };
         Ok(Self {
-            to_q: Linear::load(w, &format!("{prefix}.to_q"), dim, dim, None)?,
-            to_k: Linear::load(w, &format!("{prefix}.to_k"), dim, dim, None)?,
-            to_v: Linear::load(w, &format!("{prefix}.to_v"), dim, dim, None)?,
-            to_out: Linear::load(w, &format!("{prefix}.to_out.0"), dim, dim, None)?,
-            norm_q: w.get_as(
-                &format!("{prefix}.norm_q.weight"),
-                &[dim],
-                Init::NearOne,
-                DType::F32,
+            to_q: rows("to_q")?,
+            to_k: rows("to_k")?,
+            to_v: rows("to_v")?,
+            to_out: Linear::load_split(
+                w,
+                &format!("{prefix}.to_out.0"),
+                dim,
+                dim,
+                Split::Cols(tp),
             )?,
-            norm_k: w.get_as(
-                &format!("{prefix}.norm_k.weight"),
-                &[dim],
-                Init::NearOne,
-                DType::F32,
-            )?,
-            heads: c.num_attention_heads,
+            norm_q: norm("norm_q")?,
+            norm_k: norm("norm_k")?,
+            heads: c.num_attention_heads / tp.1,
             head_dim: c.attention_head_dim,
+            dim,
             eps: c.eps as f32,
         })
     }
@@ -66,50 +80,76 @@ impl Attention {
         Ok(x.reshape(&[b, l, self.heads, self.head_dim])?)
     }
 
-    /// Keys and values of `src` tokens (RoPE'd when positions are given).
+    /// Projection `proj` of `src`, RMS-normed by `norm` across all heads, split into
+    /// heads and RoPE'd when positions are given.
+    fn project_normed(
+        &self,
+        proj: &Linear,
+        norm: &Tensor,
+        src: &Tensor,
+        rope: Option<(&RopeTable, &[[usize; 3]])>,
+        shard: Option<&Sharding>,
+    ) -> Result<Tensor> {
+        let x = shard::rms_norm(shard, &proj.forward(src)?, norm, self.dim, self.eps)?;
+        let x = self.split_heads(&x)?;
+        match rope {
+            Some((table, positions)) => Ok(x.rope(table, positions)?),
+            None => Ok(x),
+        }
+    }
+
+    /// Keys and values of `src` tokens (RoPE'd when positions are given). With
+    /// `ulysses`, the SP group's tokens are exchanged for heads: the result covers every
+    /// rank's tokens with this rank's share of the heads.
     fn key_values(
         &self,
         src: &Tensor,
         rope: Option<(&RopeTable, &[[usize; 3]])>,
+        shard: Option<&Sharding>,
+        ulysses: bool,
     ) -> Result<KeyValues> {
-        let k = self.split_heads(
-            &self
-                .to_k
-                .forward(src)?
-                .rms_norm(Some(&self.norm_k), self.eps)?,
-        )?;
-        let k = match rope {
-            Some((table, positions)) => k.rope(table, positions)?,
-            None => k,
-        };
+        let k = self.project_normed(&self.to_k, &self.norm_k, src, rope, shard)?;
         let v = self.split_heads(&self.to_v.forward(src)?)?;
+        if ulysses {
+            return Ok(KeyValues {
+                k: shard::seq_to_heads(shard, k)?,
+                v: shard::seq_to_heads(shard, v)?,
+            });
+        }
         Ok(KeyValues { k, v })
     }
 
-    /// Attention of the tokens `a` over `past` keys/values followed by `own`.
+    /// Attention of the tokens `a` over keys/values `kv` (exchanged as in
+    /// [`Attention::key_values`] with `ulysses`), projected out and summed across the
+    /// TP group.
     fn attend(
         &self,
         a: &Tensor,
         rope: Option<(&RopeTable, &[[usize; 3]])>,
         kv: &KeyValues,
         mask: Mask,
+        shard: Option<&Sharding>,
+        ulysses: bool,
     ) -> Result<Tensor> {
-        let q = self.split_heads(
-            &self
-                .to_q
-                .forward(a)?
-                .rms_norm(Some(&self.norm_q), self.eps)?,
-        )?;
-        let q = match rope {
-            Some((table, positions)) => q.rope(table, positions)?,
-            None => q,
-        };
-        let o = Tensor::scaled_dot_product_attention(&q, &kv.k, &kv.v, mask, None)?;
+        let mut q = self.project_normed(&self.to_q, &self.norm_q, a, rope, shard)?;
+        if ulysses {
+            q = shard::seq_to_heads(shard, q)?;
+        }
+        let mut o = Tensor::scaled_dot_product_attention(&q, &kv.k, &kv.v, mask, None)?;
+        drop(q);
+        if ulysses {
+            o = shard::heads_to_seq(shard, o)?;
+        }
         let [b, l, _, _] = *o.shape() else {
             unreachable!("attention keeps [B, L, H, D]")
         };
-        self.to_out
-            .forward(&o.reshape(&[b, l, self.heads * self.head_dim])?)
+        let o = o.reshape(&[b, l, self.heads * self.head_dim])?;
+        if shard::tp_part(shard).1 > 1 {
+            let partial = self.to_out.forward_no_bias(&o)?;
+            Ok(shard::tp_sum(shard, partial)?.add(&self.to_out.bias)?)
+        } else {
+            self.to_out.forward(&o)
+        }
     }
 }
 
@@ -168,9 +208,17 @@ fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor, eps: f32) -> Result<Tens
 }
 
 impl Block {
-    /// Loads `blocks.{i}` (with its camera injection when `camera` is set).
-    pub fn load(w: &WeightStore, i: usize, c: &DitConfig, camera: bool) -> Result<Self> {
+    /// Loads `blocks.{i}` (with its camera injection when `camera` is set), this rank's
+    /// part of it when `shard` is given.
+    pub fn load(
+        w: &WeightStore,
+        i: usize,
+        c: &DitConfig,
+        camera: bool,
+        shard: Option<&Sharding>,
+    ) -> Result<Self> {
         let p = format!("blocks.{i}");
+        let tp = shard::tp_part(shard);
         let dim = c.dim();
         Ok(Self {
             camera: camera
@@ -182,8 +230,8 @@ impl Block {
                 Init::Scaled(0.1),
                 DType::F32,
             )?,
-            attn1: Attention::load(w, &format!("{p}.attn1"), c)?,
-            attn2: Attention::load(w, &format!("{p}.attn2"), c)?,
+            attn1: Attention::load(w, &format!("{p}.attn1"), c, tp)?,
+            attn2: Attention::load(w, &format!("{p}.attn2"), c, tp)?,
             norm2: if c.cross_attn_norm {
                 Some((
                     w.get_as(
@@ -202,27 +250,28 @@ impl Block {
             } else {
                 None
             },
-            ffn_in: Linear::load(w, &format!("{p}.ffn.net.0.proj"), dim, c.ffn_dim, None)?,
-            ffn_out: Linear::load(w, &format!("{p}.ffn.net.2"), c.ffn_dim, dim, None)?,
+            ffn_in: Linear::load_split(
+                w,
+                &format!("{p}.ffn.net.0.proj"),
+                dim,
+                c.ffn_dim,
+                Split::Rows(tp),
+            )?,
+            ffn_out: Linear::load_split(
+                w,
+                &format!("{p}.ffn.net.2"),
+                c.ffn_dim,
+                dim,
+                Split::Cols(tp),
+            )?,
             eps: c.eps as f32,
         })
     }
 
-    /// The cross-attention keys/values of context tokens `[1, S, dim]`.
-    pub fn text_key_values(&self, ctx: &Tensor) -> Result<KeyValues> {
-        self.attn2.key_values(ctx, None)
-    }
-
-    /// The self-attention input of `h` under modulation `tproj`, and its keys/values.
-    fn self_input(
-        &self,
-        h: &Tensor,
-        m: &[Tensor],
-        rope: (&RopeTable, &[[usize; 3]]),
-    ) -> Result<(Tensor, KeyValues)> {
-        let a = modulate(h, &m[0], &m[1], self.eps)?;
-        let kv = self.attn1.key_values(&a, Some(rope))?;
-        Ok((a, kv))
+    /// The cross-attention keys/values of context tokens `[1, S, dim]` (this rank's TP
+    /// heads when sharded).
+    pub fn text_key_values(&self, ctx: &Tensor, shard: Option<&Sharding>) -> Result<KeyValues> {
+        self.attn2.key_values(ctx, None, shard, false)
     }
 
     fn modulation(&self, tproj: &Tensor) -> Result<Vec<Tensor>> {
@@ -234,6 +283,8 @@ impl Block {
     /// `past` keys/values (earlier frames) followed by the tokens' own, under `mask`;
     /// `camera` tokens `[1, L, dim]` modulate the result when the block has an adapter.
     /// Returns the new hidden states and the tokens' own keys/values (for a KV cache).
+    /// Sharded, `h`, `positions` and `camera` are this rank's tokens, and the keys/values
+    /// (past and own) cover the SP group's tokens with this rank's heads.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -244,9 +295,11 @@ impl Block {
         mask: Mask,
         text: &KeyValues,
         camera: Option<&Tensor>,
+        shard: Option<&Sharding>,
     ) -> Result<(Tensor, KeyValues)> {
         let m = self.modulation(tproj)?;
-        let (a, own) = self.self_input(h, &m, rope)?;
+        let a = modulate(h, &m[0], &m[1], self.eps)?;
+        let own = self.attn1.key_values(&a, Some(rope), shard, true)?;
         let all = match past {
             Some(p) => KeyValues {
                 k: Tensor::cat(&[&p.k, &own.k], 1)?,
@@ -254,7 +307,7 @@ impl Block {
             },
             None => own.clone(),
         };
-        let o = self.attn1.attend(&a, Some(rope), &all, mask)?;
+        let o = self.attn1.attend(&a, Some(rope), &all, mask, shard, true)?;
         drop(all);
         let mut h = h.add(&o.mul(&m[2])?)?;
         if let (Some(injection), Some(cam)) = (&self.camera, camera) {
@@ -264,11 +317,19 @@ impl Block {
             Some((w, b)) => h.layer_norm(Some(w), Some(b), self.eps)?,
             None => h.clone(),
         };
-        let h = h.add(&self.attn2.attend(&a, None, text, Mask::None)?)?;
+        let h = h.add(
+            &self
+                .attn2
+                .attend(&a, None, text, Mask::None, shard, false)?,
+        )?;
         let a = modulate(&h, &m[3], &m[4], self.eps)?;
-        let f = self
-            .ffn_out
-            .forward(&self.ffn_in.forward(&a)?.gelu_tanh()?)?;
+        let hidden = self.ffn_in.forward(&a)?.gelu_tanh()?;
+        let f = if shard::tp_part(shard).1 > 1 {
+            let partial = self.ffn_out.forward_no_bias(&hidden)?;
+            shard::tp_sum(shard, partial)?.add(&self.ffn_out.bias)?
+        } else {
+            self.ffn_out.forward(&hidden)?
+        };
         Ok((h.add(&f.mul(&m[5])?)?, own))
     }
 }

@@ -53,10 +53,66 @@ impl Linear {
         })
     }
 
+    /// This rank's part of a tensor-parallel `Linear` in the store's dtype: `Split::Rows`
+    /// keeps a slice of the outputs (and of the bias), `Split::Cols` a slice of the
+    /// inputs (and the whole bias, added once after the all-reduce).
+    pub fn load_split(
+        w: &WeightStore,
+        prefix: &str,
+        input: usize,
+        output: usize,
+        split: Split,
+    ) -> Result<Self> {
+        let weight_key = format!("{prefix}.weight");
+        let bias_key = format!("{prefix}.bias");
+        let dtype = w.dtype();
+        let (weight_axis, part) = match split {
+            Split::Rows(part) => (0, part),
+            Split::Cols(part) => (1, part),
+        };
+        let bias_part = match split {
+            Split::Rows(part) => part,
+            Split::Cols(_) => (0, 1),
+        };
+        Ok(Self {
+            weight: w.get_part(
+                &weight_key,
+                &[output, input],
+                Init::FanIn,
+                dtype,
+                weight_axis,
+                part,
+            )?,
+            bias: w.get_part(
+                &bias_key,
+                &[output],
+                Init::Scaled(0.05),
+                DType::F32,
+                0,
+                bias_part,
+            )?,
+        })
+    }
+
     /// `x · Wᵀ + b`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(x.linear(&self.weight, Some(&self.bias))?)
     }
+
+    /// `x · Wᵀ` without the bias (a column shard, before its all-reduce).
+    pub fn forward_no_bias(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.linear(&self.weight, None)?)
+    }
+}
+
+/// Which part of a `Linear` a tensor-parallel rank holds: `(index, parts)` of its
+/// output rows or of its input columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// A slice of the outputs.
+    Rows((usize, usize)),
+    /// A slice of the inputs.
+    Cols((usize, usize)),
 }
 
 /// `WanTimeTextImageEmbedding` without the image branch.

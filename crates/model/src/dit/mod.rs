@@ -6,6 +6,7 @@
 pub mod block;
 pub mod config;
 pub mod embed;
+pub mod shard;
 
 use std::path::Path;
 
@@ -16,6 +17,7 @@ use headroom_tensor::{DType, Device, Tensor};
 
 pub use block::{KeyValues, TextKeyValues};
 pub use config::DitConfig;
+pub use shard::Sharding;
 
 use crate::error::{ModelError, Result};
 use crate::weights::{read_config, Init, WeightStore};
@@ -43,6 +45,7 @@ pub struct WanTransformer {
     proj_out: Linear,
     rope: RopeTable,
     device: Device,
+    shard: Option<Sharding>,
 }
 
 /// Grid of latent tokens: frames × rows × columns after patching.
@@ -79,7 +82,33 @@ impl TokenGrid {
 impl WanTransformer {
     /// Builds the network from a weight store.
     pub fn from_store(config: DitConfig, w: &WeightStore) -> Result<Self> {
+        Self::from_store_sharded(config, w, None)
+    }
+
+    /// Builds this rank's part of the network from a weight store (the whole network
+    /// when `shard` is `None`); see [`shard`] for what each rank holds.
+    pub fn from_store_sharded(
+        config: DitConfig,
+        w: &WeightStore,
+        shard: Option<Sharding>,
+    ) -> Result<Self> {
         config.validate()?;
+        if let Some(s) = &shard {
+            let (tp, sp) = (s.tp.size(), s.sp.size());
+            if !config.num_attention_heads.is_multiple_of(tp * sp)
+                || !config.ffn_dim.is_multiple_of(tp)
+            {
+                return Err(ModelError::input(
+                    "sharding",
+                    format!(
+                        "{} heads must divide by tp·sp = {} and ffn_dim {} by tp = {tp}",
+                        config.num_attention_heads,
+                        tp * sp,
+                        config.ffn_dim
+                    ),
+                ));
+            }
+        }
         let dim = config.dim();
         let [pt, ph, pw] = config.patch_size;
         let out = config.out_channels();
@@ -115,7 +144,7 @@ impl WanTransformer {
             )?,
             embedder: ConditionEmbedder::load(w, &config)?,
             blocks: (0..config.num_layers)
-                .map(|i| Block::load(w, i, &config, with_camera))
+                .map(|i| Block::load(w, i, &config, with_camera, shard.as_ref()))
                 .collect::<Result<_>>()?,
             table_out: w.get_as(
                 "scale_shift_table",
@@ -127,19 +156,54 @@ impl WanTransformer {
             rope: RopeTable::new(config.attention_head_dim, config.rope_max_seq_len, 10_000.0),
             device: w.device().clone(),
             config,
+            shard,
         })
     }
 
     /// Loads a diffusers transformer folder with weights in `dtype` (the time MLP, norms
     /// and modulation tables stay f32 as diffusers keeps them).
     pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        Self::load_sharded(dir, device, dtype, None)
+    }
+
+    /// Loads this rank's part of a diffusers transformer folder.
+    pub fn load_sharded(
+        dir: &Path,
+        device: &Device,
+        dtype: DType,
+        shard: Option<Sharding>,
+    ) -> Result<Self> {
         let config = DitConfig::from_json(&read_config(dir)?)?;
-        Self::from_store(config, &WeightStore::from_dir(dir, device, dtype)?)
+        Self::from_store_sharded(config, &WeightStore::from_dir(dir, device, dtype)?, shard)
     }
 
     /// Seeded random weights for `config`.
     pub fn seeded(config: DitConfig, seed: u64, device: &Device, dtype: DType) -> Result<Self> {
-        Self::from_store(config, &WeightStore::seeded(seed, device, dtype))
+        Self::seeded_sharded(config, seed, device, dtype, None)
+    }
+
+    /// This rank's part of the seeded network (the same values as the whole one).
+    pub fn seeded_sharded(
+        config: DitConfig,
+        seed: u64,
+        device: &Device,
+        dtype: DType,
+        shard: Option<Sharding>,
+    ) -> Result<Self> {
+        Self::from_store_sharded(config, &WeightStore::seeded(seed, device, dtype), shard)
+    }
+
+    /// This rank's sharding, if any.
+    pub fn sharding(&self) -> Option<&Sharding> {
+        self.shard.as_ref()
+    }
+
+    /// Attention heads whose keys/values this rank keeps: all of them, or
+    /// `heads / (tp·sp)` sharded.
+    pub fn kv_heads(&self) -> usize {
+        let (_, tp) = shard::tp_part(self.shard.as_ref());
+        let (_, sp) = shard::sp_part(self.shard.as_ref());
+        self.config.num_attention_heads / (tp * sp)
     }
 
     /// The config.
@@ -224,7 +288,7 @@ impl WanTransformer {
         Ok(TextKeyValues(
             self.blocks
                 .iter()
-                .map(|b| b.text_key_values(&ctx))
+                .map(|b| b.text_key_values(&ctx, self.shard.as_ref()))
                 .collect::<Result<_>>()?,
         ))
     }
@@ -301,7 +365,27 @@ impl WanTransformer {
         camera: Option<&Tensor>,
     ) -> Result<(Tensor, Vec<KeyValues>)> {
         let (temb, tproj) = self.embedder.time(t, &self.device)?;
-        let mut h = tokens.clone();
+        let shard = self.shard.as_ref();
+        // Sharded, this rank runs its contiguous share of the tokens.
+        let (sp_rank, sp) = shard::sp_part(shard);
+        let len = tokens.shape()[1];
+        if !len.is_multiple_of(sp) {
+            return Err(ModelError::input(
+                "sequence parallelism",
+                format!("{len} tokens do not split into sp = {sp} equal parts"),
+            ));
+        }
+        if positions.len() != len {
+            return Err(ModelError::input(
+                "dit forward",
+                format!("{} positions for {len} tokens", positions.len()),
+            ));
+        }
+        let part = len / sp;
+        let range = sp_rank * part..(sp_rank + 1) * part;
+        let mut h = tokens.narrow(1, range.start, part)?;
+        let camera = camera.map(|c| c.narrow(1, range.start, part)).transpose()?;
+        let positions = &positions[range];
         let mut own = Vec::with_capacity(self.blocks.len());
         for (i, block) in self.blocks.iter().enumerate() {
             let (next, kv) = block.forward(
@@ -311,7 +395,8 @@ impl WanTransformer {
                 past.map(|p| &p[i]),
                 mask,
                 &text.0[i],
-                camera,
+                camera.as_ref(),
+                shard,
             )?;
             h = next;
             own.push(kv);
@@ -322,7 +407,10 @@ impl WanTransformer {
             .layer_norm(None, None, self.config.eps as f32)?
             .mul(&scale.add_scalar(1.0)?)?
             .add(&shift)?;
-        Ok((self.proj_out.forward(&h)?, own))
+        Ok((
+            shard::gather_tokens(shard, self.proj_out.forward(&h)?)?,
+            own,
+        ))
     }
 
     /// Velocity tokens → `[1, out, F, H, W]` (feature order `(pt, ph, pw, C)`, C fastest).
