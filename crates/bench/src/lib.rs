@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod kernels;
+pub mod plan;
 pub mod plot;
 pub mod session;
 pub mod stats;

@@ -28,6 +28,10 @@ pub struct EngineConfig {
     /// Bytes of KV pages the pool takes, once, at the first session; `None` sizes it
     /// for `max_sessions` sessions exactly.
     pub kv_budget_bytes: Option<u64>,
+    /// Fraction of the device memory free when the pool is created (after the weights)
+    /// that KV pages take, as serving engines size their caches; overrides
+    /// `kv_budget_bytes`.
+    pub kv_fraction: Option<f64>,
     /// Sessions the automatic KV budget makes room for.
     pub max_sessions: usize,
     /// Frames kept for the whole session.
@@ -49,6 +53,7 @@ impl Default for EngineConfig {
             allocator: AllocatorConfig::default(),
             reclaim: ReclaimPolicy::Never,
             kv_budget_bytes: None,
+            kv_fraction: None,
             max_sessions: 1,
             sink_frames: 9,
             window_frames: 18,
@@ -146,6 +151,11 @@ impl Engine {
     /// The transformer.
     pub fn transformer(&self) -> &WanTransformer {
         &self.dit
+    }
+
+    /// The VAE.
+    pub fn vae(&self) -> &WanVae {
+        &self.vae
     }
 
     /// The KV pool, once the first session created it.
@@ -247,7 +257,17 @@ impl Engine {
         }
         // Replacing an idle pool frees its pages before the new one takes its own.
         *pool = None;
-        let budget = self.config.kv_budget_bytes.unwrap_or_else(|| {
+        let budget = match self.config.kv_fraction {
+            Some(f) if !(f > 0.0 && f <= 1.0) => {
+                return Err(EngineError::request(
+                    "kv_fraction",
+                    format!("must be in (0, 1], got {f}"),
+                ))
+            }
+            Some(f) => Some((self.platform().mem_info().0 as f64 * f) as u64),
+            None => self.config.kv_budget_bytes,
+        };
+        let budget = budget.unwrap_or_else(|| {
             layout.bytes() * (self.config.window_frames * self.config.max_sessions.max(1)) as u64
         });
         let created = KvPool::with_budget(layout, budget, self.config.window_frames, &self.device)

@@ -84,7 +84,9 @@ impl Mesh {
                     let aborted = e.to_string().contains("rank group was aborted");
                     match &first_err {
                         None => first_err = Some(e),
-                        Some(prev) if !aborted && prev.to_string().contains("rank group was aborted") => {
+                        Some(prev)
+                            if !aborted && prev.to_string().contains("rank group was aborted") =>
+                        {
                             first_err = Some(e)
                         }
                         _ => {}

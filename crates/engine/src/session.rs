@@ -217,6 +217,18 @@ impl Session {
         self.blocks
     }
 
+    /// Bytes of the session's conditioning: the text's cross-attention keys/values and
+    /// the image condition.
+    pub fn conditioning_bytes(&self) -> u64 {
+        let text: usize = self
+            .text
+            .0
+            .iter()
+            .map(|kv| kv.k.storage_bytes() + kv.v.storage_bytes())
+            .sum();
+        (text + self.cond.as_ref().map_or(0, Tensor::storage_bytes)) as u64
+    }
+
     fn noise(&mut self, shape: &[usize]) -> Result<Tensor> {
         let t = Tensor::randn(
             shape,

@@ -60,8 +60,15 @@ fn tp_sp_and_tp_x_sp_produce_the_unsharded_frames() {
                 / want.len() as f64;
             println!("{mesh:?} rank {rank}: max |Δ| {max}, mean |Δ| {mean:.5}");
             // f32 sums in another order round a few pixels to the neighbouring level.
-            assert!(max <= 2 && mean < 0.02, "{mesh:?} rank {rank}: max {max}, mean {mean}");
-            assert_eq!(*kv * mesh.ranks() as u64, *kv_whole, "{mesh:?}: KV sharded by heads");
+            assert!(
+                max <= 2 && mean < 0.02,
+                "{mesh:?} rank {rank}: max {max}, mean {mean}"
+            );
+            assert_eq!(
+                *kv * mesh.ranks() as u64,
+                *kv_whole,
+                "{mesh:?}: KV sharded by heads"
+            );
         }
         // Every rank decodes the same gathered latents.
         assert!(ranks.iter().all(|(f, _)| f == &ranks[0].0));

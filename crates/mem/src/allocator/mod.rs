@@ -166,6 +166,7 @@ impl CachingAllocator {
                 shared: None,
                 block: 0,
                 addr: 0,
+                host: 0,
                 size: 0,
                 requested: 0,
                 stream,
@@ -187,9 +188,19 @@ impl CachingAllocator {
         }
         let id = state.malloc(size, stream)?;
         let b = state.blocks.get(id);
+        // Resolved once here, so reading the bytes costs no lookup.
+        let host = if self.shared.holds_bytes {
+            state
+                .device
+                .host_ptr(b.addr)
+                .map_or(0, |p| p.as_ptr() as usize)
+        } else {
+            0
+        };
         Ok(Allocation {
             shared: Some(Arc::clone(&self.shared)),
             block: id,
+            host,
             addr: b.addr,
             size: b.size,
             requested: size,
@@ -325,6 +336,8 @@ pub struct Allocation {
     shared: Option<Arc<Shared>>,
     block: BlockId,
     addr: u64,
+    /// Host address of the bytes (0: none).
+    host: usize,
     size: u64,
     requested: u64,
     stream: StreamId,
@@ -365,7 +378,7 @@ impl Allocation {
     /// Pointer to the bytes when the device holds real bytes and the block is not empty.
     pub fn as_ptr(&self) -> Option<NonNull<u8>> {
         match &self.shared {
-            Some(shared) if shared.holds_bytes => NonNull::new(self.addr as *mut u8),
+            Some(shared) if shared.holds_bytes => NonNull::new(self.host as *mut u8),
             _ => None,
         }
     }

@@ -2,12 +2,20 @@
 //! back (`munmap`) really lowers the process's resident set; expandable segments reserve
 //! address space with `PROT_NONE` and commit or return pages with `mprotect` / `madvise`.
 
-use super::{Budget, DeviceMemory};
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::Mutex;
 
-/// Host memory obtained with `mmap`, limited to a capacity.
+use super::{AddressSpace, Budget, DeviceMemory};
+
+/// Host memory obtained with `mmap`, limited to a capacity. The allocator sees device
+/// addresses numbered like the modelled device's; each range maps to its mapping here.
 #[derive(Debug)]
 pub struct HostMemory {
     budget: Budget,
+    addresses: AddressSpace,
+    /// Device base address → (host address, bytes) of every live range.
+    ranges: Mutex<BTreeMap<u64, (u64, u64)>>,
 }
 
 impl HostMemory {
@@ -15,7 +23,32 @@ impl HostMemory {
     pub fn new(capacity: u64) -> Self {
         Self {
             budget: Budget::new(capacity),
+            addresses: AddressSpace::new(),
+            ranges: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    fn ranges(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (u64, u64)>> {
+        self.ranges.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a new host mapping and returns its device address.
+    fn register(&self, host: u64, size: u64) -> u64 {
+        let addr = self.addresses.next_range(size);
+        self.ranges().insert(addr, (host, size));
+        addr
+    }
+
+    /// Forgets the range at device address `addr`, returning its host address.
+    fn unregister(&self, addr: u64) -> Option<u64> {
+        self.ranges().remove(&addr).map(|(host, _)| host)
+    }
+
+    /// The host address of device address `addr`.
+    fn translate(&self, addr: u64) -> Option<u64> {
+        let ranges = self.ranges();
+        let (&base, &(host, size)) = ranges.range(..=addr).next_back()?;
+        (addr < base + size).then_some(host + (addr - base))
     }
 
     /// The machine's physical memory in bytes, the default capacity of the `cpu` platform.
@@ -74,23 +107,35 @@ impl DeviceMemory for HostMemory {
         if !self.budget.take(size) {
             return None;
         }
-        let addr = mmap_anonymous(size, libc::PROT_READ | libc::PROT_WRITE);
-        if addr.is_none() {
-            self.budget.give(size);
+        match mmap_anonymous(size, libc::PROT_READ | libc::PROT_WRITE) {
+            Some(host) => Some(self.register(host, size)),
+            None => {
+                self.budget.give(size);
+                None
+            }
         }
-        addr
     }
     fn free_segment(&self, addr: u64, size: u64) {
-        munmap(addr, size);
+        if let Some(host) = self.unregister(addr) {
+            munmap(host, size);
+        }
         self.budget.give(size);
     }
     fn reserve(&self, size: u64) -> Option<u64> {
-        mmap_anonymous(size, libc::PROT_NONE)
+        mmap_anonymous(size, libc::PROT_NONE).map(|host| self.register(host, size))
     }
     fn release_reservation(&self, addr: u64, size: u64) {
-        munmap(addr, size);
+        if let Some(host) = self.unregister(addr) {
+            munmap(host, size);
+        }
+    }
+    fn host_ptr(&self, addr: u64) -> Option<NonNull<u8>> {
+        NonNull::new(self.translate(addr)? as *mut u8)
     }
     fn map(&self, addr: u64, size: u64) -> bool {
+        let Some(addr) = self.translate(addr) else {
+            return false;
+        };
         if !self.budget.take(size) {
             return false;
         }
@@ -109,6 +154,9 @@ impl DeviceMemory for HostMemory {
         rc == 0
     }
     fn unmap(&self, addr: u64, size: u64) {
+        let Some(addr) = self.translate(addr) else {
+            return;
+        };
         // SAFETY: the range lies inside a reservation and holds no live block; dropping its
         // pages (MADV_DONTNEED) returns them to the OS and the next touch sees zeros.
         unsafe {

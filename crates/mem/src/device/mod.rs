@@ -39,6 +39,40 @@ pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
     fn unmap(&self, addr: u64, size: u64);
     /// Waits for outstanding work on the device (a no-op on the host).
     fn synchronize(&self) {}
+    /// Where the byte at device address `addr` lives in this process, for devices that
+    /// hold bytes the process can touch.
+    fn host_ptr(&self, _addr: u64) -> Option<std::ptr::NonNull<u8>> {
+        None
+    }
+}
+
+/// Where device addresses start; high enough to look like a device address and to keep
+/// address 0 meaning "none".
+pub(crate) const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
+/// Alignment of device address ranges, like CUDA's 2 MiB granularity.
+pub(crate) const ALIGNMENT: u64 = 2 << 20;
+
+/// Device addresses from a bump counter: every platform numbers its segments the same
+/// way, so the allocator's address-ordered choices (best fit breaks ties by address)
+/// are the same on the host as on the modelled device, and a plan predicts the host's
+/// run exactly.
+#[derive(Debug)]
+pub(crate) struct AddressSpace {
+    next: AtomicU64,
+}
+
+impl AddressSpace {
+    pub(crate) fn new() -> Self {
+        Self {
+            next: AtomicU64::new(BASE_ADDRESS),
+        }
+    }
+
+    /// A fresh range of `size` bytes (rounded up to the alignment).
+    pub(crate) fn next_range(&self, size: u64) -> u64 {
+        let span = size.div_ceil(ALIGNMENT).max(1) * ALIGNMENT;
+        self.next.fetch_add(span, Ordering::Relaxed)
+    }
 }
 
 /// Capacity accounting shared by device implementations: a lock-free counter that

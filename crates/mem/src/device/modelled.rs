@@ -1,22 +1,14 @@
 //! A modelled device: capacity accounting and addresses, no bytes. Planning a 14B model
 //! on a laptop needs the allocator's decisions, not the memory.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use super::{Budget, DeviceMemory};
-
-/// Where modelled addresses start; high enough to look like a device address and to keep
-/// address 0 meaning "none".
-const BASE_ADDRESS: u64 = 0x7f00_0000_0000;
-/// Alignment of modelled segments and reservations, like CUDA's 2 MiB granularity.
-const ALIGNMENT: u64 = 2 << 20;
+use super::{AddressSpace, Budget, DeviceMemory};
 
 /// Device memory that only counts: addresses come from a bump counter (so a replay is
 /// deterministic) and no byte is ever touched.
 #[derive(Debug)]
 pub struct ModelledMemory {
     budget: Budget,
-    next_address: AtomicU64,
+    addresses: AddressSpace,
 }
 
 impl ModelledMemory {
@@ -24,13 +16,12 @@ impl ModelledMemory {
     pub fn new(capacity: u64) -> Self {
         Self {
             budget: Budget::new(capacity),
-            next_address: AtomicU64::new(BASE_ADDRESS),
+            addresses: AddressSpace::new(),
         }
     }
 
     fn next_range(&self, size: u64) -> u64 {
-        let span = size.div_ceil(ALIGNMENT).max(1) * ALIGNMENT;
-        self.next_address.fetch_add(span, Ordering::Relaxed)
+        self.addresses.next_range(size)
     }
 }
 

@@ -1,0 +1,293 @@
+//! `headroom plan`: predicts per-rank device memory of a deployment (model, resolution,
+//! TP × SP layout, capacity, allocator, reclaim policy) by running a whole session as
+//! meta execution: every rank's engine on a `sim` platform makes the allocator's real
+//! decisions for every chunk's denoise, commit and decode without computing anything.
+//! Run on `cpu` platforms instead, the same code measures what it predicted.
+
+use std::sync::Arc;
+
+use headroom_engine::{EngineConfig, Mesh, SessionRequest};
+use headroom_mem::{
+    AllocatorConfig, CachingPlatform, MemoryStats, Platform, ReclaimPolicy, TraceAction, TraceEvent,
+};
+use headroom_model::StreamingDecoder;
+use headroom_tensor::DType;
+use serde::Serialize;
+
+use crate::{BenchError, Result};
+
+/// Where the plan runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanPlatform {
+    /// Meta execution on a modelled device (the prediction).
+    Sim,
+    /// Real execution in host memory limited to the capacity (the measurement).
+    Cpu,
+}
+
+/// What to plan.
+#[derive(Debug, Clone)]
+pub struct PlanConfig {
+    /// Built-in model name or a diffusers pipeline folder.
+    pub model: String,
+    /// Video height.
+    pub height: usize,
+    /// Video width.
+    pub width: usize,
+    /// Frames of the session (12·K − 3).
+    pub frames: usize,
+    /// Parallel layout.
+    pub mesh: Mesh,
+    /// Device capacity per rank.
+    pub capacity: u64,
+    /// Allocator of every rank.
+    pub allocator: AllocatorConfig,
+    /// Policies planned, one full run each.
+    pub policies: Vec<ReclaimPolicy>,
+    /// KV pool as a fraction of the memory free after the weights (`None`: one
+    /// session's window exactly).
+    pub kv_fraction: Option<f64>,
+    /// Chunks to run (`None`: the whole session).
+    pub chunks: Option<usize>,
+    /// Weight dtype.
+    pub weight_dtype: DType,
+    /// Allocator events kept per rank for plots and snapshots (0: none).
+    pub history: usize,
+    /// Sim (predict) or cpu (measure).
+    pub platform: PlanPlatform,
+}
+
+/// One rank's memory under one policy.
+#[derive(Debug, Clone, Serialize)]
+pub struct RankPlan {
+    /// World rank (`sp_rank · tp + tp_rank`).
+    pub rank: usize,
+    /// Reclaim policy.
+    pub policy: String,
+    /// Bytes allocated by the loaded weights (transformer share + VAE).
+    pub weights_bytes: u64,
+    /// Bytes of the KV page pool.
+    pub kv_bytes: u64,
+    /// Bytes the streaming decoder's caches declare for the resolution.
+    pub decoder_state_bytes: u64,
+    /// Bytes of the session's text keys/values and image condition.
+    pub conditioning_bytes: u64,
+    /// The allocator's allocated peak over load, session and close.
+    pub peak_allocated_bytes: u64,
+    /// The allocator's reserved peak (what the device must hold).
+    pub peak_reserved_bytes: u64,
+    /// Reserved bytes once the session has closed.
+    pub post_session_reserved_bytes: u64,
+    /// Capacity minus the reserved peak (negative: does not fit).
+    pub headroom_bytes: i64,
+    /// Where the reserved peak happened: `load`, `open`, `denoise N` or `decode N`.
+    pub peak_phase: String,
+    /// The allocator's last events (for plots and snapshots).
+    #[serde(skip)]
+    pub trace: Vec<TraceEvent>,
+    /// (allocated, reserved) bytes at the end, where the trace ends.
+    #[serde(skip)]
+    pub final_bytes: (u64, u64),
+    /// A PyTorch-format snapshot pickle of the allocator after the session (memory_viz),
+    /// when history was kept.
+    #[serde(skip)]
+    pub snapshot_pickle: Option<Vec<u8>>,
+}
+
+/// The peaks of one stretch of the run, and where the highest reserved one happened.
+#[derive(Debug, Default)]
+struct PeakTracker {
+    allocated: u64,
+    reserved: u64,
+    phase: String,
+}
+
+impl PeakTracker {
+    /// Folds in the peaks since the last reset, naming the stretch `phase`, and resets.
+    fn stretch(&mut self, platform: &dyn Platform, stats: &MemoryStats, phase: &str) {
+        let peak = |s: &headroom_mem::StatArray| s.all().peak.max(0) as u64;
+        self.allocated = self.allocated.max(peak(&stats.allocated_bytes));
+        if peak(&stats.reserved_bytes) > self.reserved || self.phase.is_empty() {
+            self.reserved = peak(&stats.reserved_bytes);
+            self.phase = phase.to_string();
+        }
+        platform.reset_peak_stats();
+    }
+}
+
+fn engine_err(e: headroom_engine::EngineError) -> BenchError {
+    BenchError::InvalidConfig {
+        field: "plan",
+        rule: e.to_string(),
+    }
+}
+
+/// Runs the plan: every policy on every rank. Rows come policy by policy, rank by rank.
+pub fn run_plan(config: &PlanConfig) -> Result<Vec<RankPlan>> {
+    if config.policies.is_empty() {
+        return Err(BenchError::InvalidConfig {
+            field: "policies",
+            rule: "need at least one policy".to_string(),
+        });
+    }
+    let mut rows = Vec::new();
+    for policy in &config.policies {
+        rows.extend(plan_policy(config, *policy)?);
+    }
+    Ok(rows)
+}
+
+fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPlan>> {
+    let engine_config = EngineConfig {
+        model: config.model.clone(),
+        allocator: config.allocator.clone(),
+        reclaim: policy,
+        kv_fraction: config.kv_fraction,
+        weight_dtype: config.weight_dtype,
+        capacity: Some(config.capacity),
+        ..EngineConfig::default()
+    };
+    let platform = |_rank: usize| -> headroom_engine::Result<Arc<dyn Platform>> {
+        let p = match config.platform {
+            PlanPlatform::Sim => {
+                CachingPlatform::sim(config.capacity, config.allocator.clone(), policy)?
+            }
+            PlanPlatform::Cpu => {
+                CachingPlatform::cpu(Some(config.capacity), config.allocator.clone(), policy)?
+            }
+        };
+        // History from the first byte, so the timeline starts at zero.
+        p.allocator().set_history(config.history);
+        Ok(Arc::new(p))
+    };
+    let label = policy.to_string();
+    config
+        .mesh
+        .run(&engine_config, platform, |rank, engine| {
+            let platform = engine.platform().as_ref();
+            let mut peaks = PeakTracker::default();
+            peaks.stretch(platform, &platform.memory_stats(), "load");
+            let weights_bytes = platform.memory_stats().allocated_bytes.all().current as u64;
+            let request = SessionRequest::new(config.width, config.height, config.frames);
+            let mut session = engine.open_session(request)?;
+            peaks.stretch(platform, &platform.memory_stats(), "open");
+            let kv_bytes = engine
+                .kv_pool()
+                .map_or(0, |p| p.total_pages() as u64 * p.layout().bytes());
+            let decoder_state_bytes = StreamingDecoder::new(engine.vae(), None)
+                .declared_state_bytes(config.height, config.width, DType::F32);
+            let conditioning_bytes = session.conditioning_bytes();
+            let chunks = config
+                .chunks
+                .unwrap_or(usize::MAX)
+                .min(session.chunks_total());
+            for k in 0..chunks {
+                let chunk = session.next_chunk()?;
+                peaks.stretch(platform, &chunk.stats_denoise_end, &format!("denoise {k}"));
+                peaks.stretch(platform, &chunk.stats_decoded, &format!("decode {k}"));
+            }
+            drop(session);
+            peaks.stretch(platform, &platform.memory_stats(), "close");
+            let end = platform.memory_stats();
+            let post = end.reserved_bytes.all().current.max(0) as u64;
+            let final_bytes = (end.allocated_bytes.all().current.max(0) as u64, post);
+            let allocator = platform.allocator();
+            Ok(RankPlan {
+                rank,
+                policy: label.clone(),
+                weights_bytes,
+                kv_bytes,
+                decoder_state_bytes,
+                conditioning_bytes,
+                peak_allocated_bytes: peaks.allocated,
+                peak_reserved_bytes: peaks.reserved,
+                post_session_reserved_bytes: post,
+                headroom_bytes: config.capacity as i64 - peaks.reserved as i64,
+                peak_phase: peaks.phase,
+                trace: allocator.trace(),
+                final_bytes,
+                snapshot_pickle: (config.history > 0).then(|| allocator.snapshot().to_pickle()),
+            })
+        })
+        .map_err(engine_err)
+}
+
+/// The allocated and reserved bytes after each event of `trace`, which ends with the
+/// allocator holding `final_allocated` / `final_reserved` (so a trace whose start was
+/// evicted from the ring still lands on the right values), and the phase marks:
+/// `(event index, allocated, reserved)` points and `(event index, phase name)` marks.
+pub fn timeline(
+    trace: &[TraceEvent],
+    final_allocated: u64,
+    final_reserved: u64,
+) -> (Vec<(f64, u64, u64)>, Vec<(f64, String)>) {
+    let delta = |e: &TraceEvent| -> (i64, i64) {
+        let s = e.size as i64;
+        match e.action {
+            TraceAction::Alloc => (s, 0),
+            TraceAction::Free => (-s, 0),
+            TraceAction::SegmentAlloc | TraceAction::SegmentMap => (0, s),
+            TraceAction::SegmentFree | TraceAction::SegmentUnmap => (0, -s),
+            _ => (0, 0),
+        }
+    };
+    let (da, dr) = trace
+        .iter()
+        .map(delta)
+        .fold((0i64, 0i64), |acc, d| (acc.0 + d.0, acc.1 + d.1));
+    let mut allocated = final_allocated as i64 - da;
+    let mut reserved = final_reserved as i64 - dr;
+    let mut points = Vec::with_capacity(trace.len());
+    let mut marks = Vec::new();
+    for (i, e) in trace.iter().enumerate() {
+        let (a, r) = delta(e);
+        allocated += a;
+        reserved += r;
+        points.push((i as f64, allocated.max(0) as u64, reserved.max(0) as u64));
+        if e.action == TraceAction::Phase {
+            marks.push((i as f64, e.name.clone().unwrap_or_default()));
+        }
+    }
+    (points, marks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(action: TraceAction, size: u64) -> TraceEvent {
+        TraceEvent {
+            seq: 0,
+            action,
+            addr: 0,
+            size,
+            stream: 0,
+            name: (action == TraceAction::Phase).then(|| "decode_start".to_string()),
+            device_free: None,
+        }
+    }
+
+    #[test]
+    fn the_timeline_replays_events_onto_the_final_values() {
+        // The ring lost the first 100 allocated / 200 reserved bytes.
+        let trace = vec![
+            event(TraceAction::SegmentAlloc, 50),
+            event(TraceAction::Alloc, 30),
+            event(TraceAction::Phase, 0),
+            event(TraceAction::Free, 30),
+            event(TraceAction::SegmentFree, 50),
+        ];
+        let (points, marks) = timeline(&trace, 100, 200);
+        assert_eq!(
+            points,
+            vec![
+                (0.0, 100, 250),
+                (1.0, 130, 250),
+                (2.0, 130, 250),
+                (3.0, 100, 250),
+                (4.0, 100, 200)
+            ]
+        );
+        assert_eq!(marks, vec![(2.0, "decode_start".to_string())]);
+    }
+}
