@@ -16,10 +16,19 @@ use crate::{BenchError, Result};
 pub struct Panel {
     /// Title of the panel (the policy).
     pub label: String,
-    /// (seconds, allocated bytes, reserved bytes), in time order.
+    /// (x, allocated bytes, reserved bytes), in order.
     pub points: Vec<(f64, u64, u64)>,
-    /// (seconds, phase name) of every boundary crossed.
+    /// (x, phase name) of every boundary crossed.
     pub marks: Vec<(f64, String)>,
+}
+
+/// What the x axis counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XAxis {
+    /// Seconds of wall time.
+    Seconds,
+    /// Allocator events (meta execution has no wall time).
+    Events,
 }
 
 const WIDTH: u32 = 1200;
@@ -96,8 +105,8 @@ fn tick_step(max: f64, target: f64) -> f64 {
         .unwrap_or(10.0 * magnitude)
 }
 
-/// Writes the panels to a PNG at `path`.
-pub fn write_memory_png(path: &Path, panels: &[Panel]) -> Result<()> {
+/// Writes the panels to a PNG at `path`, with `note` under the legend.
+pub fn write_memory_png(path: &Path, panels: &[Panel], axis: XAxis, note: &str) -> Result<()> {
     let height = HEADER + PANEL_HEIGHT * panels.len().max(1) as u32;
     let root = BitMapBackend::new(path, (WIDTH, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
@@ -112,17 +121,11 @@ pub fn write_memory_png(path: &Path, panels: &[Panel]) -> Result<()> {
         text(&root, label, (x, 8), color, 2);
         x += text_width(label, 2) + 24;
     }
-    text(
-        &root,
-        "first recorded repetition of each policy; time from the engine's start",
-        (10, 28),
-        OTHER,
-        1,
-    );
+    text(&root, note, (10, 28), OTHER, 1);
     let body = root.margin(HEADER, 0, 0, 0);
     let areas = body.split_evenly((panels.len().max(1), 1));
     for (area, panel) in areas.iter().zip(panels) {
-        draw_panel(&root, area, panel).map_err(|e| plot_err(path, e))?;
+        draw_panel(&root, area, panel, axis).map_err(|e| plot_err(path, e))?;
     }
     root.present().map_err(|e| plot_err(path, e))?;
     Ok(())
@@ -132,6 +135,7 @@ fn draw_panel(
     root: &DrawingArea<BitMapBackend<'_>, Shift>,
     area: &DrawingArea<BitMapBackend<'_>, Shift>,
     panel: &Panel,
+    axis: XAxis,
 ) -> std::result::Result<(), DrawingAreaErrorKind<BitMapBackendError>> {
     const MIB: f64 = (1u64 << 20) as f64;
     let x_max = panel
@@ -177,10 +181,11 @@ fn draw_panel(
     let mut x = 0.0;
     while x <= x_max {
         let (xp, _) = to_px(x, 0.0);
-        let label = if x_step < 1.0 {
-            format!("{x:.1}s")
-        } else {
-            format!("{x:.0}s")
+        let label = match axis {
+            XAxis::Seconds if x_step < 1.0 => format!("{x:.1}s"),
+            XAxis::Seconds => format!("{x:.0}s"),
+            XAxis::Events if x_step >= 1000.0 => format!("{:.0}k", x / 1000.0),
+            XAxis::Events => format!("{x:.0}"),
         };
         text(
             root,
@@ -232,7 +237,13 @@ mod tests {
                 .collect(),
             marks: vec![(2.0, "decode_start".into()), (9.0, "session_end".into())],
         };
-        write_memory_png(&path, &[panel("never"), panel("fit")]).unwrap();
+        write_memory_png(
+            &path,
+            &[panel("never"), panel("fit")],
+            XAxis::Seconds,
+            "test",
+        )
+        .unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(&bytes[1..4], b"PNG");
         // IHDR: width and height, big-endian, right after the chunk header.

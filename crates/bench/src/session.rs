@@ -458,7 +458,12 @@ pub fn run_session_bench(config: &SessionBenchConfig) -> Result<SessionBenchSumm
         .zip(&runs)
         .map(|(label, r)| r[0].recording.panel(label))
         .collect();
-    crate::plot::write_memory_png(&config.out.join("memory.png"), &panels)?;
+    crate::plot::write_memory_png(
+        &config.out.join("memory.png"),
+        &panels,
+        crate::plot::XAxis::Seconds,
+        "first recorded repetition of each policy; time from the engine's start",
+    )?;
     write(
         "summary.json",
         serde_json::to_string_pretty(&summary).unwrap_or_default(),

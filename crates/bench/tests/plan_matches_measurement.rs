@@ -60,21 +60,32 @@ fn planned_peaks_equal_measured_peaks() {
 
 #[test]
 fn sharding_divides_the_transformer_weights_and_the_kv_cache() {
-    let whole = run_plan(&config(
-        "small",
-        Mesh::SINGLE,
-        AllocatorPolicy::Pytorch,
-        PlanPlatform::Sim,
-    ))
-    .unwrap();
-    let tp2 = run_plan(&config(
-        "small",
-        Mesh { tp: 2, sp: 2 },
-        AllocatorPolicy::Pytorch,
-        PlanPlatform::Sim,
-    ))
-    .unwrap();
-    assert_eq!(tp2[0].kv_bytes * 4, whole[0].kv_bytes);
-    assert!(tp2[0].weights_bytes < whole[0].weights_bytes);
-    assert!(tp2.iter().all(|r| r.weights_bytes == tp2[0].weights_bytes));
+    let plan = |tp: usize, sp: usize| {
+        run_plan(&config(
+            "small",
+            Mesh { tp, sp },
+            AllocatorPolicy::Pytorch,
+            PlanPlatform::Sim,
+        ))
+        .unwrap()
+    };
+    let (w1, w2, w4) = (plan(1, 1), plan(2, 1), plan(4, 1));
+    let weights = |rows: &[headroom_bench::plan::RankPlan]| rows[0].weights_bytes as f64;
+    // weights(tp) = replicated + sharded / tp: each doubling of tp halves the saving.
+    let (first, second) = (weights(&w1) - weights(&w2), weights(&w2) - weights(&w4));
+    assert!(
+        first > 0.0 && (first / second - 2.0).abs() < 0.01,
+        "{first} vs {second}"
+    );
+    assert!(w2.iter().all(|r| r.weights_bytes == w2[0].weights_bytes));
+    let tp2_sp2 = plan(2, 2);
+    assert_eq!(
+        tp2_sp2[0].kv_bytes * 4,
+        w1[0].kv_bytes,
+        "KV sharded by heads over tp·sp"
+    );
+    assert_eq!(
+        tp2_sp2[0].weights_bytes, w2[0].weights_bytes,
+        "SP replicates weights"
+    );
 }

@@ -4,6 +4,7 @@ mod bench_cmd;
 mod dit_cmd;
 mod generate_cmd;
 mod mem_cmd;
+mod plan_cmd;
 mod session_args;
 mod vae_cmd;
 
@@ -35,6 +36,9 @@ enum Command {
     Vae(vae_cmd::VaeArgs),
     /// The Wan transformer: one full-sequence forward (.npy in, .npy out).
     Dit(dit_cmd::DitArgs),
+    /// Predict per-card memory of a deployment (model, resolution, TP × SP, capacity,
+    /// policies) by meta execution of a whole session.
+    Plan(plan_cmd::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +56,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench_cmd::run(args),
         Command::Vae(args) => vae_cmd::run(args),
         Command::Dit(args) => dit_cmd::run(args),
+        Command::Plan(args) => plan_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -157,7 +157,8 @@ impl WeightStore {
             return Ok(whole);
         }
         let len = shape[axis] / parts;
-        Ok(whole.narrow(axis, index * len, len)?.contiguous()?)
+        // A copy of its own, so the whole tensor's storage is not kept alive by a view.
+        Ok(whole.narrow(axis, index * len, len)?.copy_as(dtype)?)
     }
 
     /// The tensor `key` with exactly `shape`, in `dtype` (norm scales and biases that
