@@ -1,0 +1,98 @@
+//! `headroom plan` through the real binary: the JSON schema, the plot and snapshots, and
+//! clear errors for layouts the model cannot take.
+
+use std::process::Command;
+
+fn headroom(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args(args)
+        .output()
+        .expect("the headroom binary runs")
+}
+
+const TINY: [&str; 12] = [
+    "plan",
+    "--model",
+    "tiny",
+    "--height",
+    "32",
+    "--width",
+    "64",
+    "--frames",
+    "21",
+    "--capacity",
+    "1GiB",
+    "--dtype=f32",
+];
+
+#[test]
+fn plan_prints_one_row_per_rank_and_policy_with_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plot, trace) = (dir.path().join("plan.png"), dir.path().join("traces"));
+    let mut args = TINY.to_vec();
+    args.extend_from_slice(&[
+        "--tp",
+        "2",
+        "--sp",
+        "2",
+        "--policies",
+        "never,fit",
+        "--json",
+        "--plot",
+        plot.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    let res = headroom(&args);
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    let ranks = json["ranks"].as_array().unwrap();
+    assert_eq!(ranks.len(), 8, "4 ranks × 2 policies");
+    for r in ranks {
+        for key in [
+            "rank",
+            "policy",
+            "weights_bytes",
+            "kv_bytes",
+            "decoder_state_bytes",
+            "conditioning_bytes",
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "post_session_reserved_bytes",
+            "headroom_bytes",
+            "peak_phase",
+        ] {
+            assert!(r.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(
+            r["headroom_bytes"].as_i64().unwrap(),
+            (1i64 << 30) - r["peak_reserved_bytes"].as_i64().unwrap()
+        );
+    }
+    assert_eq!(&std::fs::read(&plot).unwrap()[1..4], b"PNG");
+    let pickles = std::fs::read_dir(&trace).unwrap().count();
+    assert_eq!(pickles, 8);
+}
+
+#[test]
+fn plan_prints_a_table_and_refuses_layouts_the_model_cannot_take() {
+    let res = headroom(&TINY);
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let out = String::from_utf8_lossy(&res.stdout);
+    assert!(out.contains("| rank | policy | weights GB"), "{out}");
+    assert!(out.contains("- before-decode: per-card peak"), "{out}");
+    let mut args = TINY.to_vec();
+    args.extend_from_slice(&["--tp", "3"]);
+    let res = headroom(&args);
+    assert_eq!(res.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert!(err.contains("heads must divide by tp·sp"), "{err}");
+}
