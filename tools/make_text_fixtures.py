@@ -21,6 +21,8 @@ pipeline's ``_get_t5_prompt_embeds`` computes for a set of prompts:
                        writes;
   text_encoder_bf16/   the same weights rounded to bf16, written as two shards with a
                        ``model.safetensors.index.json`` (the sharded + bf16 load path);
+  buckets.json         transformers' relative-position buckets for offsets −511…511
+                       (32 buckets, max distance 128 and 20);
   prompts.json         the prompts, the max_length each was encoded with, the cleaned
                        prompt, the token ids, the attention mask and the number of
                        real tokens n;
@@ -283,6 +285,25 @@ def main():
     (bf16_dir / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
     )
+
+    # Relative-position buckets as transformers computes them over a 512 x 512 matrix
+    # (f32 logs truncated to integers: the edges are where a port can differ).
+    attn = model.encoder.block[0].layer[0].SelfAttention
+    buckets = {}
+    for num_buckets, max_distance in [(32, 128), (32, 20)]:
+        attn.relative_attention_num_buckets = num_buckets
+        attn.relative_attention_max_distance = max_distance
+        pos = torch.arange(512)
+        table = attn._relative_position_bucket(pos[None, :] - pos[:, None])
+        by_offset = {}
+        for q in range(512):
+            for rel, b in zip(range(-q, 512 - q), table[q].tolist()):
+                if by_offset.setdefault(rel, b) != b:
+                    raise SystemExit(f"bucket of {rel} depends on the query position")
+        buckets[f"{num_buckets}_{max_distance}"] = [by_offset[r] for r in range(-511, 512)]
+    attn.relative_attention_num_buckets = MODEL_CONFIG["relative_attention_num_buckets"]
+    attn.relative_attention_max_distance = MODEL_CONFIG["relative_attention_max_distance"]
+    (OUT_DIR / "buckets.json").write_text(json.dumps(dict(offset_from=-511, **buckets)))
 
     records = []
     for i, (name, prompt, max_length) in enumerate(PROMPTS):
