@@ -7,6 +7,7 @@ pub mod engine;
 pub mod error;
 pub mod preset;
 pub mod session;
+mod text;
 
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};

@@ -173,12 +173,7 @@ fn unescape_one(after: &str, out: &mut String) -> Option<usize> {
         .take(32)
         .find(|&(_, c)| matches!(c, '\t' | '\n' | '\x0c' | ' ' | '<' | '&' | '#' | ';'))
         .map(|(i, _)| i)
-        .unwrap_or_else(|| {
-            after
-                .char_indices()
-                .nth(32)
-                .map_or(after.len(), |(i, _)| i)
-        });
+        .unwrap_or_else(|| after.char_indices().nth(32).map_or(after.len(), |(i, _)| i));
     if name_end == 0 {
         return None;
     }

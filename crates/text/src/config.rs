@@ -116,10 +116,9 @@ impl Umt5Config {
         let usize_or = |key: &str, default: usize| -> Result<usize> {
             match json.get(key) {
                 None | Some(Value::Null) => Ok(default),
-                Some(v) => v
-                    .as_u64()
-                    .map(|v| v as usize)
-                    .ok_or_else(|| TextError::config(key, format!("must be a whole number, got {v}"))),
+                Some(v) => v.as_u64().map(|v| v as usize).ok_or_else(|| {
+                    TextError::config(key, format!("must be a whole number, got {v}"))
+                }),
             }
         };
         // transformers parses `feed_forward_proj` as "[gated-]ACT"; `dense_act_fn` is the
@@ -139,7 +138,11 @@ impl Umt5Config {
             }
         };
         // `gated-gelu` means the tanh GELU (`gelu_new`) for backwards compatibility.
-        let act = if proj == "gated-gelu" { "gelu_new" } else { act };
+        let act = if proj == "gated-gelu" {
+            "gelu_new"
+        } else {
+            act
+        };
         let activation = Activation::from_name(act)?;
         let eps = match json.get("layer_norm_epsilon") {
             None | Some(Value::Null) => 1e-6,
@@ -181,7 +184,10 @@ impl Umt5Config {
         if self.relative_attention_num_buckets < 4 {
             return Err(TextError::config(
                 "relative_attention_num_buckets",
-                format!("must be at least 4, got {}", self.relative_attention_num_buckets),
+                format!(
+                    "must be at least 4, got {}",
+                    self.relative_attention_num_buckets
+                ),
             ));
         }
         let max_exact = self.relative_attention_num_buckets / 4;
@@ -207,8 +213,8 @@ mod tests {
 
     #[test]
     fn gated_gelu_means_the_tanh_gelu() {
-        let c = Umt5Config::from_json(&serde_json::json!({"feed_forward_proj": "gated-gelu"}))
-            .unwrap();
+        let c =
+            Umt5Config::from_json(&serde_json::json!({"feed_forward_proj": "gated-gelu"})).unwrap();
         assert!(c.is_gated_act);
         assert_eq!(c.activation, Activation::GeluTanh);
         let c = Umt5Config::from_json(&serde_json::json!({"feed_forward_proj": "relu"})).unwrap();

@@ -146,7 +146,10 @@ impl TextEncoder {
     ) -> Result<Self> {
         let encoder_dir = dir.join("text_encoder");
         let tokenizer_dir = dir.join("tokenizer");
-        for (folder, what) in [(&encoder_dir, "text_encoder"), (&tokenizer_dir, "tokenizer")] {
+        for (folder, what) in [
+            (&encoder_dir, "text_encoder"),
+            (&tokenizer_dir, "tokenizer"),
+        ] {
             if !folder.is_dir() {
                 return Err(TextError::io(
                     folder,
@@ -183,10 +186,21 @@ impl TextEncoder {
         mode: TextEncoderMode,
         cache_budget_bytes: u64,
     ) -> Result<Self> {
-        let tokenizer =
-            TextTokenizer::from_json(BUILTIN_TOKENIZER, Some(BUILTIN_TOKENIZER_CONFIG), MAX_LENGTH)?;
+        let tokenizer = TextTokenizer::from_json(
+            BUILTIN_TOKENIZER,
+            Some(BUILTIN_TOKENIZER_CONFIG),
+            MAX_LENGTH,
+        )?;
         let config = Umt5Config::tiny(tokenizer.vocab_size(), d_model);
-        Self::seeded(config, seed, tokenizer, device, dtype, mode, cache_budget_bytes)
+        Self::seeded(
+            config,
+            seed,
+            tokenizer,
+            device,
+            dtype,
+            mode,
+            cache_budget_bytes,
+        )
     }
 
     /// A text encoder with seeded random weights of `config` and `tokenizer`.
@@ -274,7 +288,10 @@ impl TextEncoder {
             WeightSource::Dir(dir) => {
                 let weights = Umt5Encoder::load(dir, &self.device, self.dtype)?;
                 if weights.config() != &self.config {
-                    return Err(TextError::io(dir, "config.json changed since the encoder was opened"));
+                    return Err(TextError::io(
+                        dir,
+                        "config.json changed since the encoder was opened",
+                    ));
                 }
                 Ok(weights)
             }

@@ -138,11 +138,13 @@ impl TextTokenizer {
     /// truncating and padding to `max_length`.
     pub fn from_dir(dir: &Path, max_length: usize) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let tokenizer =
-            std::fs::read_to_string(&path).map_err(|e| TextError::io(&path, e))?;
+        let tokenizer = std::fs::read_to_string(&path).map_err(|e| TextError::io(&path, e))?;
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.exists() {
-            Some(std::fs::read_to_string(&config_path).map_err(|e| TextError::io(&config_path, e))?)
+            Some(
+                std::fs::read_to_string(&config_path)
+                    .map_err(|e| TextError::io(&config_path, e))?,
+            )
         } else {
             None
         };

@@ -159,10 +159,19 @@ impl Umt5Encoder {
     pub fn weight_bytes(&self) -> u64 {
         let mut total = self.embed.storage_bytes() + self.final_norm.storage_bytes();
         for b in &self.blocks {
-            total += [&b.attn_norm, &b.q, &b.k, &b.v, &b.o, &b.ff_norm, &b.wi_0, &b.wo]
-                .iter()
-                .map(|t| t.storage_bytes())
-                .sum::<usize>();
+            total += [
+                &b.attn_norm,
+                &b.q,
+                &b.k,
+                &b.v,
+                &b.o,
+                &b.ff_norm,
+                &b.wi_0,
+                &b.wo,
+            ]
+            .iter()
+            .map(|t| t.storage_bytes())
+            .sum::<usize>();
             total += b.wi_1.as_ref().map_or(0, Tensor::storage_bytes);
         }
         total as u64
@@ -231,7 +240,11 @@ impl Umt5Encoder {
                 }
             }
         }
-        Ok(Tensor::from_slice(&values, &[heads, len, len], &self.device)?)
+        Ok(Tensor::from_slice(
+            &values,
+            &[heads, len, len],
+            &self.device,
+        )?)
     }
 
     /// RMS layer norm without mean subtraction or bias, in f32.
@@ -252,7 +265,9 @@ impl Umt5Encoder {
         let h = self.rms(x, &block.attn_norm)?;
         let split = |w: &Tensor| -> Result<Tensor> {
             // [L, inner] → [H, L, dk]
-            Ok(h.linear(w, None)?.reshape(&[len, heads, dk])?.permute(&[1, 0, 2])?)
+            Ok(h.linear(w, None)?
+                .reshape(&[len, heads, dk])?
+                .permute(&[1, 0, 2])?)
         };
         let (q, k, v) = (split(&block.q)?, split(&block.k)?, split(&block.v)?);
         drop(h);

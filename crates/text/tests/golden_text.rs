@@ -80,11 +80,14 @@ fn token_ids_equal_transformers_for_every_prompt() {
     let records = records();
     // Covers ASCII, accents, CJK, emoji (unknown pieces), HTML entities, an added special
     // token, the empty prompt and truncation.
-    assert!(records.iter().any(|r| r.n == r.max_length && r.cleaned.len() > 60));
+    assert!(records
+        .iter()
+        .any(|r| r.n == r.max_length && r.cleaned.len() > 60));
     assert!(records.iter().any(|r| r.cleaned.is_empty() && r.n == 1));
     for folder in ["tokenizer", "tokenizer_v4"] {
         for r in &records {
-            let tokenizer = TextTokenizer::from_dir(&fixtures().join(folder), r.max_length).unwrap();
+            let tokenizer =
+                TextTokenizer::from_dir(&fixtures().join(folder), r.max_length).unwrap();
             let tokens = tokenizer.tokenize(&r.cleaned).unwrap();
             assert_eq!(tokens.ids, r.ids, "{folder}: {}", r.name);
             assert_eq!(tokens.n, r.n, "{folder}: {}", r.name);
@@ -115,10 +118,16 @@ fn embeddings_equal_the_wan_pipeline_within_tolerance() {
     let device = Device::cpu().unwrap();
     let mut worst = 0f32;
     for r in records() {
-        let encoder = TextEncoder::load(&fixtures(), &device, DType::F32, TextEncoderMode::Resident, 0)
-            .unwrap()
-            .with_max_length(r.max_length)
-            .unwrap();
+        let encoder = TextEncoder::load(
+            &fixtures(),
+            &device,
+            DType::F32,
+            TextEncoderMode::Resident,
+            0,
+        )
+        .unwrap()
+        .with_max_length(r.max_length)
+        .unwrap();
         let got = encoder.encode(&r.prompt).unwrap();
         let want = npy(&format!("embeds_{}.npy", r.index), &device);
         assert_eq!(got.shape(), [r.max_length, 32]);
@@ -154,11 +163,15 @@ fn bf16_weights_load_from_shards_and_match_bf16_rounded_reference() {
     // Sharded bf16 files kept as bf16, and the f32 file rounded to bf16 on load.
     let sharded =
         Umt5Encoder::load(&fixtures().join("text_encoder_bf16"), &device, DType::BF16).unwrap();
-    let rounded = Umt5Encoder::load(&fixtures().join("text_encoder"), &device, DType::BF16).unwrap();
+    let rounded =
+        Umt5Encoder::load(&fixtures().join("text_encoder"), &device, DType::BF16).unwrap();
     let f32_bytes = Umt5Encoder::load(&fixtures().join("text_encoder"), &device, DType::F32)
         .unwrap()
         .weight_bytes();
-    assert!(sharded.weight_bytes() < f32_bytes * 6 / 10, "bf16 weights stay bf16");
+    assert!(
+        sharded.weight_bytes() < f32_bytes * 6 / 10,
+        "bf16 weights stay bf16"
+    );
     for r in records().iter().filter(|r| r.max_length == 16) {
         let tokens = tokenizer.tokenize(&r.cleaned).unwrap();
         let want = npy(&format!("embeds_bf16_{}.npy", r.index), &device);
@@ -175,8 +188,17 @@ fn bf16_weights_load_from_shards_and_match_bf16_rounded_reference() {
 fn missing_folders_are_named() {
     let device = Device::cpu().unwrap();
     let empty = tempfile::tempdir().unwrap();
-    let err = TextEncoder::load(empty.path(), &device, DType::F32, TextEncoderMode::Resident, 0)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("text_encoder") && err.contains("missing"), "{err}");
+    let err = TextEncoder::load(
+        empty.path(),
+        &device,
+        DType::F32,
+        TextEncoderMode::Resident,
+        0,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("text_encoder") && err.contains("missing"),
+        "{err}"
+    );
 }

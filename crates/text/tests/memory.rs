@@ -42,7 +42,10 @@ fn on_demand_text_phase_leaves_only_the_embedding_reserved() {
     let after = reserved(&platform);
     let report = encoder.report();
     assert_eq!(report.loads, 1);
-    assert_eq!(report.resident_weight_bytes, 0, "weights released after the prompt");
+    assert_eq!(
+        report.resident_weight_bytes, 0,
+        "weights released after the prompt"
+    );
     assert!(
         platform.memory_stats().reserved_bytes.all().peak - before >= report.weight_bytes as i64,
         "the weights were on the device during the phase"
@@ -102,7 +105,10 @@ fn cache_evicts_the_least_recently_used_prompt_by_bytes() {
     encode("a dog");
     // Cleaned prompts share an entry: surplus whitespace is no new prompt.
     let again = encode("  a   cat ");
-    assert!(again.shares_storage(&a), "a hit hands out the cached embedding");
+    assert!(
+        again.shares_storage(&a),
+        "a hit hands out the cached embedding"
+    );
     encode("a bird"); // evicts "a dog", the least recently used
     encode("a dog"); // miss; evicts "a cat"
     encode("a bird"); // hit
