@@ -5,6 +5,7 @@ mod dit_cmd;
 mod generate_cmd;
 mod mem_cmd;
 mod session_args;
+mod text_cmd;
 mod vae_cmd;
 
 use std::process::ExitCode;
@@ -35,6 +36,8 @@ enum Command {
     Vae(vae_cmd::VaeArgs),
     /// The Wan transformer: one full-sequence forward (.npy in, .npy out).
     Dit(dit_cmd::DitArgs),
+    /// The UMT5 text encoder: a prompt to Wan text embeddings (.npy out).
+    Text(text_cmd::TextArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench_cmd::run(args),
         Command::Vae(args) => vae_cmd::run(args),
         Command::Dit(args) => dit_cmd::run(args),
+        Command::Text(args) => text_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -200,7 +200,7 @@ impl Umt5Config {
                 ),
             ));
         }
-        if !(self.layer_norm_epsilon > 0.0) {
+        if self.layer_norm_epsilon.is_nan() || self.layer_norm_epsilon <= 0.0 {
             return Err(TextError::config("layer_norm_epsilon", "must be positive"));
         }
         Ok(())
