@@ -135,3 +135,42 @@ fn embeddings_larger_than_the_budget_are_not_cached() {
     assert!(off.get("small").is_none());
     assert_eq!((off.stats().hits, off.stats().misses), (0, 1));
 }
+
+#[test]
+fn umt5_xxl_holds_about_11_gb_of_bf16_weights_on_a_modelled_device() {
+    use headroom_text::{TextTokenizer, Umt5Config};
+    let (platform, device) = {
+        let platform: Arc<dyn Platform> = Arc::new(
+            CachingPlatform::sim(64 << 30, AllocatorConfig::default(), ReclaimPolicy::Always)
+                .unwrap(),
+        );
+        let device = Device::new(Arc::clone(&platform));
+        (platform, device)
+    };
+    let tokenizer = TextTokenizer::from_dir(&fixtures().join("tokenizer"), 512).unwrap();
+    let encoder = TextEncoder::seeded(
+        Umt5Config::umt5_xxl(),
+        0,
+        tokenizer,
+        &device,
+        DType::BF16,
+        TextEncoderMode::OnDemand,
+        0,
+    )
+    .unwrap();
+    let embeds = encoder.encode("a cat").unwrap();
+    assert_eq!(embeds.shape(), [512, 4096]);
+    let report = encoder.report();
+    // 5.68 B parameters in bf16.
+    assert!(
+        (11_000_000_000..11_800_000_000).contains(&report.weight_bytes),
+        "{}",
+        report.weight_bytes
+    );
+    assert_eq!(report.resident_weight_bytes, 0);
+    let stats = platform.memory_stats();
+    assert!(stats.reserved_bytes.all().peak as u64 >= report.weight_bytes);
+    drop(embeds);
+    platform.phase(Phase::SessionEnd);
+    assert_eq!(platform.memory_stats().reserved_bytes.all().current, 0);
+}
