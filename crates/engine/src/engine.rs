@@ -9,10 +9,12 @@ use headroom_model::dit::Sharding;
 use headroom_model::kv::{KvPool, PageLayout, SessionKv};
 use headroom_model::{StreamingDecoder, WanTransformer, WanVae};
 use headroom_tensor::{DType, Device, Tensor};
+use headroom_text::{TextEncoderMode, TextEncoderReport};
 
 use crate::error::{EngineError, Result};
 use crate::preset::ModelPreset;
 use crate::session::{Session, SessionRequest, BLOCK_FRAMES};
+use crate::text::Prompts;
 
 /// How an engine is set up.
 #[derive(Debug, Clone)]
@@ -43,6 +45,10 @@ pub struct EngineConfig {
     /// Capacity of the `cpu` platform in bytes (physical memory when `None`): emulates a
     /// memory-tight device, and is what `bounded` reclaim fractions refer to.
     pub capacity: Option<u64>,
+    /// Whether the text encoder's weights stay loaded or are loaded per new prompt.
+    pub text_encoder: TextEncoderMode,
+    /// Byte budget of the prompt-embedding cache (0 turns it off).
+    pub text_cache_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -59,6 +65,8 @@ impl Default for EngineConfig {
             window_frames: 18,
             weight_dtype: DType::F32,
             capacity: None,
+            text_encoder: TextEncoderMode::Resident,
+            text_cache_bytes: 64 << 20,
         }
     }
 }
@@ -72,6 +80,7 @@ pub struct Engine {
     vae: Arc<WanVae>,
     pool: Mutex<Option<Arc<KvPool>>>,
     next_id: AtomicU64,
+    prompts: Arc<Prompts>,
 }
 
 impl Engine {
@@ -133,7 +142,17 @@ impl Engine {
                 ),
             ));
         }
+        let prompts = Prompts::new(
+            &config.model,
+            c.text_dim,
+            config.weight_seed.wrapping_add(2),
+            &device,
+            dtype,
+            config.text_encoder,
+            config.text_cache_bytes,
+        )?;
         Ok(Self {
+            prompts: Arc::new(prompts),
             config,
             device,
             dit: Arc::new(dit),
@@ -156,6 +175,12 @@ impl Engine {
     /// The VAE.
     pub fn vae(&self) -> &WanVae {
         &self.vae
+    }
+
+    /// The text encoder's memory and cache report, once a prompt (or a model folder's
+    /// `text_encoder/`) created it.
+    pub fn text_report(&self) -> Option<TextEncoderReport> {
+        self.prompts.report()
     }
 
     /// The KV pool, once the first session created it.
@@ -223,6 +248,21 @@ impl Engine {
                     "{} key sets for {} latent frames (one per latent frame)",
                     r.actions.len(),
                     blocks * BLOCK_FRAMES
+                ),
+            ));
+        }
+        if r.prompt.is_some() && r.text_embeds.is_some() {
+            return Err(EngineError::request(
+                "prompt",
+                "give a prompt or text_embeds, not both",
+            ));
+        }
+        if r.prompt.as_deref().is_some_and(|p| !p.trim().is_empty()) && !self.prompts.available() {
+            return Err(EngineError::request(
+                "prompt",
+                format!(
+                    "cannot encode a prompt: no text encoder: {}/text_encoder missing",
+                    self.config.model
                 ),
             ));
         }
@@ -318,16 +358,21 @@ impl Engine {
                 free + cached
             )));
         }
+        let embeds = match request.prompt.as_deref() {
+            Some(prompt) => self.prompts.encode(prompt)?,
+            None => request.text_embeds.clone(),
+        };
         let text = self
             .dit
-            .text_key_values(self.padded_text(request.text_embeds.as_ref())?.as_ref())?;
+            .text_key_values(self.padded_text(embeds.as_ref())?.as_ref())?;
+        drop(embeds);
         let cond = if c.in_channels == c.out_channels() + 20 {
             Some(self.image_condition(&request, latent_frames)?)
         } else {
             None
         };
         let id = format!("session-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        Session::new(
+        let session = Session::new(
             id,
             Arc::clone(&self.dit),
             Arc::clone(&self.vae),
@@ -336,7 +381,8 @@ impl Engine {
             cond,
             &request,
             blocks,
-        )
+        )?;
+        Ok(session.with_prompts(Arc::clone(&self.prompts)))
     }
 
     /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed (padding rows

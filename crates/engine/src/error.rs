@@ -20,6 +20,9 @@ pub enum EngineError {
     /// A model failed (shapes, weights, out of memory).
     #[error(transparent)]
     Model(#[from] headroom_model::ModelError),
+    /// The text encoder failed (tokenizer, weights, a prompt).
+    #[error(transparent)]
+    Text(#[from] headroom_text::TextError),
     /// A tensor op failed.
     #[error(transparent)]
     Tensor(#[from] headroom_tensor::TensorError),

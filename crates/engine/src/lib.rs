@@ -8,6 +8,7 @@ pub mod error;
 pub mod mesh;
 pub mod preset;
 pub mod session;
+mod text;
 
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};

@@ -21,6 +21,7 @@ use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::{DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
+use crate::text::Prompts;
 
 /// Latent frames per autoregressive block.
 pub const BLOCK_FRAMES: usize = 3;
@@ -42,6 +43,8 @@ pub struct SessionRequest {
     pub flow_shift: f64,
     /// Text embeddings `[L, text_dim]`, or none.
     pub text_embeds: Option<Tensor>,
+    /// A prompt, encoded by the model's text encoder (instead of `text_embeds`).
+    pub prompt: Option<String>,
     /// First frame `[3, H, W]` in [−1, 1] for image-conditioned models (black if none).
     pub image: Option<Tensor>,
     /// Camera keys, one set per latent frame (missing frames: no key).
@@ -66,6 +69,7 @@ impl SessionRequest {
             steps: 4,
             flow_shift: 5.0,
             text_embeds: None,
+            prompt: None,
             image: None,
             actions: Vec::new(),
             trajectory: None,
@@ -153,6 +157,10 @@ pub struct Session {
     reuse_last_step_kv: bool,
     /// The next block, denoised ahead while the previous one decoded (overlap).
     pending: Option<Denoised>,
+    /// The engine's text encoder, for prompt changes.
+    prompts: Option<Arc<Prompts>>,
+    /// Text keys/values of a new prompt, used from the next block denoised on.
+    pending_text: Option<TextKeyValues>,
 }
 
 impl Session {
@@ -199,7 +207,32 @@ impl Session {
             overlap: request.overlap,
             reuse_last_step_kv: request.reuse_last_step_kv,
             pending: None,
+            prompts: None,
+            pending_text: None,
         })
+    }
+
+    /// Lets the session change its prompt with the engine's text encoder.
+    pub(crate) fn with_prompts(mut self, prompts: Arc<Prompts>) -> Self {
+        self.prompts = Some(prompts);
+        self
+    }
+
+    /// Changes the prompt: it is encoded now (errors surface here) and conditions every
+    /// block from the next chunk boundary on. With `overlap`, the block already denoised
+    /// ahead keeps the old prompt, so the change shows one chunk later.
+    pub fn set_prompt(&mut self, prompt: &str) -> Result<()> {
+        let embeds = match &self.prompts {
+            Some(prompts) => prompts.encode(prompt)?,
+            None => {
+                return Err(EngineError::request(
+                    "prompt",
+                    "this session was not opened by an engine with a text encoder",
+                ))
+            }
+        };
+        self.pending_text = Some(self.dit.text_key_values(embeds.as_ref())?);
+        Ok(())
     }
 
     /// The session id.
@@ -392,6 +425,10 @@ impl Session {
     /// The DMD steps of block `n` and its KV commit (the commit forward at t = 0, or the
     /// last step's keys/values when reusing them).
     fn denoise_block(&mut self, n: usize) -> Result<Denoised> {
+        if let Some(text) = self.pending_text.take() {
+            // A prompt change takes effect at the first block denoised after it.
+            self.text = text;
+        }
         let first = BLOCK_FRAMES * n;
         let [h, w] = self.latent_hw;
         let out_c = self.dit.config().out_channels();
@@ -447,6 +484,7 @@ impl Session {
         self.kv = None;
         self.cond = None;
         self.text = TextKeyValues(Vec::new());
+        self.pending_text = None;
         self.decode_state.release();
     }
 

@@ -365,3 +365,53 @@ fn a_pose_trajectory_steers_the_camera_and_cannot_be_mixed_with_keys() {
         .to_string()
         .contains("not both"));
 }
+
+#[test]
+fn a_prompt_change_mid_stream_changes_only_the_chunks_after_the_boundary() {
+    let engine = engine(ReclaimPolicy::Never);
+    let prompted = |seed: u64| SessionRequest {
+        prompt: Some("a cat runs across the green grass".to_string()),
+        ..request(seed)
+    };
+    let chunks = |change_after_first: bool| {
+        let mut session = engine.open_session(prompted(13)).unwrap();
+        let first = session.next_chunk().unwrap().frames.to_vec::<u8>().unwrap();
+        if change_after_first {
+            session
+                .set_prompt("snow falls on the quiet village")
+                .unwrap();
+        }
+        let second = session.next_chunk().unwrap().frames.to_vec::<u8>().unwrap();
+        (first, second)
+    };
+    let (a1, a2) = chunks(false);
+    let (b1, b2) = chunks(true);
+    assert_eq!(a1, b1, "the chunk before the boundary is unchanged");
+    assert_ne!(a2, b2, "the new prompt conditions the next chunk");
+    // The prompt conditions the video at all, and the same prompt gives the same bytes.
+    let plain = run(&engine, request(13));
+    let with_prompt = run(&engine, prompted(13));
+    assert_ne!(plain, with_prompt);
+    assert_eq!(with_prompt, run(&engine, prompted(13)));
+    let report = engine.text_report().unwrap();
+    assert!(
+        report.cache_hits > 0,
+        "repeated prompts come from the cache"
+    );
+}
+
+#[test]
+fn a_prompt_and_text_embeddings_cannot_be_mixed() {
+    use headroom_tensor::{DType, Device, Tensor};
+    let engine = engine(ReclaimPolicy::Never);
+    let text = Tensor::zeros(&[7, 16], DType::F32, &Device::cpu().unwrap()).unwrap();
+    let err = engine
+        .open_session(SessionRequest {
+            prompt: Some("a cat".to_string()),
+            text_embeds: Some(text),
+            ..request(1)
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("prompt") && err.contains("not both"), "{err}");
+}

@@ -15,6 +15,7 @@ use headroom_model::camera::{Keys, Trajectory};
 use headroom_tensor::io::npy::read_npy;
 use headroom_tensor::io::safetensors::SafetensorsFile;
 use headroom_tensor::{DType, Device, Tensor};
+use headroom_text::TextEncoderMode;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Arguments of `headroom generate`.
@@ -29,8 +30,19 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 5.0)]
     flow_shift: f64,
     /// Text embeddings [L, text_dim]: .npy, or .safetensors holding one tensor.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "prompt")]
     text_embeds: Option<PathBuf>,
+    /// A prompt, encoded by the model folder's text_encoder/ + tokenizer/ (the tiny and
+    /// small built-in models have a seeded one).
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Text encoder weights: resident (kept) or on-demand (loaded for the prompt and
+    /// released before the video starts).
+    #[arg(long, default_value = "resident")]
+    text_encoder: String,
+    /// Byte budget of the prompt-embedding cache (B, KiB, MiB, GiB).
+    #[arg(long, default_value = "64MiB")]
+    text_cache: String,
     /// Camera keys, one character per latent frame: w/a/s/d move, i/k pitch, j/l yaw,
     /// - none (e.g. `wwwwwwddd`); or a JSON pose file `{"poses": [[4x4]…],
     /// "intrinsics": [[fx, fy, cx, cy]…]}` (one pose per pixel frame, 832×480 units).
@@ -190,12 +202,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     } else {
         (Keys::script(&args.actions)?, None)
     };
+    let text_encoder: TextEncoderMode = args.text_encoder.parse().context("--text-encoder")?;
+    let text_cache_bytes = parse_size(&args.text_cache).context("--text-cache")?;
     let engine = Engine::new(EngineConfig {
         model: args.shape.model.clone(),
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
         kv_budget_bytes,
         capacity: args.shape.capacity_bytes()?,
+        text_encoder,
+        text_cache_bytes,
         ..EngineConfig::default()
     })?;
     let platform = engine.platform().clone();
@@ -218,6 +234,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         steps: args.steps,
         flow_shift: args.flow_shift,
         text_embeds: text,
+        prompt: args.prompt.clone(),
         image,
         actions,
         trajectory,
@@ -285,7 +302,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let stats = platform.memory_stats();
     let mean = chunk_times.iter().sum::<f64>() / chunk_times.len().max(1) as f64;
+    let text_report = engine.text_report();
     let report = serde_json::json!({
+        "text_encoder": text_report,
         "frames": frames,
         "width": args.shape.width,
         "height": args.shape.height,
@@ -319,6 +338,19 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             stats.num_reclaims,
             stats.reclaim_ns as f64 / 1e9
         );
+        if let Some(t) = text_report {
+            println!(
+                "text encoder ({}): {} weights resident ({} while loaded, {} loads); cache {} of {}, {} hits / {} misses",
+                t.mode,
+                format_bytes(t.resident_weight_bytes),
+                format_bytes(t.weight_bytes),
+                t.loads,
+                format_bytes(t.cache_bytes),
+                format_bytes(t.cache_budget_bytes),
+                t.cache_hits,
+                t.cache_misses
+            );
+        }
     }
     Ok(())
 }

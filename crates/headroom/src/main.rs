@@ -6,6 +6,7 @@ mod generate_cmd;
 mod mem_cmd;
 mod plan_cmd;
 mod session_args;
+mod text_cmd;
 mod vae_cmd;
 
 use std::process::ExitCode;
@@ -39,6 +40,8 @@ enum Command {
     /// Predict per-card memory of a deployment (model, resolution, TP × SP, capacity,
     /// policies) by meta execution of a whole session.
     Plan(plan_cmd::PlanArgs),
+    /// The UMT5 text encoder: a prompt to Wan text embeddings (.npy out).
+    Text(text_cmd::TextArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Vae(args) => vae_cmd::run(args),
         Command::Dit(args) => dit_cmd::run(args),
         Command::Plan(args) => plan_cmd::run(args),
+        Command::Text(args) => text_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

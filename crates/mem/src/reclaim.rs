@@ -4,13 +4,14 @@
 //! | policy          | reclaims at                                                        |
 //! |-----------------|--------------------------------------------------------------------|
 //! | `never`         | no boundary                                                        |
-//! | `before-decode` | `decode_start` (the fix of vLLM-Omni PR #9313), `sleep`, `model_swap` |
-//! | `bounded`       | any boundary where cached-but-unused bytes exceed a fraction of the capacity or free bytes fall under a floor; always at `sleep` and `model_swap` |
-//! | `fit`           | `session_end` and `error` (a closed session's cache goes back whole); within a session only while allocating: before the reserved bytes would grow past `1 + slack` times the allocated peak, just enough cached memory is given back (largest free segments first) |
+//! | `before-decode` | `decode_start` (the fix of vLLM-Omni PR #9313), `text_end`, `sleep`, `model_swap` |
+//! | `bounded`       | any boundary where cached-but-unused bytes exceed a fraction of the capacity or free bytes fall under a floor; always at `text_end`, `sleep` and `model_swap` |
+//! | `fit`           | `session_end` and `error` (a closed session's cache goes back whole), `text_end`, `sleep`, `model_swap`; within a session only while allocating: before the reserved bytes would grow past `1 + slack` times the allocated peak, just enough cached memory is given back (largest free segments first) |
 //! | `always`        | every boundary                                                     |
 //!
-//! `sleep` and `model_swap` exist to hand memory back, so every policy but `never` acts
-//! there. A platform that does not cache device memory is never asked to reclaim.
+//! `text_end` (an on-demand text encoder has just released its weights), `sleep` and
+//! `model_swap` exist to hand memory back, so every policy but `never` acts there. A
+//! platform that does not cache device memory is never asked to reclaim.
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,6 +26,8 @@ use crate::platform::Platform;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
+    /// An on-demand text encoder has encoded a prompt and released its weights.
+    TextEnd,
     /// The denoise loop of a chunk has finished.
     DenoiseEnd,
     /// The VAE decode of a chunk is about to allocate.
@@ -41,7 +44,8 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in pipeline order.
-    pub const ALL: [Phase; 6] = [
+    pub const ALL: [Phase; 7] = [
+        Phase::TextEnd,
         Phase::DenoiseEnd,
         Phase::DecodeStart,
         Phase::SessionEnd,
@@ -53,6 +57,7 @@ impl Phase {
     /// The snake_case name used in traces and on the command line.
     pub fn name(self) -> &'static str {
         match self {
+            Phase::TextEnd => "text_end",
             Phase::DenoiseEnd => "denoise_end",
             Phase::DecodeStart => "decode_start",
             Phase::SessionEnd => "session_end",
@@ -78,7 +83,7 @@ impl FromStr for Phase {
             .ok_or_else(|| MemError::InvalidConfig {
                 field: "phase",
                 rule: format!(
-                    "must be one of denoise_end, decode_start, session_end, error, sleep, model_swap; got {s:?}"
+                    "must be one of text_end, denoise_end, decode_start, session_end, error, sleep, model_swap; got {s:?}"
                 ),
             })
     }
@@ -111,7 +116,7 @@ pub enum ReclaimPolicy {
     /// Never reclaim: what PyTorch does unless told otherwise.
     #[default]
     Never,
-    /// Reclaim at `decode_start` (and `sleep`, `model_swap`).
+    /// Reclaim at `decode_start` (and `text_end`, `sleep`, `model_swap`).
     BeforeDecode,
     /// Reclaim when the cache grows past a bound or free memory runs low.
     Bounded {
@@ -163,7 +168,7 @@ impl ReclaimPolicy {
 
     /// Whether to reclaim at `phase` given the memory picture.
     pub fn should_reclaim(&self, phase: Phase, pressure: &Pressure) -> bool {
-        let explicit = matches!(phase, Phase::Sleep | Phase::ModelSwap);
+        let explicit = matches!(phase, Phase::TextEnd | Phase::Sleep | Phase::ModelSwap);
         match *self {
             ReclaimPolicy::Never => false,
             ReclaimPolicy::Always => true,
@@ -354,6 +359,17 @@ mod tests {
         assert!(!policy.should_reclaim(Phase::SessionEnd, &p));
         assert!(policy.should_reclaim(Phase::Sleep, &p));
         assert!(policy.should_reclaim(Phase::ModelSwap, &p));
+        assert!(policy.should_reclaim(Phase::TextEnd, &p));
+    }
+
+    #[test]
+    fn phases_parse_from_their_names() {
+        for phase in Phase::ALL {
+            assert_eq!(phase.name().parse::<Phase>().unwrap(), phase);
+        }
+        assert_eq!("text_end".parse::<Phase>().unwrap(), Phase::TextEnd);
+        let err = "text_start".parse::<Phase>().unwrap_err().to_string();
+        assert!(err.contains("text_end"), "{err}");
     }
 
     #[test]

@@ -98,6 +98,7 @@ fn every_phase_boundary_is_marked_in_the_trace() {
     assert_eq!(
         names,
         [
+            "text_end",
             "denoise_end",
             "decode_start",
             "session_end",
@@ -111,7 +112,7 @@ fn every_phase_boundary_is_marked_in_the_trace() {
         .into_iter()
         .filter(|c| matches!(c, PlatformCall::Phase(_)))
         .collect();
-    assert_eq!(phases.len(), 6);
+    assert_eq!(phases.len(), 7);
 }
 
 #[test]

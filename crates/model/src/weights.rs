@@ -56,8 +56,15 @@ pub fn read_config(dir: &Path) -> Result<serde_json::Value> {
 impl WeightStore {
     /// Weights of a diffusers folder, converted to `dtype` on load, onto `device`.
     pub fn from_dir(dir: &Path, device: &Device, dtype: DType) -> Result<Self> {
-        let single = dir.join("diffusion_pytorch_model.safetensors");
-        let index = dir.join("diffusion_pytorch_model.safetensors.index.json");
+        Self::from_files(dir, "diffusion_pytorch_model", device, dtype)
+    }
+
+    /// Weights of a folder holding `{stem}.safetensors` or a sharded
+    /// `{stem}.safetensors.index.json` (`diffusion_pytorch_model` for diffusers, `model`
+    /// for transformers), converted to `dtype` on load, onto `device`.
+    pub fn from_files(dir: &Path, stem: &str, device: &Device, dtype: DType) -> Result<Self> {
+        let single = dir.join(format!("{stem}.safetensors"));
+        let index = dir.join(format!("{stem}.safetensors.index.json"));
         let (names, files) = if single.exists() {
             let file = SafetensorsFile::open(&single)?;
             let names = file.names()?.into_iter().map(|n| (n, 0)).collect();
@@ -95,7 +102,7 @@ impl WeightStore {
         } else {
             return Err(io_err(
                 dir,
-                "no diffusion_pytorch_model.safetensors or diffusion_pytorch_model.safetensors.index.json",
+                format!("no {stem}.safetensors or {stem}.safetensors.index.json"),
             ));
         };
         Ok(Self {
