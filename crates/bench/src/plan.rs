@@ -212,15 +212,16 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
         .map_err(engine_err)
 }
 
-/// The allocated and reserved bytes after each event of `trace`, which ends with the
-/// allocator holding `final_allocated` / `final_reserved` (so a trace whose start was
-/// evicted from the ring still lands on the right values), and the phase marks:
-/// `(event index, allocated, reserved)` points and `(event index, phase name)` marks.
+/// A plot panel `label` of the allocated and reserved bytes after each event of
+/// `trace`, which ends with the allocator holding `final_allocated` / `final_reserved`
+/// (so a trace whose start was evicted from the ring still lands on the right values),
+/// with its phase marks; x counts events.
 pub fn timeline(
+    label: &str,
     trace: &[TraceEvent],
     final_allocated: u64,
     final_reserved: u64,
-) -> (Vec<(f64, u64, u64)>, Vec<(f64, String)>) {
+) -> crate::plot::Panel {
     let delta = |e: &TraceEvent| -> (i64, i64) {
         let s = e.size as i64;
         match e.action {
@@ -248,7 +249,11 @@ pub fn timeline(
             marks.push((i as f64, e.name.clone().unwrap_or_default()));
         }
     }
-    (points, marks)
+    crate::plot::Panel {
+        label: label.to_string(),
+        points,
+        marks,
+    }
 }
 
 #[cfg(test)]
@@ -277,9 +282,9 @@ mod tests {
             event(TraceAction::Free, 30),
             event(TraceAction::SegmentFree, 50),
         ];
-        let (points, marks) = timeline(&trace, 100, 200);
+        let panel = timeline("rank 0", &trace, 100, 200);
         assert_eq!(
-            points,
+            panel.points,
             vec![
                 (0.0, 100, 250),
                 (1.0, 130, 250),
@@ -288,6 +293,6 @@ mod tests {
                 (4.0, 100, 200)
             ]
         );
-        assert_eq!(marks, vec![(2.0, "decode_start".to_string())]);
+        assert_eq!(panel.marks, vec![(2.0, "decode_start".to_string())]);
     }
 }

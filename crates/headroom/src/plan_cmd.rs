@@ -122,12 +122,12 @@ pub fn run(args: PlanArgs) -> Result<()> {
         let panels: Vec<Panel> = rows
             .iter()
             .map(|r| {
-                let (points, marks) = timeline(&r.trace, r.final_bytes.0, r.final_bytes.1);
-                Panel {
-                    label: format!("rank {} · {}", r.rank, r.policy),
-                    points,
-                    marks,
-                }
+                timeline(
+                    &format!("rank {} · {}", r.rank, r.policy),
+                    &r.trace,
+                    r.final_bytes.0,
+                    r.final_bytes.1,
+                )
             })
             .collect();
         write_memory_png(

@@ -128,7 +128,7 @@ pub struct InProcessGroup;
 
 impl InProcessGroup {
     /// A group of `size` ranks; hand element `r` to the thread of rank `r`.
-    pub fn new(size: usize) -> Vec<Arc<dyn Communicator>> {
+    pub fn ranks(size: usize) -> Vec<Arc<dyn Communicator>> {
         let size = size.max(1);
         let shared = Arc::new(Shared {
             size,
@@ -298,7 +298,7 @@ mod tests {
     where
         F: Fn(&dyn Communicator, &Device) -> Tensor + Sync,
     {
-        let comms = InProcessGroup::new(size);
+        let comms = InProcessGroup::ranks(size);
         std::thread::scope(|s| {
             let handles: Vec<_> = comms
                 .iter()
@@ -351,7 +351,7 @@ mod tests {
 
     #[test]
     fn an_aborted_group_fails_its_collectives_instead_of_hanging() {
-        let comms = InProcessGroup::new(2);
+        let comms = InProcessGroup::ranks(2);
         let device = Device::cpu().unwrap();
         let t = Tensor::zeros(&[2], DType::F32, &device).unwrap();
         std::thread::scope(|s| {

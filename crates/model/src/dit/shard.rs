@@ -34,8 +34,8 @@ impl Sharding {
     /// deployments place TP within a node).
     pub fn in_process_mesh(tp: usize, sp: usize) -> Vec<Sharding> {
         let (tp, sp) = (tp.max(1), sp.max(1));
-        let tp_groups: Vec<_> = (0..sp).map(|_| InProcessGroup::new(tp)).collect();
-        let sp_groups: Vec<_> = (0..tp).map(|_| InProcessGroup::new(sp)).collect();
+        let tp_groups: Vec<_> = (0..sp).map(|_| InProcessGroup::ranks(tp)).collect();
+        let sp_groups: Vec<_> = (0..tp).map(|_| InProcessGroup::ranks(sp)).collect();
         (0..tp * sp)
             .map(|w| {
                 let (s, t) = (w / tp, w % tp);
