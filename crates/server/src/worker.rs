@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -315,11 +315,8 @@ impl Stream<'_> {
     /// is reported for that event only.
     fn apply_interactions(&mut self) -> std::result::Result<Vec<String>, Ending> {
         let mut started = Vec::new();
-        loop {
-            let interaction = match self.control.try_recv() {
-                Ok(i) => i,
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            };
+        // Empty or disconnected: nothing more is queued for this boundary.
+        while let Ok(interaction) = self.control.try_recv() {
             let applied =
                 text_for_prompt(interaction.prompt.as_deref(), "interaction.event.prompt")
                     .and_then(|_text| match interaction.camera {

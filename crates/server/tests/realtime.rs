@@ -94,7 +94,7 @@ impl TestServer {
         (status, body)
     }
 
-    fn allocated(&self) -> i64 {
+    fn allocated_bytes(&self) -> i64 {
         self.server
             .engine()
             .platform()
@@ -565,7 +565,7 @@ async fn clients_that_vanish_mid_stream_leave_no_pages_and_no_bytes_behind() {
     let ts = TestServer::default().await;
     run_session(&ts, 9, 1).await;
     ts.idle().await;
-    let idle = ts.allocated();
+    let idle = ts.allocated_bytes();
     // Vanish after video.start, after a chunk's metadata (before its binary), after a
     // whole chunk, and so on.
     for point in 1..=5 {
@@ -585,7 +585,11 @@ async fn clients_that_vanish_mid_stream_leave_no_pages_and_no_bytes_behind() {
         }
         drop(ws);
         ts.idle().await;
-        assert_eq!(ts.allocated(), idle, "after vanishing at point {point}");
+        assert_eq!(
+            ts.allocated_bytes(),
+            idle,
+            "after vanishing at point {point}"
+        );
         ts.assert_pool_free();
     }
     assert_eq!(run_session(&ts, 21, 2).await.binaries.len(), 2);
@@ -602,7 +606,7 @@ async fn an_injected_oom_fails_that_session_with_an_error_and_the_next_one_succe
     let ts = TestServer::default().await;
     run_session(&ts, 9, 1).await;
     ts.idle().await;
-    let idle = ts.allocated();
+    let idle = ts.allocated_bytes();
     let (mut ws, _) = open(&ts, 117, 2).await;
     assert_eq!(recv_json(&mut ws).await["type"], "video.chunk_metadata");
     assert!(matches!(recv(&mut ws).await, In::Bin(_)));
@@ -624,7 +628,7 @@ async fn an_injected_oom_fails_that_session_with_an_error_and_the_next_one_succe
         "{end}"
     );
     ts.idle().await;
-    assert_eq!(ts.allocated(), idle);
+    assert_eq!(ts.allocated_bytes(), idle);
     ts.assert_pool_free();
     assert_eq!(run_session(&ts, 21, 3).await.binaries.len(), 2);
     let (_, metrics) = ts.get("/metrics").await;
@@ -788,7 +792,7 @@ async fn fuzzed_messages_never_crash_the_server_or_leak_a_session() {
     let ts = TestServer::default().await;
     run_session(&ts, 9, 1).await;
     ts.idle().await;
-    let idle = ts.allocated();
+    let idle = ts.allocated_bytes();
     let mut rng = Lcg(0x5eed);
     for round in 0..40 {
         let mut ws = ts.connect().await;
@@ -807,7 +811,7 @@ async fn fuzzed_messages_never_crash_the_server_or_leak_a_session() {
         drop(ws);
     }
     ts.idle().await;
-    assert_eq!(ts.allocated(), idle);
+    assert_eq!(ts.allocated_bytes(), idle);
     ts.assert_pool_free();
     assert_eq!(ts.get("/health").await.0, 200);
     assert_eq!(run_session(&ts, 21, 2).await.binaries.len(), 2);
