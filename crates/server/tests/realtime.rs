@@ -560,44 +560,63 @@ async fn a_kv_pool_with_room_for_one_session_refuses_the_second_whatever_the_slo
     ts.stop().await;
 }
 
+/// `headroom_reserved_bytes` read from `/metrics`, as an operator would.
+async fn reserved_from_metrics(ts: &TestServer) -> i64 {
+    let (_, metrics) = ts.get("/metrics").await;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("headroom_reserved_bytes "))
+        .expect("headroom_reserved_bytes is exported")
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_sequential_sessions_leave_the_same_reserved_bytes_after_each() {
+    let ts = TestServer::default().await;
+    let mut after = Vec::new();
+    for seed in 0..100 {
+        assert_eq!(run_session(&ts, 9, seed).await.binaries.len(), 1);
+        ts.idle().await;
+        after.push(reserved_from_metrics(&ts).await);
+    }
+    assert!(after.iter().all(|&r| r == after[0]), "{after:?}");
+    ts.assert_pool_free();
+    ts.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_vanish_mid_stream_leave_no_pages_and_no_bytes_behind() {
     let ts = TestServer::default().await;
     run_session(&ts, 9, 1).await;
     ts.idle().await;
     let idle = ts.allocated_bytes();
-    // Vanish after video.start, after a chunk's metadata (before its binary), after a
-    // whole chunk, and so on.
-    for point in 1..=5 {
+    let reserved = reserved_from_metrics(&ts).await;
+    // 20 clients vanish at pseudo-random points: after video.start, after a chunk's
+    // metadata (before its binary, while the next chunk is being generated), after a
+    // whole chunk, …
+    let mut rng = Lcg(0xd15c);
+    for client in 0..20u64 {
+        let point = 1 + rng.below(9);
         let mut ws = ts.connect().await;
-        send(&mut ws, start_msg(117, 10 + point)).await;
+        send(&mut ws, start_msg(117, 10 + client)).await;
         let mut seen = 0;
         while seen < point {
             match recv(&mut ws).await {
-                In::Json(v)
-                    if v["type"] == "video.start" || v["type"] == "video.chunk_metadata" =>
-                {
-                    seen += 1
-                }
+                In::Json(v) if v["type"] == "video.start" || v["type"] == "video.chunk_metadata" => seen += 1,
                 In::Bin(_) => seen += 1,
                 other => panic!("{other:?}"),
             }
         }
         drop(ws);
         ts.idle().await;
-        assert_eq!(
-            ts.allocated_bytes(),
-            idle,
-            "after vanishing at point {point}"
-        );
+        assert_eq!(ts.allocated_bytes(), idle, "client {client} vanished at point {point}");
+        assert_eq!(reserved_from_metrics(&ts).await, reserved, "client {client}");
         ts.assert_pool_free();
     }
     assert_eq!(run_session(&ts, 21, 2).await.binaries.len(), 2);
     let (_, metrics) = ts.get("/metrics").await;
-    assert!(
-        metrics.contains("headroom_sessions_stopped_total 5"),
-        "{metrics}"
-    );
+    assert!(metrics.contains("headroom_sessions_stopped_total 20"), "{metrics}");
     ts.stop().await;
 }
 
