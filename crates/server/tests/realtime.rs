@@ -603,20 +603,35 @@ async fn clients_that_vanish_mid_stream_leave_no_pages_and_no_bytes_behind() {
         let mut seen = 0;
         while seen < point {
             match recv(&mut ws).await {
-                In::Json(v) if v["type"] == "video.start" || v["type"] == "video.chunk_metadata" => seen += 1,
+                In::Json(v)
+                    if v["type"] == "video.start" || v["type"] == "video.chunk_metadata" =>
+                {
+                    seen += 1
+                }
                 In::Bin(_) => seen += 1,
                 other => panic!("{other:?}"),
             }
         }
         drop(ws);
         ts.idle().await;
-        assert_eq!(ts.allocated_bytes(), idle, "client {client} vanished at point {point}");
-        assert_eq!(reserved_from_metrics(&ts).await, reserved, "client {client}");
+        assert_eq!(
+            ts.allocated_bytes(),
+            idle,
+            "client {client} vanished at point {point}"
+        );
+        assert_eq!(
+            reserved_from_metrics(&ts).await,
+            reserved,
+            "client {client}"
+        );
         ts.assert_pool_free();
     }
     assert_eq!(run_session(&ts, 21, 2).await.binaries.len(), 2);
     let (_, metrics) = ts.get("/metrics").await;
-    assert!(metrics.contains("headroom_sessions_stopped_total 20"), "{metrics}");
+    assert!(
+        metrics.contains("headroom_sessions_stopped_total 20"),
+        "{metrics}"
+    );
     ts.stop().await;
 }
 
