@@ -210,6 +210,7 @@ impl Connection {
             request,
             started_at,
             slot,
+            request_id: request_id.clone(),
             metrics: Arc::clone(&state.metrics),
         };
         let limits = &state.config.limits;

@@ -137,6 +137,8 @@ pub struct Job {
     pub started_at: Instant,
     /// The held session slot.
     pub slot: Slot,
+    /// The session's `request_id` (for logs).
+    pub request_id: String,
     /// Counters.
     pub metrics: Arc<Metrics>,
 }
@@ -169,8 +171,10 @@ fn run(
         request,
         started_at,
         slot,
+        request_id,
         metrics,
     } = job;
+    let _span = tracing::info_span!("session", request_id = %request_id).entered();
     let ending = match open(&engine, &request) {
         Err(error) => Ending::Refused(error),
         Ok(session) => {
@@ -201,6 +205,11 @@ fn run(
     };
     if let Some(counter) = counter {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+    match &ending {
+        Ending::Completed | Ending::Cancelled => tracing::info!(?ending, "session released"),
+        Ending::Refused(e) => tracing::info!(code = e.code(), error = %e, "session refused"),
+        Ending::Failed(e) => tracing::warn!(error = %e, "session failed and was released"),
     }
     // The socket may be gone; then nobody needs to hear it.
     let _ = events.blocking_send(WorkerEvent::Ended(ending));
@@ -271,6 +280,12 @@ impl Stream<'_> {
                 Err(e) => return Ending::Failed(e),
             };
             let latency = t.elapsed();
+            tracing::debug!(
+                chunk = chunk.index,
+                latency_ms = latency.as_secs_f64() * 1e3,
+                bytes = encoded.len(),
+                "chunk ready"
+            );
             self.metrics.chunk_latency.observe(latency);
             if chunk.index == 0 {
                 self.metrics
