@@ -235,6 +235,13 @@ impl Connection {
         let mut fresh_ids: u64 = 0;
         let mut last_progress = TokioInstant::now();
         let cancel = |worker: &WorkerHandle| worker.cancel.store(true, Ordering::Release);
+        // A shutdown that began before this subscription is not a change: look once.
+        if *shutdown.borrow_and_update() {
+            shutdown_seen = true;
+            stopped = true;
+            phase = Phase::Ending;
+            cancel(&worker);
+        }
         loop {
             let stall_at = last_progress + limits.stall_timeout;
             tokio::select! {
