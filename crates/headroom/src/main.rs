@@ -5,6 +5,7 @@ mod dit_cmd;
 mod generate_cmd;
 mod mem_cmd;
 mod plan_cmd;
+mod serve_cmd;
 mod session_args;
 mod text_cmd;
 mod vae_cmd;
@@ -33,6 +34,8 @@ enum Command {
     Mem(mem_cmd::MemArgs),
     /// Benchmarks that print ratios measured side by side in one run.
     Bench(bench_cmd::BenchArgs),
+    /// The realtime streaming server (vLLM-Omni's WS /v1/realtime/video) and its web viewer.
+    Serve(serve_cmd::ServeArgs),
     /// The Wan VAE: decode latents and encode video (.npy in, .npy out).
     Vae(vae_cmd::VaeArgs),
     /// The Wan transformer: one full-sequence forward (.npy in, .npy out).
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate_cmd::run(args),
         Command::Mem(args) => mem_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args),
+        Command::Serve(args) => serve_cmd::run(args),
         Command::Vae(args) => vae_cmd::run(args),
         Command::Dit(args) => dit_cmd::run(args),
         Command::Plan(args) => plan_cmd::run(args),

@@ -1,0 +1,174 @@
+//! `headroom serve`: the realtime streaming server (vLLM-Omni's `WS /v1/realtime/video`),
+//! its web viewer, health, readiness and metrics, until SIGTERM or Ctrl-C.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use headroom_engine::EngineConfig;
+use headroom_mem::{parse_size, AllocatorConfig, AllocatorPolicy, HostMemory, ReclaimPolicy};
+use headroom_server::{Defaults, Limits, Server, ServerConfig};
+
+/// Arguments of `headroom serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// Built-in model (tiny, small, …) or a diffusers pipeline folder with transformer/ and vae/.
+    #[arg(long, default_value = "small")]
+    model: String,
+    /// Reclaim policy: never, before-decode, bounded[:…], always.
+    #[arg(long, default_value = "before-decode")]
+    policy: String,
+    /// Allocator: pytorch or expandable.
+    #[arg(long, default_value = "pytorch")]
+    allocator: String,
+    /// Sessions generating at once, at most.
+    #[arg(long, default_value_t = 1)]
+    max_sessions: usize,
+    /// KV page budget: bytes (B, KiB, MiB, GiB), a fraction of the device capacity
+    /// (e.g. 0.25), or `auto` (exactly --max-sessions sessions).
+    #[arg(long, default_value = "auto")]
+    kv_budget: String,
+    /// Device capacity (B, KiB, MiB, GiB) to emulate a memory-tight device; physical
+    /// memory by default.
+    #[arg(long)]
+    capacity: Option<String>,
+    /// Largest session.start message (it may carry a data: image).
+    #[arg(long, default_value = "4MiB")]
+    max_start_message: String,
+    /// Largest message after session.start.
+    #[arg(long, default_value = "128KiB")]
+    max_control_message: String,
+    /// Seconds a new socket may take to send session.start.
+    #[arg(long, default_value_t = 10.0)]
+    start_timeout: f64,
+    /// Seconds a session may go without progress (a chunk or a ping) before it ends.
+    #[arg(long, default_value_t = 60.0)]
+    stall_timeout: f64,
+    /// Default width of a session.start that gives none (multiple of 16).
+    #[arg(long, default_value_t = 416)]
+    width: usize,
+    /// Default height of a session.start that gives none (multiple of 16).
+    #[arg(long, default_value_t = 240)]
+    height: usize,
+    /// Default frames of a session.start that gives none (12·K − 3).
+    #[arg(long, default_value_t = 33)]
+    frames: usize,
+}
+
+fn seconds(value: f64, flag: &str) -> Result<Duration> {
+    if !(value.is_finite() && value > 0.0) {
+        bail!("--{flag} must be a positive number of seconds, got {value}");
+    }
+    Ok(Duration::from_secs_f64(value))
+}
+
+fn size(value: &str, flag: &str) -> Result<usize> {
+    let bytes = parse_size(value).with_context(|| format!("--{flag}"))?;
+    usize::try_from(bytes).with_context(|| format!("--{flag} {value} does not fit this machine"))
+}
+
+/// `--kv-budget`: `auto`, a size, or a fraction in (0, 1] of the device capacity.
+fn kv_budget(value: &str, capacity: Option<u64>) -> Result<Option<u64>> {
+    if value == "auto" {
+        return Ok(None);
+    }
+    if let Ok(fraction) = value.parse::<f64>() {
+        if value.contains('.') {
+            if !(fraction > 0.0 && fraction <= 1.0) {
+                bail!("--kv-budget {value}: a fraction must be in (0, 1]");
+            }
+            let total = capacity.unwrap_or_else(HostMemory::physical_memory);
+            return Ok(Some((total as f64 * fraction) as u64));
+        }
+    }
+    Ok(Some(parse_size(value).context("--kv-budget")?))
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    eprintln!("headroom serve: shutting down (open sessions end with session.done stopped=true)");
+}
+
+/// Runs `headroom serve`.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let reclaim: ReclaimPolicy = args.policy.parse()?;
+    let policy: AllocatorPolicy = args.allocator.parse()?;
+    let capacity = args
+        .capacity
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .context("--capacity")?;
+    if args.max_sessions == 0 {
+        bail!("--max-sessions must be at least 1");
+    }
+    let engine = EngineConfig {
+        model: args.model.clone(),
+        allocator: AllocatorConfig::with_policy(policy),
+        reclaim,
+        kv_budget_bytes: kv_budget(&args.kv_budget, capacity)?,
+        capacity,
+        ..EngineConfig::default()
+    };
+    let config = ServerConfig {
+        model_name: args.model.clone(),
+        max_sessions: args.max_sessions,
+        limits: Limits {
+            start_message_bytes: size(&args.max_start_message, "max-start-message")?,
+            control_message_bytes: size(&args.max_control_message, "max-control-message")?,
+            start_timeout: seconds(args.start_timeout, "start-timeout")?,
+            stall_timeout: seconds(args.stall_timeout, "stall-timeout")?,
+            ..Limits::default()
+        },
+        defaults: Defaults {
+            width: args.width,
+            height: args.height,
+            num_frames: args.frames,
+            ..Defaults::default()
+        },
+        ..ServerConfig::default()
+    };
+    eprintln!("headroom serve: loading model {}", args.model);
+    let server = Server::new(engine, config)?;
+    // The runtime only moves bytes; generation runs on each session's own thread.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("headroom-io")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
+        let addr = listener.local_addr()?;
+        eprintln!("headroom serve: listening on http://{addr} (viewer at /, WebSocket at ws://{addr}/v1/realtime/video)");
+        server.serve(listener, shutdown_signal()).await?;
+        eprintln!("headroom serve: stopped");
+        Ok(())
+    })
+}

@@ -1,0 +1,72 @@
+//! `headroom serve` through the real binary: it listens, answers health and readiness,
+//! and exits 0 on SIGTERM. (The WebSocket protocol is tested in `crates/server`.)
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let status = text[9..12].parse().unwrap();
+    (status, text)
+}
+
+#[test]
+fn serve_answers_health_and_ready_then_exits_zero_on_sigterm() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args([
+            "serve", "--model", "tiny", "--port", "0", "--width", "48", "--height", "32",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the headroom binary runs");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut addr = None;
+    let mut line = String::new();
+    while stderr.read_line(&mut line).unwrap() > 0 {
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            addr = rest.split_whitespace().next().map(str::to_string);
+            break;
+        }
+        line.clear();
+    }
+    let addr = addr.expect("serve prints the address it listens on");
+    assert_eq!(get(&addr, "/health").0, 200);
+    let (status, body) = get(&addr, "/ready");
+    assert_eq!(status, 200, "{body}");
+    let (status, metrics) = get(&addr, "/metrics");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("headroom_allocated_bytes "));
+    let pid = i32::try_from(child.id()).unwrap();
+    // SAFETY: kill only sends a signal to the child this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "{status:?}: {rest}");
+    assert!(rest.contains("stopped"), "{rest}");
+}
+
+#[test]
+fn serve_refuses_bad_flags_with_the_flag_and_the_rule() {
+    for (flag, value, says) in [
+        ("--max-sessions", "0", "--max-sessions"),
+        ("--kv-budget", "1.5", "--kv-budget"),
+        ("--stall-timeout", "0", "--stall-timeout"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_headroom"))
+            .args(["serve", "--model", "tiny", "--port", "0", flag, value])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains(says), "{flag}: {err}");
+    }
+}

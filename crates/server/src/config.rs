@@ -1,0 +1,97 @@
+//! What a server is set up with: its model's name, session slots, protocol limits and
+//! the defaults of a `session.start` that leaves fields out.
+
+use std::time::Duration;
+
+/// Protocol limits (vLLM-Omni's values by default, REFERENCE.md §6).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    /// Largest `session.start` message in bytes (it may carry a `data:` image).
+    pub start_message_bytes: usize,
+    /// Largest message after `session.start` in bytes.
+    pub control_message_bytes: usize,
+    /// How long a new socket may wait before sending `session.start`.
+    pub start_timeout: Duration,
+    /// How long a session may go without progress (a chunk sent or a ping received).
+    pub stall_timeout: Duration,
+    /// Interactions that may wait for the next chunk boundary at once.
+    pub pending_interactions: usize,
+    /// Distinct `event_id`s one session may use (ids are kept to detect conflicts).
+    pub events_per_session: usize,
+    /// Longest `event_id` in bytes.
+    pub event_id_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            start_message_bytes: 4 << 20,
+            control_message_bytes: 128 << 10,
+            start_timeout: Duration::from_secs(10),
+            stall_timeout: Duration::from_secs(60),
+            pending_interactions: 64,
+            events_per_session: 65_536,
+            event_id_bytes: 256,
+        }
+    }
+}
+
+/// Values a `session.start` gets for the fields it leaves out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Defaults {
+    /// Width in pixels.
+    pub width: usize,
+    /// Height in pixels.
+    pub height: usize,
+    /// Frames (12·K − 3).
+    pub num_frames: usize,
+    /// Frames per second of the stream.
+    pub fps: u32,
+    /// Noise seed.
+    pub seed: u64,
+    /// DMD steps per block.
+    pub num_inference_steps: usize,
+    /// Timestep shift.
+    pub flow_shift: f64,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            width: 416,
+            height: 240,
+            num_frames: 33,
+            fps: 16,
+            seed: 42,
+            num_inference_steps: 4,
+            flow_shift: 5.0,
+        }
+    }
+}
+
+/// How a server is set up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// The model's name: a `session.start` naming another model is refused.
+    pub model_name: String,
+    /// Sessions generating at once, at most (the engine's KV pool and memory may allow fewer).
+    pub max_sessions: usize,
+    /// Chunks a session's worker may have encoded ahead of its socket (back-pressure).
+    pub chunks_ahead: usize,
+    /// Protocol limits.
+    pub limits: Limits,
+    /// Defaults of `session.start`.
+    pub defaults: Defaults,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            model_name: "small".to_string(),
+            max_sessions: 1,
+            chunks_ahead: 1,
+            limits: Limits::default(),
+            defaults: Defaults::default(),
+        }
+    }
+}

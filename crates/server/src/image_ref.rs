@@ -1,0 +1,167 @@
+//! `image_reference`: a `data:` URL (PNG or JPEG, base64) decoded into a session's first
+//! frame. The server fetches nothing: an `http(s)` URL is refused.
+//!
+//! Resize rule: the image is scaled, keeping its aspect ratio, until it covers the
+//! requested `width × height` (the smaller scale that makes both sides at least as large;
+//! Catmull-Rom filter), then the centre `width × height` is cropped. Nothing is
+//! stretched; the longer side loses equal margins on both ends.
+
+use std::io::Cursor;
+
+use base64::Engine as _;
+use headroom_tensor::{Device, Tensor};
+use image::imageops::{self, FilterType};
+use image::{ImageFormat, ImageReader, Limits};
+
+use crate::error::{Result, ServerError};
+
+const FIELD: &str = "image_reference.image_url";
+/// Largest decoded side: far above any video size, small enough that a hostile PNG
+/// header cannot make the decoder allocate gigabytes.
+const MAX_SIDE: u32 = 8192;
+
+/// Decodes a `data:image/png|jpeg;base64,…` URL into `[3, height, width]` in [−1, 1] on
+/// `device`, by the module's cover-and-centre-crop rule.
+pub fn decode_image_url(url: &str, width: usize, height: usize, device: &Device) -> Result<Tensor> {
+    let rgb = decode_rgb(url)?;
+    let rgb = cover_crop(&rgb, width as u32, height as u32);
+    let n = width * height;
+    let mut planar = vec![0f32; 3 * n];
+    for (i, px) in rgb.pixels().enumerate() {
+        for c in 0..3 {
+            planar[c * n + i] = f32::from(px.0[c]) / 127.5 - 1.0;
+        }
+    }
+    Tensor::from_slice(&planar, &[3, height, width], device)
+        .map_err(|e| ServerError::Generation(format!("first frame: {e}")))
+}
+
+/// The image of a data URL as RGB8.
+fn decode_rgb(url: &str) -> Result<image::RgbImage> {
+    let lower = url
+        .get(..url.len().min(16))
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https://") {
+        return Err(ServerError::request(
+            FIELD,
+            "http(s) URLs are not fetched by this server; send the image inline as a data:image/png;base64,… or data:image/jpeg;base64,… URL",
+        ));
+    }
+    let Some(rest) = url.strip_prefix("data:") else {
+        return Err(ServerError::request(
+            FIELD,
+            "must be a data: URL (data:image/png;base64,… or data:image/jpeg;base64,…)",
+        ));
+    };
+    let (header, payload) = rest.split_once(',').ok_or_else(|| {
+        ServerError::request(FIELD, "a data: URL needs a comma before its payload")
+    })?;
+    let mut parts = header.split(';');
+    let mime = parts.next().unwrap_or_default().to_ascii_lowercase();
+    let format = match mime.as_str() {
+        "image/png" => ImageFormat::Png,
+        "image/jpeg" | "image/jpg" => ImageFormat::Jpeg,
+        other => {
+            return Err(ServerError::request(
+                FIELD,
+                format!("media type must be image/png or image/jpeg, got {other:?}"),
+            ))
+        }
+    };
+    if !parts.any(|p| p.eq_ignore_ascii_case("base64")) {
+        return Err(ServerError::request(
+            FIELD,
+            "the data: URL must be base64 encoded (data:image/png;base64,…)",
+        ));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(payload.trim())
+        .map_err(|e| ServerError::request(FIELD, format!("payload is not valid base64: {e}")))?;
+    let mut reader = ImageReader::new(Cursor::new(bytes));
+    reader.set_format(format);
+    let mut limits = Limits::default();
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
+    limits.max_alloc = Some(256 << 20);
+    reader.limits(limits);
+    let image = reader.decode().map_err(|e| {
+        ServerError::request(
+            FIELD,
+            format!("cannot decode the {mime} image (at most {MAX_SIDE}×{MAX_SIDE}): {e}"),
+        )
+    })?;
+    Ok(image.to_rgb8())
+}
+
+/// Scales `rgb` to cover `width × height` keeping its aspect ratio, then crops the centre.
+fn cover_crop(rgb: &image::RgbImage, width: u32, height: u32) -> image::RgbImage {
+    let (w, h) = rgb.dimensions();
+    if (w, h) == (width, height) {
+        return rgb.clone();
+    }
+    let scale = (f64::from(width) / f64::from(w)).max(f64::from(height) / f64::from(h));
+    let sw = ((f64::from(w) * scale).round() as u32).max(width);
+    let sh = ((f64::from(h) * scale).round() as u32).max(height);
+    let scaled = imageops::resize(rgb, sw, sh, FilterType::CatmullRom);
+    imageops::crop_imm(&scaled, (sw - width) / 2, (sh - height) / 2, width, height).to_image()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png_url(w: u32, h: u32, f: impl Fn(u32, u32) -> [u8; 3]) -> String {
+        let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb(f(x, y)));
+        let mut bytes = Vec::new();
+        img.write_to(&mut Cursor::new(&mut bytes), ImageFormat::Png)
+            .unwrap();
+        format!(
+            "data:image/png;base64,{}",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        )
+    }
+
+    #[test]
+    fn a_png_data_url_becomes_a_planar_frame_in_minus_one_to_one() {
+        let dev = Device::cpu().unwrap();
+        let t = decode_image_url(&png_url(4, 2, |_, _| [255, 0, 128]), 4, 2, &dev).unwrap();
+        assert_eq!(t.shape(), [3, 2, 4]);
+        let v = t.to_vec::<f32>().unwrap();
+        assert_eq!(v[0], 1.0);
+        assert_eq!(v[8], -1.0);
+        assert!((v[16] - (128.0 / 127.5 - 1.0)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_wider_image_is_scaled_to_cover_and_centre_cropped() {
+        // Left third red, middle third green, right third blue; a square crop keeps green.
+        let url = png_url(30, 10, |x, _| match x / 10 {
+            0 => [255, 0, 0],
+            1 => [0, 255, 0],
+            _ => [0, 0, 255],
+        });
+        let rgb = cover_crop(&decode_rgb(&url).unwrap(), 10, 10);
+        assert_eq!(rgb.dimensions(), (10, 10));
+        assert_eq!(rgb.get_pixel(5, 5).0, [0, 255, 0]);
+    }
+
+    #[test]
+    fn urls_the_server_will_not_use_are_refused_with_the_rule() {
+        let dev = Device::cpu().unwrap();
+        for (url, says) in [
+            ("https://example.com/a.png", "not fetched"),
+            ("HTTP://example.com/a.png", "not fetched"),
+            ("file:///etc/passwd", "must be a data: URL"),
+            ("data:image/gif;base64,AAAA", "image/png or image/jpeg"),
+            ("data:image/png,rawbytes", "base64 encoded"),
+            ("data:image/png;base64,!!!", "not valid base64"),
+            ("data:image/png;base64,AAAA", "cannot decode"),
+        ] {
+            let err = decode_image_url(url, 16, 16, &dev).unwrap_err();
+            assert_eq!(err.code(), "invalid_request");
+            assert!(err.to_string().contains(says), "{url}: {err}");
+            assert!(err.to_string().contains(FIELD), "{err}");
+        }
+    }
+}

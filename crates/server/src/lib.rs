@@ -1,0 +1,26 @@
+//! headroom's realtime server: `WS /v1/realtime/video` wire-compatible with vLLM-Omni's
+//! realtime video API, a web viewer, health, readiness and Prometheus metrics.
+//!
+//! Every session runs on its own worker thread (never on the async runtime) and reaches
+//! its socket through a bounded channel; every way a session ends releases its KV pages,
+//! decoder state and conditioning before the client hears of the end.
+#![warn(missing_docs, missing_debug_implementations)]
+
+pub mod config;
+pub mod error;
+pub mod image_ref;
+pub mod metrics;
+pub mod prompt;
+pub mod protocol;
+pub mod realtime;
+pub mod server;
+pub mod wire;
+pub mod worker;
+
+pub use config::{Defaults, Limits, ServerConfig};
+pub use error::{Result, ServerError};
+pub use image_ref::decode_image_url;
+pub use metrics::{Histogram, Metrics};
+pub use prompt::text_for_prompt;
+pub use protocol::{ClientMessage, Interaction, StartRequest};
+pub use server::{AppState, Server};

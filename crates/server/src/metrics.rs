@@ -1,0 +1,334 @@
+//! Server counters and the Prometheus text exposition of `GET /metrics`.
+//!
+//! Counters are atomics bumped by socket tasks and workers; histograms keep cumulative
+//! bucket counts in fixed buckets (seconds), so recording never allocates or locks. The
+//! allocator and KV-pool figures are read fresh from the engine at scrape time. Every
+//! name starts with `headroom_`.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use headroom_engine::Engine;
+
+/// Upper bounds (seconds) of the latency histogram buckets; `+Inf` is implied.
+pub const BUCKETS: [f64; 14] = [
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+/// A latency histogram with fixed buckets.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one observation.
+    pub fn observe(&self, value: Duration) {
+        let secs = value.as_secs_f64();
+        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+            if secs <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let ns = u64::try_from(value.as_nanos()).unwrap_or(u64::MAX);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Mean of the observations in seconds (0 when there are none).
+    pub fn mean_secs(&self) -> f64 {
+        let n = self.count();
+        if n == 0 {
+            return 0.0;
+        }
+        self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9 / n as f64
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (bound, bucket) in BUCKETS.iter().zip(&self.buckets) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count();
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// Everything the server counts.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Sessions holding a worker (admitted and not yet released).
+    pub sessions_open: AtomicU64,
+    /// Sessions admitted since start.
+    pub sessions_admitted: AtomicU64,
+    /// Sessions refused for capacity (slots, KV pages or memory).
+    pub sessions_rejected: AtomicU64,
+    /// Sessions that ended with a generation error.
+    pub sessions_failed: AtomicU64,
+    /// Sessions that produced every chunk.
+    pub sessions_completed: AtomicU64,
+    /// Sessions ended early by `session.stop`, disconnect, stall or shutdown.
+    pub sessions_stopped: AtomicU64,
+    /// Chunks sent to clients.
+    pub chunks_sent: AtomicU64,
+    /// Bytes of fragmented MP4 sent to clients.
+    pub media_bytes_sent: AtomicU64,
+    /// `error` messages sent.
+    pub errors_sent: AtomicU64,
+    /// WebSocket connections open.
+    pub connections_open: AtomicU64,
+    /// WebSocket connections served since start (counted when their task starts).
+    pub connections_total: AtomicU64,
+    /// Time to generate and encode one chunk.
+    pub chunk_latency: Histogram,
+    /// Time from `session.start` to the first chunk being ready.
+    pub time_to_first_chunk: Histogram,
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    let _ = writeln!(out, "{name} {value}");
+}
+
+fn counter(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let _ = writeln!(out, "{name} {value}");
+}
+
+impl Metrics {
+    /// The Prometheus text exposition: these counters plus the engine's allocator and
+    /// KV-pool figures read now.
+    pub fn render(&self, engine: &Engine, max_sessions: usize, ready: bool) -> String {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let stats = engine.platform().memory_stats();
+        let mut out = String::with_capacity(8 << 10);
+        let o = &mut out;
+        gauge(
+            o,
+            "headroom_allocated_bytes",
+            "Bytes in live allocations (allocated_bytes.all.current).",
+            stats.allocated_bytes.all().current,
+        );
+        gauge(
+            o,
+            "headroom_allocated_peak_bytes",
+            "Peak of allocated_bytes.all since start or the last peak reset.",
+            stats.allocated_bytes.all().peak,
+        );
+        gauge(
+            o,
+            "headroom_reserved_bytes",
+            "Bytes the allocator holds from the device (reserved_bytes.all.current).",
+            stats.reserved_bytes.all().current,
+        );
+        gauge(
+            o,
+            "headroom_reserved_peak_bytes",
+            "Peak of reserved_bytes.all since start or the last peak reset.",
+            stats.reserved_bytes.all().peak,
+        );
+        gauge(
+            o,
+            "headroom_active_bytes",
+            "Bytes in active blocks (active_bytes.all.current).",
+            stats.active_bytes.all().current,
+        );
+        counter(
+            o,
+            "headroom_reclaims_total",
+            "Allocator cache reclaims done at phase boundaries.",
+            stats.num_reclaims,
+        );
+        counter(
+            o,
+            "headroom_reclaimed_bytes_total",
+            "Reserved bytes given back by those reclaims.",
+            stats.reclaimed_bytes,
+        );
+        counter(
+            o,
+            "headroom_reclaim_seconds_total",
+            "Wall time spent in those reclaims.",
+            stats.reclaim_ns as f64 / 1e9,
+        );
+        counter(
+            o,
+            "headroom_alloc_retries_total",
+            "Allocations that freed the cache and retried (num_alloc_retries).",
+            stats.num_alloc_retries,
+        );
+        counter(
+            o,
+            "headroom_ooms_total",
+            "Allocations that failed with out of memory (num_ooms).",
+            stats.num_ooms,
+        );
+        counter(
+            o,
+            "headroom_device_allocs_total",
+            "Device allocations (num_device_alloc).",
+            stats.num_device_alloc,
+        );
+        counter(
+            o,
+            "headroom_device_frees_total",
+            "Device frees (num_device_free).",
+            stats.num_device_free,
+        );
+        let (free, total) = engine.platform().mem_info();
+        gauge(
+            o,
+            "headroom_device_free_bytes",
+            "Free bytes of the device (mem_info).",
+            free,
+        );
+        gauge(
+            o,
+            "headroom_device_total_bytes",
+            "Capacity of the device (mem_info).",
+            total,
+        );
+        let (pages_total, pages_free) = engine
+            .kv_pool()
+            .map_or((0, 0), |p| (p.total_pages(), p.free_pages()));
+        gauge(
+            o,
+            "headroom_kv_pages_total",
+            "Pages in the KV pool (0 until the first session sizes it).",
+            pages_total,
+        );
+        gauge(
+            o,
+            "headroom_kv_pages_free",
+            "KV pages no session holds.",
+            pages_free,
+        );
+        gauge(
+            o,
+            "headroom_sessions_open",
+            "Sessions admitted and not yet released.",
+            load(&self.sessions_open),
+        );
+        gauge(
+            o,
+            "headroom_sessions_max",
+            "Session slots (--max-sessions).",
+            max_sessions,
+        );
+        gauge(
+            o,
+            "headroom_ready",
+            "1 while a new session could be admitted now, else 0.",
+            u8::from(ready),
+        );
+        gauge(
+            o,
+            "headroom_connections_open",
+            "WebSocket connections open.",
+            load(&self.connections_open),
+        );
+        counter(
+            o,
+            "headroom_connections_total",
+            "WebSocket connections served.",
+            load(&self.connections_total),
+        );
+        counter(
+            o,
+            "headroom_sessions_admitted_total",
+            "Sessions admitted.",
+            load(&self.sessions_admitted),
+        );
+        counter(
+            o,
+            "headroom_sessions_rejected_total",
+            "Sessions refused for capacity.",
+            load(&self.sessions_rejected),
+        );
+        counter(
+            o,
+            "headroom_sessions_failed_total",
+            "Sessions ended by a generation error.",
+            load(&self.sessions_failed),
+        );
+        counter(
+            o,
+            "headroom_sessions_completed_total",
+            "Sessions that produced every chunk.",
+            load(&self.sessions_completed),
+        );
+        counter(
+            o,
+            "headroom_sessions_stopped_total",
+            "Sessions ended early (stop, disconnect, stall, shutdown).",
+            load(&self.sessions_stopped),
+        );
+        counter(
+            o,
+            "headroom_chunks_sent_total",
+            "Chunks sent to clients.",
+            load(&self.chunks_sent),
+        );
+        counter(
+            o,
+            "headroom_media_bytes_sent_total",
+            "Bytes of fragmented MP4 sent.",
+            load(&self.media_bytes_sent),
+        );
+        counter(
+            o,
+            "headroom_errors_sent_total",
+            "error messages sent to clients.",
+            load(&self.errors_sent),
+        );
+        self.chunk_latency.render(
+            o,
+            "headroom_chunk_latency_seconds",
+            "Time to generate and encode one chunk.",
+        );
+        self.time_to_first_chunk.render(
+            o,
+            "headroom_time_to_first_chunk_seconds",
+            "Time from session.start to the first chunk being ready.",
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_counts_each_observation_in_every_bucket_at_or_above_it() {
+        let h = Histogram::default();
+        h.observe(Duration::from_millis(30));
+        h.observe(Duration::from_secs(2));
+        let mut out = String::new();
+        h.render(&mut out, "headroom_x_seconds", "x");
+        assert!(out.contains("headroom_x_seconds_bucket{le=\"0.025\"} 0"));
+        assert!(out.contains("headroom_x_seconds_bucket{le=\"0.05\"} 1"));
+        assert!(out.contains("headroom_x_seconds_bucket{le=\"2.5\"} 2"));
+        assert!(out.contains("headroom_x_seconds_bucket{le=\"+Inf\"} 2"));
+        assert!(out.contains("headroom_x_seconds_count 2"));
+        assert!((h.mean_secs() - 1.015).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,425 @@
+//! `WS /v1/realtime/video`: one socket, one session.
+//!
+//! The socket task is a small state machine on the async runtime; it never generates.
+//! It waits for `session.start` (start timeout), checks it, takes a session slot and
+//! starts the session's worker thread, then serves three sources at once: the worker's
+//! events (admission, chunks, the end), the client's messages (interactions, pings, stop)
+//! and the clocks (stall timeout, server shutdown). Each chunk goes out as a
+//! `video.chunk_metadata` text message immediately followed by its one binary message;
+//! only this task writes to the socket, so nothing can come between the two.
+//!
+//! Ending: `session.stop`, shutdown and the stall timeout set the worker's cancel flag and
+//! keep reading until the worker reports its end (it releases everything first); a
+//! closed socket drops the event channel, which ends the worker at its next send.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::TrySendError;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use serde_json::Value;
+use tokio::time::{sleep_until, timeout, Instant as TokioInstant};
+
+use crate::error::ServerError;
+use crate::protocol::{ClientMessage, Interaction, StartRequest};
+use crate::server::AppState;
+use crate::wire;
+use crate::worker::{self, Ending, Job, Slot, WorkerEvent, WorkerHandle};
+
+/// Serves one WebSocket connection to its end.
+pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>) {
+    let _guard = state.socket_guard();
+    let mut conn = Connection {
+        socket,
+        open: true,
+        state,
+        request_id: None,
+    };
+    if let Some((start, started_at)) = conn.await_start().await {
+        conn.run_session(start, started_at).await;
+    }
+    conn.close().await;
+}
+
+struct Connection {
+    socket: WebSocket,
+    /// False once the client closed or a send failed.
+    open: bool,
+    state: Arc<AppState>,
+    request_id: Option<String>,
+}
+
+/// What the session loop is doing.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Phase {
+    /// Streaming.
+    Running,
+    /// Cancelled (stop, shutdown, stall); waiting for the worker's end.
+    Ending,
+}
+
+impl Connection {
+    async fn send_json(&mut self, value: &Value) -> bool {
+        self.send(Message::Text(value.to_string().into())).await
+    }
+
+    /// Sends one message; a client that does not read for a whole stall timeout is
+    /// treated as gone.
+    async fn send(&mut self, message: Message) -> bool {
+        if !self.open {
+            return false;
+        }
+        let limit = self.state.config.limits.stall_timeout;
+        match timeout(limit, self.socket.send(message)).await {
+            Ok(Ok(())) => true,
+            _ => {
+                self.open = false;
+                false
+            }
+        }
+    }
+
+    async fn send_error(&mut self, error: &ServerError, event_id: Option<&str>) {
+        self.state
+            .metrics
+            .errors_sent
+            .fetch_add(1, Ordering::Relaxed);
+        let request_id = self.request_id.clone();
+        let message = wire::error(error, request_id.as_deref(), event_id);
+        self.send_json(&message).await;
+    }
+
+    async fn close(mut self) {
+        if self.open {
+            let frame = CloseFrame {
+                code: 1000,
+                reason: "".into(),
+            };
+            let _ = self.send(Message::Close(Some(frame))).await;
+        }
+    }
+
+    /// Reads until a valid `session.start` (answering pings); anything else before it is
+    /// an error that ends the connection, as in vLLM-Omni.
+    async fn await_start(&mut self) -> Option<(serde_json::Map<String, Value>, Instant)> {
+        let limits = self.state.config.limits.clone();
+        let deadline = TokioInstant::now() + limits.start_timeout;
+        let mut shutdown = self.state.shutdown_signal();
+        loop {
+            if *shutdown.borrow() {
+                self.send_error(&ServerError::ShuttingDown, None).await;
+                return None;
+            }
+            let message = tokio::select! {
+                m = self.socket.recv() => m,
+                _ = sleep_until(deadline) => {
+                    let secs = limits.start_timeout.as_secs_f64();
+                    self.send_error(&ServerError::StartTimeout(secs), None).await;
+                    return None;
+                }
+                _ = shutdown.changed() => continue,
+            };
+            let text = match message {
+                Some(Ok(Message::Text(text))) => text,
+                Some(Ok(Message::Binary(_))) => {
+                    let e = ServerError::InvalidJson(
+                        "binary messages are not accepted; send session.start as JSON text"
+                            .to_string(),
+                    );
+                    self.send_error(&e, None).await;
+                    return None;
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                    self.open = false;
+                    return None;
+                }
+            };
+            if text.len() > limits.start_message_bytes {
+                let e = ServerError::MessageTooLarge {
+                    kind: "session.start",
+                    bytes: text.len(),
+                    limit: limits.start_message_bytes,
+                };
+                self.send_error(&e, None).await;
+                return None;
+            }
+            let at = Instant::now();
+            match ClientMessage::parse(text.as_str()) {
+                Ok(ClientMessage::Start(map)) => return Some((map, at)),
+                Ok(ClientMessage::Ping) => {
+                    self.send_json(&wire::pong()).await;
+                }
+                Ok(_) => {
+                    let e = ServerError::InvalidState(
+                        "the first message must be session.start".to_string(),
+                    );
+                    self.send_error(&e, None).await;
+                    return None;
+                }
+                Err(e) => {
+                    self.send_error(&e, None).await;
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Checks the start, takes a slot, runs the worker and streams until it ends.
+    async fn run_session(&mut self, start: serde_json::Map<String, Value>, started_at: Instant) {
+        let state = Arc::clone(&self.state);
+        let request = match StartRequest::parse(&start, &state.config.defaults) {
+            Ok(r) => r,
+            Err(e) => return self.send_error(&e, None).await,
+        };
+        drop(start);
+        if let Some(model) = &request.model {
+            if *model != state.config.model_name {
+                let e = ServerError::request(
+                    "model",
+                    format!(
+                        "this server runs {:?}, not {model:?}",
+                        state.config.model_name
+                    ),
+                );
+                return self.send_error(&e, None).await;
+            }
+        }
+        if state.is_shutting_down() {
+            return self.send_error(&ServerError::ShuttingDown, None).await;
+        }
+        let Some(slot) = Slot::try_take(&state.open, state.config.max_sessions, &state.metrics)
+        else {
+            state
+                .metrics
+                .sessions_rejected
+                .fetch_add(1, Ordering::Relaxed);
+            let e = ServerError::Capacity(format!(
+                "all {} session slots are in use (--max-sessions)",
+                state.config.max_sessions
+            ));
+            return self.send_error(&e, None).await;
+        };
+        let request_id = state.new_request_id();
+        self.request_id = Some(request_id.clone());
+        let config = request.config(&state.config.model_name);
+        let job = Job {
+            engine: Arc::clone(&state.engine),
+            request,
+            started_at,
+            slot,
+            request_id: request_id.clone(),
+            metrics: Arc::clone(&state.metrics),
+        };
+        let limits = &state.config.limits;
+        let worker =
+            match worker::spawn(job, state.config.chunks_ahead, limits.pending_interactions) {
+                Ok(w) => w,
+                Err(e) => return self.send_error(&e, None).await,
+            };
+        self.stream(worker, &request_id, config).await;
+    }
+
+    /// The session loop: worker events, client messages, stall and shutdown.
+    async fn stream(&mut self, mut worker: WorkerHandle, request_id: &str, config: Value) {
+        let state = Arc::clone(&self.state);
+        let limits = state.config.limits.clone();
+        let mut shutdown = state.shutdown_signal();
+        let mut shutdown_seen = false;
+        let mut phase = Phase::Running;
+        let mut stopped = false;
+        let mut chunks_sent: u64 = 0;
+        let mut event_ids: HashSet<String> = HashSet::new();
+        let mut fresh_ids: u64 = 0;
+        let mut last_progress = TokioInstant::now();
+        let cancel = |worker: &WorkerHandle| worker.cancel.store(true, Ordering::Release);
+        // A shutdown that began before this subscription is not a change: look once.
+        if *shutdown.borrow_and_update() {
+            shutdown_seen = true;
+            stopped = true;
+            phase = Phase::Ending;
+            cancel(&worker);
+        }
+        loop {
+            let stall_at = last_progress + limits.stall_timeout;
+            tokio::select! {
+                changed = shutdown.changed(), if !shutdown_seen => {
+                    shutdown_seen = true;
+                    if changed.is_ok() && *shutdown.borrow() {
+                        stopped = true;
+                        phase = Phase::Ending;
+                        cancel(&worker);
+                    }
+                }
+                event = worker.events.recv() => {
+                    let Some(event) = event else {
+                        let e = ServerError::Generation(
+                            "the session's worker thread ended unexpectedly".to_string(),
+                        );
+                        return self.send_error(&e, None).await;
+                    };
+                    match event {
+                        WorkerEvent::Opened { .. } => {
+                            last_progress = TokioInstant::now();
+                            self.send_json(&wire::video_start(request_id, config.clone())).await;
+                        }
+                        WorkerEvent::Chunk(chunk) => {
+                            if phase == Phase::Ending {
+                                continue;
+                            }
+                            let meta = wire::chunk_metadata(request_id, chunks_sent, &chunk);
+                            let bytes = chunk.bytes.len() as u64;
+                            if self.send_json(&meta).await
+                                && self.send(Message::Binary(chunk.bytes.into())).await
+                            {
+                                chunks_sent += 1;
+                                last_progress = TokioInstant::now();
+                                state.metrics.chunks_sent.fetch_add(1, Ordering::Relaxed);
+                                state.metrics.media_bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+                            }
+                        }
+                        WorkerEvent::InteractionFailed { event_id, error } => {
+                            event_ids.remove(&event_id);
+                            self.send_error(&error, Some(&event_id)).await;
+                        }
+                        WorkerEvent::Ended(ending) => {
+                            match ending {
+                                Ending::Completed => {
+                                    self.send_json(&wire::session_done(request_id, chunks_sent, stopped)).await;
+                                }
+                                Ending::Cancelled => {
+                                    self.send_json(&wire::session_done(request_id, chunks_sent, true)).await;
+                                }
+                                Ending::Refused(e) | Ending::Failed(e) => {
+                                    self.send_error(&e, None).await;
+                                }
+                            }
+                            return;
+                        }
+                    }
+                    if !self.open {
+                        // The client is gone: dropping the handle ends the worker.
+                        cancel(&worker);
+                        return;
+                    }
+                }
+                message = self.socket.recv(), if self.open => {
+                    match message {
+                        Some(Ok(Message::Text(text))) => {
+                            if text.len() > limits.control_message_bytes {
+                                let e = ServerError::MessageTooLarge {
+                                    kind: "control",
+                                    bytes: text.len(),
+                                    limit: limits.control_message_bytes,
+                                };
+                                self.send_error(&e, None).await;
+                                continue;
+                            }
+                            match ClientMessage::parse(text.as_str()) {
+                                Err(e) => self.send_error(&e, None).await,
+                                Ok(ClientMessage::Ping) => {
+                                    last_progress = TokioInstant::now();
+                                    self.send_json(&wire::pong()).await;
+                                }
+                                Ok(ClientMessage::Stop) => {
+                                    stopped = true;
+                                    phase = Phase::Ending;
+                                    cancel(&worker);
+                                }
+                                Ok(ClientMessage::Start(_)) => {
+                                    let e = ServerError::InvalidState(
+                                        "a session is already running on this socket; open a new socket for another".to_string(),
+                                    );
+                                    self.send_error(&e, None).await;
+                                }
+                                Ok(ClientMessage::Interaction(map)) => {
+                                    let parsed = Interaction::parse(&map, &limits, || {
+                                        fresh_ids += 1;
+                                        format!("{request_id}-event-{fresh_ids}")
+                                    });
+                                    self.queue(&worker, parsed, &mut event_ids, request_id, phase).await;
+                                }
+                            }
+                        }
+                        Some(Ok(Message::Binary(_))) => {
+                            let e = ServerError::InvalidJson(
+                                "binary messages are not accepted; send JSON text".to_string(),
+                            );
+                            self.send_error(&e, None).await;
+                        }
+                        Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                        Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                            self.open = false;
+                            cancel(&worker);
+                            return;
+                        }
+                    }
+                    if !self.open {
+                        cancel(&worker);
+                        return;
+                    }
+                }
+                _ = sleep_until(stall_at), if phase == Phase::Running => {
+                    let secs = limits.stall_timeout.as_secs_f64();
+                    self.send_error(&ServerError::StallTimeout(secs), None).await;
+                    phase = Phase::Ending;
+                    cancel(&worker);
+                }
+            }
+        }
+    }
+
+    /// Checks an interaction's id and hands it to the worker for the next boundary.
+    async fn queue(
+        &mut self,
+        worker: &WorkerHandle,
+        parsed: crate::error::Result<Interaction>,
+        event_ids: &mut HashSet<String>,
+        request_id: &str,
+        phase: Phase,
+    ) {
+        let interaction = match parsed {
+            Ok(i) => i,
+            Err(e) => return self.send_error(&e, None).await,
+        };
+        let id = interaction.event_id.clone();
+        let limits = &self.state.config.limits;
+        let refusal = if event_ids.contains(&id) {
+            Some(ServerError::EventIdConflict(id.clone()))
+        } else if phase == Phase::Ending {
+            Some(ServerError::InvalidState(
+                "the session is ending; no more interactions are taken".to_string(),
+            ))
+        } else if event_ids.len() >= limits.events_per_session {
+            Some(ServerError::Busy(format!(
+                "a session takes at most {} interactions",
+                limits.events_per_session
+            )))
+        } else {
+            None
+        };
+        if let Some(e) = refusal {
+            return self.send_error(&e, Some(&id)).await;
+        }
+        match worker.control.try_send(interaction) {
+            Ok(()) => {
+                event_ids.insert(id.clone());
+                self.send_json(&wire::interaction_queued(request_id, &id))
+                    .await;
+            }
+            Err(TrySendError::Full(_)) => {
+                let e = ServerError::Busy(format!(
+                    "{} interactions already wait for the next chunk boundary",
+                    limits.pending_interactions
+                ));
+                self.send_error(&e, Some(&id)).await;
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                let e = ServerError::InvalidState("the session has ended".to_string());
+                self.send_error(&e, Some(&id)).await;
+            }
+        }
+    }
+}

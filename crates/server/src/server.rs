@@ -1,0 +1,299 @@
+//! The server: shared state, the routes, readiness, and serving until shutdown.
+//!
+//! Routes: `GET /` (the web viewer), `GET /health`, `GET /ready`, `GET /metrics`
+//! (Prometheus text), `GET /stats` (the same figures as JSON, for the viewer) and
+//! `GET /v1/realtime/video` (the WebSocket API).
+//!
+//! Shutdown: when the shutdown future resolves the listener stops accepting, every open
+//! socket is told (its session ends at the next chunk boundary with
+//! `session.done {stopped: true}`), and [`Server::serve`] returns once every socket task
+//! has finished — after every worker has released its session.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use headroom_engine::{Engine, EngineConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::ServerConfig;
+use crate::error::{Result, ServerError};
+use crate::metrics::Metrics;
+use crate::realtime::handle_socket;
+
+/// The web viewer page.
+const VIEWER_HTML: &str = include_str!("../static/viewer.html");
+
+/// State shared by every route and socket.
+#[derive(Debug)]
+pub struct AppState {
+    /// The engine sessions run on.
+    pub engine: Arc<Engine>,
+    /// The server's setup.
+    pub config: ServerConfig,
+    /// KV pages one session reserves (the engine's window).
+    pub pages_per_session: usize,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Session slots held.
+    pub open: Arc<AtomicU64>,
+    shutdown_tx: watch::Sender<bool>,
+    sockets: watch::Sender<usize>,
+    request_ids: AtomicU64,
+}
+
+/// Decrements the open-socket count when a socket task ends.
+#[derive(Debug)]
+pub struct SocketGuard {
+    sockets: watch::Sender<usize>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        self.metrics
+            .connections_open
+            .fetch_sub(1, Ordering::Relaxed);
+        self.sockets.send_modify(|n| *n -= 1);
+    }
+}
+
+impl AppState {
+    /// Counts a socket task until the guard drops.
+    pub fn socket_guard(&self) -> SocketGuard {
+        self.metrics
+            .connections_open
+            .fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .connections_total
+            .fetch_add(1, Ordering::Relaxed);
+        self.sockets.send_modify(|n| *n += 1);
+        SocketGuard {
+            sockets: self.sockets.clone(),
+            metrics: Arc::clone(&self.metrics),
+        }
+    }
+
+    /// A receiver that turns `true` when the server begins shutting down.
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown_tx.subscribe()
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown_tx.borrow()
+    }
+
+    /// A request id in vLLM-Omni's style: `video_stream-` and 32 hex digits, unique in
+    /// this process and unlikely to repeat across restarts.
+    pub fn new_request_id(&self) -> String {
+        use std::hash::{BuildHasher, Hasher};
+        let n = self.request_ids.fetch_add(1, Ordering::Relaxed);
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(n);
+        format!("video_stream-{:016x}{:016x}", h.finish(), n)
+    }
+
+    /// `Ok` while a new session could be admitted now, else the reason: shutting down,
+    /// every slot held, or too few free KV pages for one more session.
+    pub fn readiness(&self) -> std::result::Result<(), String> {
+        if self.is_shutting_down() {
+            return Err("the server is shutting down".to_string());
+        }
+        let open = self.open.load(Ordering::Acquire);
+        let max = self.config.max_sessions as u64;
+        if open >= max {
+            return Err(format!(
+                "all {max} session slots are in use (--max-sessions)"
+            ));
+        }
+        if let Some(pool) = self.engine.kv_pool() {
+            let free = pool.free_pages();
+            if free < self.pages_per_session {
+                return Err(format!(
+                    "the KV pool has {free} of {} pages free; a session needs {}",
+                    pool.total_pages(),
+                    self.pages_per_session
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The realtime server: an engine plus its routes.
+#[derive(Debug, Clone)]
+pub struct Server {
+    state: Arc<AppState>,
+}
+
+impl Server {
+    /// Loads the engine (`engine_config`) and sets the server up; the engine's automatic
+    /// KV budget is sized for `config.max_sessions` sessions.
+    pub fn new(mut engine_config: EngineConfig, config: ServerConfig) -> Result<Self> {
+        if config.max_sessions == 0 {
+            return Err(ServerError::request("max_sessions", "must be at least 1"));
+        }
+        engine_config.max_sessions = config.max_sessions;
+        let pages_per_session = engine_config.window_frames;
+        let engine = Engine::new(engine_config)
+            .map_err(|e| ServerError::Setup(format!("cannot load the engine: {e}")))?;
+        let (shutdown_tx, _) = watch::channel(false);
+        let (sockets, _) = watch::channel(0);
+        Ok(Self {
+            state: Arc::new(AppState {
+                engine: Arc::new(engine),
+                config,
+                pages_per_session,
+                metrics: Arc::new(Metrics::default()),
+                open: Arc::new(AtomicU64::new(0)),
+                shutdown_tx,
+                sockets,
+                request_ids: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    /// The engine (tests read its allocator and KV pool).
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.state.engine
+    }
+
+    /// The server's counters.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.state.metrics
+    }
+
+    /// `Ok` while a new session could be admitted now, else the reason.
+    pub fn readiness(&self) -> std::result::Result<(), String> {
+        self.state.readiness()
+    }
+
+    /// Sessions holding a slot now.
+    pub fn open_sessions(&self) -> u64 {
+        self.state.open.load(Ordering::Acquire)
+    }
+
+    /// The routes.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/", get(viewer))
+            .route("/health", get(health))
+            .route("/ready", get(ready))
+            .route("/metrics", get(metrics))
+            .route("/stats", get(stats))
+            .route("/v1/realtime/video", get(realtime))
+            .with_state(Arc::clone(&self.state))
+    }
+
+    /// Serves on `listener` until `shutdown` resolves, then stops accepting, ends open
+    /// sessions with `session.done {stopped: true}` and returns once every socket closed.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let state = Arc::clone(&self.state);
+        let signal = async move {
+            shutdown.await;
+            state.shutdown_tx.send_replace(true);
+        };
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(signal)
+            .await
+            .map_err(|e| ServerError::Setup(format!("serving failed: {e}")))?;
+        // Upgraded sockets outlive their HTTP connection: wait for them here.
+        let mut sockets = self.state.sockets.subscribe();
+        let _ = sockets.wait_for(|n| *n == 0).await;
+        Ok(())
+    }
+}
+
+async fn viewer() -> Html<&'static str> {
+    Html(VIEWER_HTML)
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    match state.readiness() {
+        Ok(()) => Json(serde_json::json!({ "ready": true })).into_response(),
+        Err(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "ready": false, "reason": reason })),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let ready = state.readiness().is_ok();
+    let body = state
+        .metrics
+        .render(&state.engine, state.config.max_sessions, ready);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn stats(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
+    let s = state.engine.platform().memory_stats();
+    let m = &state.metrics;
+    let (pages_total, pages_free) = state
+        .engine
+        .kv_pool()
+        .map_or((0, 0), |p| (p.total_pages(), p.free_pages()));
+    let readiness = state.readiness();
+    Json(serde_json::json!({
+        "allocated_bytes": s.allocated_bytes.all().current,
+        "allocated_peak_bytes": s.allocated_bytes.all().peak,
+        "reserved_bytes": s.reserved_bytes.all().current,
+        "reserved_peak_bytes": s.reserved_bytes.all().peak,
+        "reclaims": s.num_reclaims,
+        "kv_pages_total": pages_total,
+        "kv_pages_free": pages_free,
+        "sessions_open": m.sessions_open.load(Ordering::Relaxed),
+        "max_sessions": state.config.max_sessions,
+        "ready": readiness.is_ok(),
+        "not_ready_reason": readiness.err(),
+        "chunks_sent": m.chunks_sent.load(Ordering::Relaxed),
+        "chunk_latency_mean_s": m.chunk_latency.mean_secs(),
+        "time_to_first_chunk_mean_s": m.time_to_first_chunk.mean_secs(),
+        "model": state.config.model_name,
+        "defaults": {
+            "width": state.config.defaults.width,
+            "height": state.config.defaults.height,
+            "num_frames": state.config.defaults.num_frames,
+            "fps": state.config.defaults.fps,
+        },
+    }))
+}
+
+async fn realtime(ws: WebSocketUpgrade, State(state): State<Arc<AppState>>) -> Response {
+    // The WebSocket layer's own ceiling is above the protocol limits, so a message over a
+    // limit is answered with `message_too_large` instead of a dropped connection; only
+    // messages over twice the start limit are cut by the WebSocket layer itself.
+    let ceiling = state
+        .config
+        .limits
+        .start_message_bytes
+        .max(state.config.limits.control_message_bytes)
+        .saturating_mul(2);
+    ws.max_message_size(ceiling)
+        .max_frame_size(ceiling)
+        .on_upgrade(move |socket| handle_socket(socket, state))
+}

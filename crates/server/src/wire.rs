@@ -1,0 +1,82 @@
+//! Server → client messages of `WS /v1/realtime/video`, spelled as vLLM-Omni spells them.
+
+use serde_json::{json, Value};
+
+use crate::error::ServerError;
+use crate::worker::EncodedChunk;
+
+/// `video.start`: the session was admitted; `config` echoes the accepted request.
+pub fn video_start(request_id: &str, config: Value) -> Value {
+    json!({
+        "type": "video.start",
+        "request_id": request_id,
+        "format": "m4s",
+        "config": config,
+    })
+}
+
+/// `video.chunk_metadata` describing the binary message that follows it. Beyond
+/// vLLM-Omni's fields it carries the chunk's timings and the allocator's figures after
+/// its decode (clients ignore fields they do not know).
+pub fn chunk_metadata(request_id: &str, transport_index: u64, chunk: &EncodedChunk) -> Value {
+    json!({
+        "type": "video.chunk_metadata",
+        "request_id": request_id,
+        "kind": "media",
+        "transport_chunk_index": transport_index,
+        "generation_chunk_index": chunk.index,
+        "num_frames": chunk.num_frames,
+        "byte_length": chunk.bytes.len(),
+        "started_event_ids": chunk.started,
+        "active_event_ids": chunk.active,
+        "completed_event_ids": chunk.completed,
+        "latency_ms": chunk.latency.as_secs_f64() * 1e3,
+        "denoise_ms": chunk.phases[0] * 1e3,
+        "commit_ms": chunk.phases[1] * 1e3,
+        "decode_ms": chunk.phases[2] * 1e3,
+        "allocated_bytes": chunk.allocated_bytes,
+        "reserved_bytes": chunk.reserved_bytes,
+    })
+}
+
+/// `session.interaction.queued`: the interaction waits for the next chunk boundary
+/// (queue admission, not application: a later `error` with its `event_id` says when it
+/// could not be applied).
+pub fn interaction_queued(request_id: &str, event_id: &str) -> Value {
+    json!({
+        "type": "session.interaction.queued",
+        "request_id": request_id,
+        "event_id": event_id,
+    })
+}
+
+/// `session.pong`, the answer to `session.ping`.
+pub fn pong() -> Value {
+    json!({ "type": "session.pong" })
+}
+
+/// `session.done`: the session ended after `chunks` chunks; `stopped` when it ended early.
+pub fn session_done(request_id: &str, chunks: u64, stopped: bool) -> Value {
+    json!({
+        "type": "session.done",
+        "request_id": request_id,
+        "chunks": chunks,
+        "stopped": stopped,
+    })
+}
+
+/// `error {message, code, request_id?, event_id?}`.
+pub fn error(error: &ServerError, request_id: Option<&str>, event_id: Option<&str>) -> Value {
+    let mut v = json!({
+        "type": "error",
+        "message": error.to_string(),
+        "code": error.code(),
+    });
+    if let Some(id) = request_id {
+        v["request_id"] = json!(id);
+    }
+    if let Some(id) = event_id {
+        v["event_id"] = json!(id);
+    }
+    v
+}

@@ -1,0 +1,468 @@
+//! A session's worker: one dedicated OS thread that opens the engine session, applies
+//! interactions at chunk boundaries, generates and encodes every chunk, and hands the
+//! fragments to the socket task through a bounded channel.
+//!
+//! The channel holds at most `chunks_ahead` chunks, so a slow client slows its own
+//! generation instead of growing a buffer (back-pressure). Generation never runs on the
+//! async runtime. Whatever way the session ends — last chunk, stop, a closed socket, an
+//! error — the worker drops the engine session (its KV pages, decoder state and
+//! conditioning) and then its session slot *before* it reports the end, so a client that
+//! reads `session.done` finds the memory already given back.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use headroom_engine::{Chunk, Engine, Session, SessionRequest};
+use headroom_media::FragmentedMp4;
+use headroom_model::camera::UpdateMode;
+use headroom_tensor::Device;
+use tokio::sync::mpsc;
+
+use crate::error::{Result, ServerError};
+use crate::image_ref::decode_image_url;
+use crate::metrics::Metrics;
+use crate::prompt::text_for_prompt;
+use crate::protocol::{Interaction, StartRequest};
+
+/// A held session slot; dropping it frees the slot.
+#[derive(Debug)]
+pub struct Slot {
+    open: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
+}
+
+impl Slot {
+    /// Takes a slot when fewer than `max` are held.
+    pub fn try_take(open: &Arc<AtomicU64>, max: usize, metrics: &Arc<Metrics>) -> Option<Self> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max as u64).then_some(n + 1)
+        })
+        .ok()?;
+        metrics.sessions_open.fetch_add(1, Ordering::Relaxed);
+        Some(Self {
+            open: Arc::clone(open),
+            metrics: Arc::clone(metrics),
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.metrics.sessions_open.fetch_sub(1, Ordering::Relaxed);
+        self.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// One encoded chunk on its way to the socket.
+#[derive(Debug)]
+pub struct EncodedChunk {
+    /// Generation chunk index from 0.
+    pub index: usize,
+    /// Frames in the chunk.
+    pub num_frames: usize,
+    /// Fragmented MP4: init segment + first fragment for chunk 0, one `moof`+`mdat` after.
+    pub bytes: Vec<u8>,
+    /// Interactions applied at this chunk's start.
+    pub started: Vec<String>,
+    /// Interactions still moving the camera after this chunk.
+    pub active: Vec<String>,
+    /// Interactions finished or replaced during this chunk.
+    pub completed: Vec<String>,
+    /// Generate + encode time.
+    pub latency: Duration,
+    /// The engine's phase timings (denoise, commit, decode) in seconds.
+    pub phases: [f64; 3],
+    /// Allocator `allocated_bytes.all.current` after the decode.
+    pub allocated_bytes: i64,
+    /// Allocator `reserved_bytes.all.current` after the decode.
+    pub reserved_bytes: i64,
+}
+
+/// How a worker ended.
+#[derive(Debug)]
+pub enum Ending {
+    /// Every chunk was produced.
+    Completed,
+    /// Cancelled (stop, shutdown, stall) or the socket went away.
+    Cancelled,
+    /// The session could not be opened (nothing was streamed).
+    Refused(ServerError),
+    /// Generation failed mid-session.
+    Failed(ServerError),
+}
+
+/// What a worker tells its socket task.
+#[derive(Debug)]
+pub enum WorkerEvent {
+    /// The session was admitted and will produce `chunks` chunks.
+    Opened {
+        /// Chunks to come.
+        chunks: usize,
+    },
+    /// A chunk is ready.
+    Chunk(Box<EncodedChunk>),
+    /// A queued interaction could not be applied at the chunk boundary.
+    InteractionFailed {
+        /// The interaction's id.
+        event_id: String,
+        /// Why.
+        error: ServerError,
+    },
+    /// The session ended and released everything; the last event.
+    Ended(Ending),
+}
+
+/// The socket task's side of a worker.
+#[derive(Debug)]
+pub struct WorkerHandle {
+    /// Events from the worker (bounded).
+    pub events: mpsc::Receiver<WorkerEvent>,
+    /// Interactions for the next chunk boundary (bounded).
+    pub control: SyncSender<Interaction>,
+    /// Set to end the session at the next chunk boundary.
+    pub cancel: Arc<AtomicBool>,
+}
+
+/// What a worker needs.
+#[derive(Debug)]
+pub struct Job {
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// The checked request.
+    pub request: StartRequest,
+    /// When `session.start` arrived (time to first chunk counts from here).
+    pub started_at: Instant,
+    /// The held session slot.
+    pub slot: Slot,
+    /// The session's `request_id` (for logs).
+    pub request_id: String,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Spawns the worker thread of `job`.
+pub fn spawn(job: Job, chunks_ahead: usize, pending_interactions: usize) -> Result<WorkerHandle> {
+    let (event_tx, events) = mpsc::channel(chunks_ahead.max(1) + 2);
+    let (control, control_rx) = std::sync::mpsc::sync_channel(pending_interactions.max(1));
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&cancel);
+    std::thread::Builder::new()
+        .name("headroom-session".to_string())
+        .spawn(move || run(job, &event_tx, &control_rx, &flag))
+        .map_err(|e| ServerError::Setup(format!("cannot start a session thread: {e}")))?;
+    Ok(WorkerHandle {
+        events,
+        control,
+        cancel,
+    })
+}
+
+fn run(
+    job: Job,
+    events: &mpsc::Sender<WorkerEvent>,
+    control: &Receiver<Interaction>,
+    cancel: &AtomicBool,
+) {
+    let Job {
+        engine,
+        request,
+        started_at,
+        slot,
+        request_id,
+        metrics,
+    } = job;
+    let _span = tracing::info_span!("session", request_id = %request_id).entered();
+    let ending = match open(&engine, &request) {
+        Err(error) => Ending::Refused(error),
+        Ok(session) => {
+            metrics.sessions_admitted.fetch_add(1, Ordering::Relaxed);
+            let mut stream = Stream {
+                session,
+                tracker: Tracker::default(),
+                events,
+                control,
+                cancel,
+                metrics: &metrics,
+                started_at,
+            };
+            let ending = stream.run(&request);
+            // Release the session (KV pages, decoder state, conditioning) before the
+            // socket hears about the end.
+            drop(stream);
+            ending
+        }
+    };
+    drop(slot);
+    let counter = match &ending {
+        Ending::Completed => Some(&metrics.sessions_completed),
+        Ending::Cancelled => Some(&metrics.sessions_stopped),
+        Ending::Refused(ServerError::Capacity(_)) => Some(&metrics.sessions_rejected),
+        Ending::Refused(_) => None,
+        Ending::Failed(_) => Some(&metrics.sessions_failed),
+    };
+    if let Some(counter) = counter {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+    match &ending {
+        Ending::Completed | Ending::Cancelled => tracing::info!(?ending, "session released"),
+        Ending::Refused(e) => tracing::info!(code = e.code(), error = %e, "session refused"),
+        Ending::Failed(e) => tracing::warn!(error = %e, "session failed and was released"),
+    }
+    // The socket may be gone; then nobody needs to hear it.
+    let _ = events.blocking_send(WorkerEvent::Ended(ending));
+}
+
+/// Builds the engine request (prompt, first frame, actions) and opens the session.
+fn open(engine: &Engine, r: &StartRequest) -> Result<Session> {
+    let text_embeds = text_for_prompt(r.prompt.as_deref(), "prompt")?;
+    let device = Device::new(Arc::clone(engine.platform()));
+    let image = r
+        .image_url
+        .as_deref()
+        .map(|url| decode_image_url(url, r.width, r.height, &device))
+        .transpose()?;
+    let request = SessionRequest {
+        seed: r.seed,
+        steps: r.num_inference_steps,
+        flow_shift: r.flow_shift,
+        text_embeds,
+        image,
+        actions: r.actions.clone(),
+        overlap: r.overlap,
+        ..SessionRequest::new(r.width, r.height, r.num_frames)
+    };
+    engine.open_session(request).map_err(ServerError::from_open)
+}
+
+/// A running session and its plumbing.
+struct Stream<'a> {
+    session: Session,
+    tracker: Tracker,
+    events: &'a mpsc::Sender<WorkerEvent>,
+    control: &'a Receiver<Interaction>,
+    cancel: &'a AtomicBool,
+    metrics: &'a Metrics,
+    started_at: Instant,
+}
+
+impl Stream<'_> {
+    fn run(&mut self, request: &StartRequest) -> Ending {
+        let total = self.session.chunks_total();
+        if self
+            .events
+            .blocking_send(WorkerEvent::Opened { chunks: total })
+            .is_err()
+        {
+            return Ending::Cancelled;
+        }
+        let mut mp4 = match FragmentedMp4::new(request.width, request.height, request.fps) {
+            Ok(m) => m,
+            Err(e) => return Ending::Failed(ServerError::Generation(format!("encoder: {e}"))),
+        };
+        for _ in 0..total {
+            if self.cancel.load(Ordering::Acquire) {
+                return Ending::Cancelled;
+            }
+            let started = match self.apply_interactions() {
+                Ok(started) => started,
+                Err(ending) => return ending,
+            };
+            let t = Instant::now();
+            let chunk = match self.session.next_chunk() {
+                Ok(chunk) => chunk,
+                Err(e) => return Ending::Failed(ServerError::Generation(e.to_string())),
+            };
+            let encoded = match encode(&mut mp4, &chunk) {
+                Ok(bytes) => bytes,
+                Err(e) => return Ending::Failed(e),
+            };
+            let latency = t.elapsed();
+            tracing::debug!(
+                chunk = chunk.index,
+                latency_ms = latency.as_secs_f64() * 1e3,
+                bytes = encoded.len(),
+                "chunk ready"
+            );
+            self.metrics.chunk_latency.observe(latency);
+            if chunk.index == 0 {
+                self.metrics
+                    .time_to_first_chunk
+                    .observe(self.started_at.elapsed());
+            }
+            let (active, completed) = self.tracker.after_chunk();
+            let out = EncodedChunk {
+                index: chunk.index,
+                num_frames: chunk.frames.shape().first().copied().unwrap_or(0),
+                bytes: encoded,
+                started,
+                active,
+                completed,
+                latency,
+                phases: [
+                    chunk.timings.denoise.as_secs_f64(),
+                    chunk.timings.commit.as_secs_f64(),
+                    chunk.timings.decode.as_secs_f64(),
+                ],
+                allocated_bytes: chunk.stats_decoded.allocated_bytes.all().current,
+                reserved_bytes: chunk.stats_decoded.reserved_bytes.all().current,
+            };
+            drop(chunk);
+            // A stop that came in during the chunk: the chunk is not sent.
+            if self.cancel.load(Ordering::Acquire) {
+                return Ending::Cancelled;
+            }
+            if self
+                .events
+                .blocking_send(WorkerEvent::Chunk(Box::new(out)))
+                .is_err()
+            {
+                return Ending::Cancelled;
+            }
+        }
+        Ending::Completed
+    }
+
+    /// Applies every interaction queued since the last boundary; returns the ids that
+    /// start with the coming chunk. Prompts go through [`text_for_prompt`]; a failure
+    /// is reported for that event only.
+    fn apply_interactions(&mut self) -> std::result::Result<Vec<String>, Ending> {
+        let mut started = Vec::new();
+        // Empty or disconnected: nothing more is queued for this boundary.
+        while let Ok(interaction) = self.control.try_recv() {
+            let applied =
+                text_for_prompt(interaction.prompt.as_deref(), "interaction.event.prompt")
+                    .and_then(|_text| match interaction.camera {
+                        Some(update) => self
+                            .session
+                            .interact(update)
+                            .map_err(|e| ServerError::request("interaction", e.to_string())),
+                        None => Ok(()),
+                    });
+            match applied {
+                Ok(()) => {
+                    if let Some(update) = interaction.camera {
+                        self.tracker.start(
+                            &interaction.event_id,
+                            update.mode,
+                            update.transition_chunks,
+                        );
+                    }
+                    started.push(interaction.event_id);
+                }
+                Err(error) => {
+                    let failed = WorkerEvent::InteractionFailed {
+                        event_id: interaction.event_id,
+                        error,
+                    };
+                    if self.events.blocking_send(failed).is_err() {
+                        return Err(Ending::Cancelled);
+                    }
+                }
+            }
+        }
+        Ok(started)
+    }
+}
+
+/// Encodes a chunk's `[T, H, W, 3]` frames into one fragment.
+fn encode(mp4: &mut FragmentedMp4, chunk: &Chunk) -> Result<Vec<u8>> {
+    let fail = |e: String| ServerError::Generation(format!("encoding chunk {}: {e}", chunk.index));
+    let [_, h, w, 3] = *chunk.frames.shape() else {
+        return Err(fail(format!(
+            "frames must be [T, H, W, 3], got {:?}",
+            chunk.frames.shape()
+        )));
+    };
+    let pixels = chunk
+        .frames
+        .to_vec::<u8>()
+        .map_err(|e| fail(e.to_string()))?;
+    let frames: Vec<&[u8]> = pixels.chunks_exact(h * w * 3).collect();
+    mp4.fragment(&frames).map_err(|e| fail(e.to_string()))
+}
+
+/// Which interactions are moving the camera, for the chunk metadata's
+/// `started/active/completed_event_ids`.
+///
+/// A newer camera event replaces the active one (it completes at that boundary). A
+/// velocity stays active until replaced; a target completes after its transition:
+/// `max(1, round(3·transition_chunks))` latent frames, 3 per chunk (at once when
+/// `transition_chunks ≤ 0`).
+#[derive(Debug, Default)]
+struct Tracker {
+    /// (event id, chunks left; `None` until replaced).
+    active: VecDeque<(String, Option<usize>)>,
+    completed: Vec<String>,
+}
+
+impl Tracker {
+    fn start(&mut self, id: &str, mode: UpdateMode, transition_chunks: f64) {
+        self.completed
+            .extend(self.active.drain(..).map(|(id, _)| id));
+        let chunks = match mode {
+            UpdateMode::Velocity => None,
+            UpdateMode::Target if transition_chunks <= 0.0 => Some(1),
+            UpdateMode::Target => {
+                let frames = (transition_chunks * 3.0).round().max(1.0) as usize;
+                Some(frames.div_ceil(3))
+            }
+        };
+        self.active.push_back((id.to_string(), chunks));
+    }
+
+    /// Advances one chunk: (still active, completed during this chunk).
+    fn after_chunk(&mut self) -> (Vec<String>, Vec<String>) {
+        let mut completed = std::mem::take(&mut self.completed);
+        let mut active = Vec::new();
+        for (id, left) in std::mem::take(&mut self.active) {
+            match left {
+                Some(1) => completed.push(id),
+                Some(n) => {
+                    active.push(id.clone());
+                    self.active.push_back((id, Some(n - 1)));
+                }
+                None => {
+                    active.push(id.clone());
+                    self.active.push_back((id, None));
+                }
+            }
+        }
+        (active, completed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_event_replaces_the_active_one_and_targets_complete_after_their_transition() {
+        let mut t = Tracker::default();
+        t.start("v", UpdateMode::Velocity, 1.0);
+        assert_eq!(t.after_chunk(), (vec!["v".to_string()], vec![]));
+        assert_eq!(t.after_chunk(), (vec!["v".to_string()], vec![]));
+        t.start("t", UpdateMode::Target, 2.0);
+        assert_eq!(
+            t.after_chunk(),
+            (vec!["t".to_string()], vec!["v".to_string()])
+        );
+        assert_eq!(t.after_chunk(), (vec![], vec!["t".to_string()]));
+        t.start("snap", UpdateMode::Target, 0.0);
+        assert_eq!(t.after_chunk(), (vec![], vec!["snap".to_string()]));
+    }
+
+    #[test]
+    fn slots_are_bounded_and_come_back_on_drop() {
+        let open = Arc::new(AtomicU64::new(0));
+        let metrics = Arc::new(Metrics::default());
+        let a = Slot::try_take(&open, 1, &metrics).unwrap();
+        assert!(Slot::try_take(&open, 1, &metrics).is_none());
+        assert_eq!(metrics.sessions_open.load(Ordering::Relaxed), 1);
+        drop(a);
+        assert!(Slot::try_take(&open, 1, &metrics).is_some());
+        assert_eq!(metrics.sessions_open.load(Ordering::Relaxed), 0);
+    }
+}

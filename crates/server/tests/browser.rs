@@ -1,0 +1,240 @@
+//! The web viewer in a real browser: headless Chromium (Debian's `chromium`) opens
+//! `GET /`, the page starts a session on the `tiny` model, plays it through MediaSource,
+//! and a held key steers it; the test reads the page over the DevTools protocol and saves
+//! a screenshot to `$CARGO_TARGET_TMPDIR/viewer.png`.
+//!
+//! Skipped (with a note) where no `chromium` binary is installed.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures_util::{SinkExt, StreamExt};
+use headroom_engine::EngineConfig;
+use headroom_server::{Server, ServerConfig};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::Message;
+
+/// Guard against a hang; never an assertion about speed.
+const GUARD: Duration = Duration::from_secs(180);
+
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser"].into_iter().find(|b| {
+        Command::new(b)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// A GET that reads exactly the body its `Content-Length` announces (Chromium's DevTools
+/// server keeps the connection open).
+async fn http_get(addr: &str, path: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0, "connection closed before the body");
+        raw.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&raw).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .expect("a Content-Length header");
+            if body.len() >= length {
+                return body[..length].to_string();
+            }
+        }
+    }
+}
+
+/// A DevTools-protocol connection to one page.
+struct Page {
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next_id: u64,
+}
+
+impl Page {
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let msg = json!({"id": id, "method": method, "params": params});
+        self.ws.send(Message::text(msg.to_string())).await.unwrap();
+        loop {
+            let Some(Ok(Message::Text(text))) = self.ws.next().await else {
+                panic!("DevTools connection closed during {method}");
+            };
+            let v: Value = serde_json::from_str(text.as_str()).unwrap();
+            if v["id"] == id {
+                return v["result"].clone();
+            }
+        }
+    }
+
+    async fn eval(&mut self, expression: &str) -> Value {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                json!({"expression": expression, "returnByValue": true}),
+            )
+            .await;
+        r["result"]["value"].clone()
+    }
+
+    async fn key(&mut self, kind: &str, key: &str) {
+        let code = format!("Key{}", key.to_ascii_uppercase());
+        self.call(
+            "Input.dispatchKeyEvent",
+            json!({"type": kind, "key": key, "text": key, "code": code}),
+        )
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_viewer_plays_a_tiny_session_in_headless_chromium_and_steers_it() {
+    let Some(browser) = chromium() else {
+        eprintln!("skipped: no chromium binary (Debian: apt-get install chromium)");
+        return;
+    };
+    let engine = EngineConfig {
+        model: "tiny".to_string(),
+        ..EngineConfig::default()
+    };
+    let config = ServerConfig {
+        model_name: "tiny".to_string(),
+        ..ServerConfig::default()
+    };
+    let server = Server::new(engine, config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.clone().serve(listener, async {
+        let _ = stopped.await;
+    }));
+
+    let profile = tempfile::tempdir().unwrap();
+    let url = format!("http://{addr}/?autostart=1&frames=117&seed=3&width=96&height=64");
+    let mut child = Command::new(browser)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--autoplay-policy=no-user-gesture-required",
+            "--window-size=1280,800",
+            "--remote-debugging-port=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(&url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Chromium prints "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/…".
+    let stderr = child.stderr.take().unwrap();
+    let devtools = tokio::task::spawn_blocking(move || {
+        let mut lines = BufReader::new(stderr).lines();
+        let port = lines.by_ref().find_map(|line| {
+            let line = line.ok()?;
+            let rest = line.split("DevTools listening on ws://").nth(1)?;
+            Some(rest.split('/').next()?.to_string())
+        });
+        // Keep draining so Chromium never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        port
+    })
+    .await
+    .unwrap()
+    .expect("chromium announces its DevTools port");
+
+    let result = tokio::time::timeout(GUARD, async {
+        let pages: Value = serde_json::from_str(&http_get(&devtools, "/json/list").await).unwrap();
+        let page_ws = pages
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["type"] == "page")
+            .and_then(|p| p["webSocketDebuggerUrl"].as_str())
+            .expect("a page target")
+            .to_string();
+        let (ws, _) = tokio_tungstenite::connect_async(page_ws).await.unwrap();
+        let mut page = Page { ws, next_id: 0 };
+        let probe = "JSON.stringify({state: document.getElementById('state')?.textContent ?? '', \
+                     chunks: parseInt(document.getElementById('chunks')?.textContent ?? '0'), \
+                     played: document.getElementById('video')?.currentTime ?? 0, \
+                     log: document.getElementById('log')?.innerText ?? ''})";
+        let (mut pressed, mut released) = (false, false);
+        let mut seen = Value::Null;
+        let last = loop {
+            let v: Value = match page.eval(probe).await.as_str() {
+                Some(s) => serde_json::from_str(s).unwrap(),
+                None => Value::Null,
+            };
+            if v["state"] != seen {
+                eprintln!(
+                    "page: {} (chunk {}, played {} s)",
+                    v["state"], v["chunks"], v["played"]
+                );
+                seen = v["state"].clone();
+            }
+            let chunks = v["chunks"].as_u64().unwrap_or(0);
+            let state = v["state"].as_str().unwrap_or_default();
+            // Hold W as soon as the session started: it applies at a later chunk boundary.
+            if !pressed && state.starts_with("streaming") {
+                pressed = true;
+                page.key("keyDown", "w").await;
+            }
+            if pressed && !released && chunks >= 4 {
+                released = true;
+                page.key("keyUp", "w").await;
+            }
+            assert!(!state.starts_with("error"), "{v}");
+            if state == "done" && v["played"].as_f64().unwrap_or(0.0) > 0.0 {
+                break v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let shot = page
+            .call("Page.captureScreenshot", json!({"format": "png"}))
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap())
+            .unwrap();
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("viewer.png");
+        std::fs::write(&path, png).unwrap();
+        eprintln!("screenshot: {}", path.display());
+        last
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let last = result.expect("the page never reported a finished, played session");
+    let log = last["log"].as_str().unwrap();
+    assert!(log.contains("session.done: 10 chunks"), "{log}");
+    assert!(
+        log.contains("applies key-1"),
+        "the held key steered a chunk: {log}"
+    );
+    assert!(
+        last["played"].as_f64().unwrap() > 0.0,
+        "frames played: {last}"
+    );
+    let _ = stop.send(());
+    serving.await.unwrap().unwrap();
+}
