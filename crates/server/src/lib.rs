@@ -21,6 +21,6 @@ pub use config::{Defaults, Limits, ServerConfig};
 pub use error::{Result, ServerError};
 pub use image_ref::decode_image_url;
 pub use metrics::{Histogram, Metrics};
-pub use prompt::text_for_prompt;
+pub use prompt::prompt_of;
 pub use protocol::{ClientMessage, Interaction, StartRequest};
 pub use server::{AppState, Server};

@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use crate::error::{Result, ServerError};
 use crate::image_ref::decode_image_url;
 use crate::metrics::Metrics;
-use crate::prompt::text_for_prompt;
+use crate::prompt::prompt_of;
 use crate::protocol::{Interaction, StartRequest};
 
 /// A held session slot; dropping it frees the slot.
@@ -217,7 +217,6 @@ fn run(
 
 /// Builds the engine request (prompt, first frame, actions) and opens the session.
 fn open(engine: &Engine, r: &StartRequest) -> Result<Session> {
-    let text_embeds = text_for_prompt(r.prompt.as_deref(), "prompt")?;
     let device = Device::new(Arc::clone(engine.platform()));
     let image = r
         .image_url
@@ -228,7 +227,7 @@ fn open(engine: &Engine, r: &StartRequest) -> Result<Session> {
         seed: r.seed,
         steps: r.num_inference_steps,
         flow_shift: r.flow_shift,
-        text_embeds,
+        prompt: prompt_of(r.prompt.as_deref()),
         image,
         actions: r.actions.clone(),
         overlap: r.overlap,
@@ -326,21 +325,26 @@ impl Stream<'_> {
     }
 
     /// Applies every interaction queued since the last boundary; returns the ids that
-    /// start with the coming chunk. Prompts go through [`text_for_prompt`]; a failure
-    /// is reported for that event only.
+    /// start with the coming chunk. A new prompt is encoded here and takes effect with
+    /// the coming chunk; a failure is reported for that event only.
     fn apply_interactions(&mut self) -> std::result::Result<Vec<String>, Ending> {
         let mut started = Vec::new();
         // Empty or disconnected: nothing more is queued for this boundary.
         while let Ok(interaction) = self.control.try_recv() {
-            let applied =
-                text_for_prompt(interaction.prompt.as_deref(), "interaction.event.prompt")
-                    .and_then(|_text| match interaction.camera {
-                        Some(update) => self
-                            .session
-                            .interact(update)
-                            .map_err(|e| ServerError::request("interaction", e.to_string())),
-                        None => Ok(()),
-                    });
+            let applied = match prompt_of(interaction.prompt.as_deref()) {
+                Some(prompt) => self
+                    .session
+                    .set_prompt(&prompt)
+                    .map_err(|e| ServerError::request("interaction.event.prompt", e.to_string())),
+                None => Ok(()),
+            }
+            .and_then(|()| match interaction.camera {
+                Some(update) => self
+                    .session
+                    .interact(update)
+                    .map_err(|e| ServerError::request("interaction", e.to_string())),
+                None => Ok(()),
+            });
             match applied {
                 Ok(()) => {
                     if let Some(update) = interaction.camera {
