@@ -6,6 +6,7 @@ pub mod alloc;
 pub mod kernels;
 pub mod plan;
 pub mod plot;
+pub mod serve;
 pub mod session;
 pub mod stats;
 pub mod vae;

@@ -28,6 +28,37 @@ enum BenchCommand {
     /// Matched A/B runs of reclaim policies over sequential sessions: memory, latency,
     /// reclaim cost and output hashes.
     Session(SessionArgs),
+    /// A realtime-video client against a running `headroom serve`: time to first chunk,
+    /// inter-chunk intervals, real-time factor and deadline attainment.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// The server's realtime endpoint.
+    #[arg(long, default_value = "ws://127.0.0.1:8000/v1/realtime/video")]
+    url: String,
+    /// Sessions in all.
+    #[arg(long, default_value_t = 4)]
+    sessions: usize,
+    /// Sessions open at a time.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Frames per session: 12·K − 3.
+    #[arg(long, default_value_t = 33)]
+    frames: usize,
+    /// Width in pixels.
+    #[arg(long, default_value_t = 416)]
+    width: usize,
+    /// Height in pixels.
+    #[arg(long, default_value_t = 240)]
+    height: usize,
+    /// Playback rate the deadlines assume.
+    #[arg(long, default_value_t = 16.0)]
+    fps: f64,
+    /// Output folder (summary.json).
+    #[arg(long, default_value = "bench-serve")]
+    out: std::path::PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -127,7 +158,42 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchCommand::Kernels(args) => kernels(args),
         BenchCommand::Vae(args) => vae(args),
         BenchCommand::Session(args) => session(args),
+        BenchCommand::Serve(args) => serve(args),
     }
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let config = headroom_bench::serve::ServeBenchConfig {
+        url: args.url,
+        sessions: args.sessions,
+        concurrency: args.concurrency,
+        frames: args.frames,
+        width: args.width,
+        height: args.height,
+        fps: args.fps,
+        out: args.out,
+    };
+    let s = headroom_bench::serve::run_serve_bench(&config)?;
+    println!(
+        "# bench serve: {} sessions, concurrency {}, {} frames at {}x{}, target {} fps\n",
+        s.sessions, s.concurrency, s.frames, config.width, config.height, s.fps
+    );
+    println!("| TTFC p50 / p95 s | interval mean / p50 / p95 / p99 / max s | real-time factor | deadline attainment |");
+    println!("|---|---|---|---|");
+    println!(
+        "| {:.2} / {:.2} | {:.2} / {:.2} / {:.2} / {:.2} / {:.2} | {:.3} | {:.1} % |",
+        s.ttfc_p50_s,
+        s.ttfc_p95_s,
+        s.interval_mean_s,
+        s.interval_p50_s,
+        s.interval_p95_s,
+        s.interval_p99_s,
+        s.interval_max_s,
+        s.realtime_factor,
+        100.0 * s.deadline_attainment
+    );
+    println!("\nsummary.json in {}", config.out.display());
+    Ok(())
 }
 
 fn session(args: SessionArgs) -> Result<()> {

@@ -1,0 +1,290 @@
+//! `headroom bench serve`: a realtime-video client that measures a running server the way
+//! vLLM-Omni's realtime benchmark does: time to first chunk, inter-chunk intervals, the
+//! real-time factor and deadline attainment at a target frame rate, over `sessions`
+//! sessions with `concurrency` of them open at a time.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::{SinkExt, StreamExt};
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::stats::percentile;
+use crate::{BenchError, Result};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct ServeBenchConfig {
+    /// `ws://host:port/v1/realtime/video`.
+    pub url: String,
+    /// Sessions in all.
+    pub sessions: usize,
+    /// Sessions open at a time.
+    pub concurrency: usize,
+    /// Frames per session.
+    pub frames: usize,
+    /// Width.
+    pub width: usize,
+    /// Height.
+    pub height: usize,
+    /// Target playback rate for the deadlines.
+    pub fps: f64,
+    /// Output folder (`summary.json`).
+    pub out: PathBuf,
+}
+
+/// One session as the client saw it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionTiming {
+    /// Seconds from `session.start` to the first chunk's video bytes.
+    pub ttfc_s: f64,
+    /// Seconds between consecutive chunks' video bytes.
+    pub intervals_s: Vec<f64>,
+    /// Frames per chunk, in order.
+    pub chunk_frames: Vec<usize>,
+    /// Seconds from `session.start` to `session.done`.
+    pub e2e_s: f64,
+    /// Bytes of video received.
+    pub bytes: usize,
+}
+
+/// The summary written to `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServeBenchSummary {
+    /// Server address.
+    pub url: String,
+    /// Sessions completed.
+    pub sessions: usize,
+    /// Sessions open at a time.
+    pub concurrency: usize,
+    /// Frames per session.
+    pub frames: usize,
+    /// Target playback rate.
+    pub fps: f64,
+    /// Median time to first chunk.
+    pub ttfc_p50_s: f64,
+    /// 95th percentile time to first chunk.
+    pub ttfc_p95_s: f64,
+    /// Mean inter-chunk interval.
+    pub interval_mean_s: f64,
+    /// Median inter-chunk interval.
+    pub interval_p50_s: f64,
+    /// 95th percentile inter-chunk interval.
+    pub interval_p95_s: f64,
+    /// 99th percentile inter-chunk interval.
+    pub interval_p99_s: f64,
+    /// Longest inter-chunk interval.
+    pub interval_max_s: f64,
+    /// Seconds of video per second of generation after the first chunk (≥ 1 keeps up).
+    pub realtime_factor: f64,
+    /// Share of chunks that arrived before playback (started at the first chunk, at
+    /// `fps`) needed them.
+    pub deadline_attainment: f64,
+    /// Every session's timings.
+    pub per_session: Vec<SessionTiming>,
+}
+
+fn ws_err(e: impl std::fmt::Display) -> BenchError {
+    BenchError::InvalidConfig {
+        field: "url",
+        rule: format!("the realtime session failed: {e}"),
+    }
+}
+
+/// Runs one session and times its chunks.
+async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTiming> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(config.url.as_str())
+        .await
+        .map_err(ws_err)?;
+    let start = Instant::now();
+    let request = json!({"type": "session.start", "format": "m4s", "num_frames": config.frames,
+        "width": config.width, "height": config.height, "seed": seed, "fps": config.fps});
+    ws.send(Message::text(request.to_string()))
+        .await
+        .map_err(ws_err)?;
+    let (mut arrivals, mut chunk_frames, mut bytes) = (Vec::new(), Vec::new(), 0usize);
+    while let Some(message) = ws.next().await {
+        match message.map_err(ws_err)? {
+            Message::Binary(b) => {
+                arrivals.push(start.elapsed().as_secs_f64());
+                bytes += b.len();
+            }
+            Message::Text(text) => {
+                let v: Value = serde_json::from_str(text.as_str()).map_err(ws_err)?;
+                match v["type"].as_str() {
+                    Some("video.chunk_metadata") => {
+                        chunk_frames.push(v["num_frames"].as_u64().unwrap_or(0) as usize)
+                    }
+                    Some("session.done") => break,
+                    Some("error") => return Err(ws_err(v)),
+                    _ => {}
+                }
+            }
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    let e2e_s = start.elapsed().as_secs_f64();
+    let _ = ws.close(None).await;
+    let ttfc_s = *arrivals
+        .first()
+        .ok_or_else(|| ws_err("the session ended before its first chunk"))?;
+    Ok(SessionTiming {
+        ttfc_s,
+        intervals_s: arrivals.windows(2).map(|w| w[1] - w[0]).collect(),
+        chunk_frames,
+        e2e_s,
+        bytes,
+    })
+}
+
+/// Playback starts when the first chunk arrives; chunk k is due when the frames before it
+/// have played at `fps`. Returns (chunks on time, chunks after the first).
+fn deadlines(s: &SessionTiming, fps: f64) -> (usize, usize) {
+    let mut played = s.chunk_frames.first().copied().unwrap_or(0) as f64;
+    let mut arrival = s.ttfc_s;
+    let mut on_time = 0;
+    for (k, interval) in s.intervals_s.iter().enumerate() {
+        arrival += interval;
+        let due = s.ttfc_s + played / fps;
+        if arrival <= due {
+            on_time += 1;
+        }
+        played += s.chunk_frames.get(k + 1).copied().unwrap_or(0) as f64;
+    }
+    (on_time, s.intervals_s.len())
+}
+
+/// Summarises session timings.
+pub fn summarize(config: &ServeBenchConfig, per_session: Vec<SessionTiming>) -> ServeBenchSummary {
+    let ttfc: Vec<f64> = per_session.iter().map(|s| s.ttfc_s).collect();
+    let intervals: Vec<f64> = per_session
+        .iter()
+        .flat_map(|s| s.intervals_s.iter().copied())
+        .collect();
+    let (on_time, due) = per_session
+        .iter()
+        .map(|s| deadlines(s, config.fps))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    // Video seconds produced after the first chunk over the time they took.
+    let (video_s, gen_s) = per_session.iter().fold((0.0, 0.0), |acc, s| {
+        let later: usize = s.chunk_frames.iter().skip(1).sum();
+        (
+            acc.0 + later as f64 / config.fps,
+            acc.1 + s.intervals_s.iter().sum::<f64>(),
+        )
+    });
+    let p = |v: &[f64], q: f64| percentile(v, q).unwrap_or(0.0);
+    ServeBenchSummary {
+        url: config.url.clone(),
+        sessions: per_session.len(),
+        concurrency: config.concurrency,
+        frames: config.frames,
+        fps: config.fps,
+        ttfc_p50_s: p(&ttfc, 50.0),
+        ttfc_p95_s: p(&ttfc, 95.0),
+        interval_mean_s: if intervals.is_empty() {
+            0.0
+        } else {
+            intervals.iter().sum::<f64>() / intervals.len() as f64
+        },
+        interval_p50_s: p(&intervals, 50.0),
+        interval_p95_s: p(&intervals, 95.0),
+        interval_p99_s: p(&intervals, 99.0),
+        interval_max_s: intervals.iter().copied().fold(0.0, f64::max),
+        realtime_factor: if gen_s > 0.0 { video_s / gen_s } else { 0.0 },
+        deadline_attainment: if due > 0 {
+            on_time as f64 / due as f64
+        } else {
+            1.0
+        },
+        per_session,
+    }
+}
+
+/// Runs the benchmark against a running server and writes `summary.json`.
+pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
+    if config.sessions == 0 || config.concurrency == 0 || !(config.fps > 0.0) {
+        return Err(BenchError::InvalidConfig {
+            field: "sessions / concurrency / fps",
+            rule: "must be positive".to_string(),
+        });
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ws_err(format!("no async runtime: {e}")))?;
+    let next = Arc::new(AtomicUsize::new(0));
+    let per_session = runtime.block_on(async {
+        let workers = (0..config.concurrency.min(config.sessions)).map(|_| {
+            let next = Arc::clone(&next);
+            async move {
+                let mut done = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= config.sessions {
+                        return Ok::<_, BenchError>(done);
+                    }
+                    done.push(one_session(config, 42 + i as u64).await?);
+                }
+            }
+        });
+        let results = futures_util::future::join_all(workers).await;
+        results
+            .into_iter()
+            .collect::<Result<Vec<_>>>()
+            .map(|v| v.into_iter().flatten().collect::<Vec<_>>())
+    })?;
+    let summary = summarize(config, per_session);
+    std::fs::create_dir_all(&config.out).map_err(|e| BenchError::Io {
+        path: config.out.clone(),
+        message: e.to_string(),
+    })?;
+    let path = config.out.join("summary.json");
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&summary).unwrap_or_default(),
+    )
+    .map_err(|e| BenchError::Io {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_and_realtime_factor_follow_playback_at_the_target_rate() {
+        let config = ServeBenchConfig {
+            url: String::new(),
+            sessions: 1,
+            concurrency: 1,
+            frames: 33,
+            width: 0,
+            height: 0,
+            fps: 12.0,
+            out: PathBuf::new(),
+        };
+        // 9 frames at 2 s, then 12-frame chunks 0.5 s and 2 s later: playback of the
+        // first 9 frames lasts 0.75 s, so the second chunk is on time, the third late.
+        let s = SessionTiming {
+            ttfc_s: 2.0,
+            intervals_s: vec![0.5, 2.0],
+            chunk_frames: vec![9, 12, 12],
+            e2e_s: 4.5,
+            bytes: 0,
+        };
+        assert_eq!(deadlines(&s, 12.0), (1, 2));
+        let summary = summarize(&config, vec![s]);
+        assert!((summary.realtime_factor - 24.0 / 12.0 / 2.5).abs() < 1e-12);
+        assert_eq!(summary.deadline_attainment, 0.5);
+        assert_eq!(summary.interval_max_s, 2.0);
+    }
+}
