@@ -106,7 +106,15 @@ fn load_driver() -> Result<()> {
             // SAFETY: only tries to open the library; no symbol is called.
             if !unsafe { sys::is_culib_present() } {
                 let names = cudarc::get_lib_name_candidates("cuda");
-                let shown: Vec<&str> = names.iter().take(3).map(String::as_str).collect();
+                let mut shown: Vec<&str> = names
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|n| n.ends_with(".so") && !n.contains("64") || n.ends_with(".so.1"))
+                    .collect();
+                shown.dedup();
+                if shown.is_empty() {
+                    shown.extend(names.iter().take(2).map(String::as_str));
+                }
                 return Err(format!(
                     "the CUDA driver library could not be loaded (tried {} and {} other names); \
                      is the NVIDIA driver installed and on LD_LIBRARY_PATH?",
