@@ -131,6 +131,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 }
 
 fn session(args: SessionArgs) -> Result<()> {
+    args.shape.device.require_engine_support()?;
     let policies = args
         .policies
         .iter()
