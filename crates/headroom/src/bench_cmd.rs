@@ -197,6 +197,7 @@ fn serve(args: ServeArgs) -> Result<()> {
 }
 
 fn session(args: SessionArgs) -> Result<()> {
+    args.shape.device.require_engine_support()?;
     let policies = args
         .policies
         .iter()

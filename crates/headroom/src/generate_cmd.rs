@@ -189,6 +189,7 @@ const FPS: u32 = 16;
 
 /// Runs `headroom generate`.
 pub fn run(args: GenerateArgs) -> Result<()> {
+    args.shape.device.require_engine_support()?;
     let reclaim: ReclaimPolicy = args.policy.parse()?;
     let policy: AllocatorPolicy = args.allocator.parse()?;
     let kv_budget_bytes = match args.kv_budget.as_str() {

@@ -1,6 +1,7 @@
 //! `headroom`: the command line of the headroom engine.
 
 mod bench_cmd;
+mod device_arg;
 mod dit_cmd;
 mod generate_cmd;
 mod mem_cmd;

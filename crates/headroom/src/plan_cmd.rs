@@ -38,6 +38,10 @@ pub struct PlanArgs {
     /// Memory of each card (B, KiB, MiB, GiB).
     #[arg(long, default_value = "64GiB")]
     capacity: String,
+    /// Device whose capacity to plan for: cpu (use --capacity) or cuda[:N] (the card's
+    /// memory as the driver reports it replaces --capacity; needs --features cuda).
+    #[arg(long, default_value = "cpu")]
+    device: crate::device_arg::DeviceArg,
     /// Allocator: pytorch or expandable.
     #[arg(long, default_value = "pytorch")]
     allocator: String,
@@ -81,7 +85,13 @@ pub fn run(args: PlanArgs) -> Result<()> {
         "f32" => DType::F32,
         other => anyhow::bail!("--dtype must be bf16 or f32, got {other:?}"),
     };
-    let capacity = parse_size(&args.capacity).context("--capacity")?;
+    if args.measure {
+        args.device.require_engine_support()?;
+    }
+    let capacity = match args.device.card_capacity()? {
+        Some(card) => card,
+        None => parse_size(&args.capacity).context("--capacity")?,
+    };
     let keep_history = args.plot.is_some() || args.trace.is_some();
     let config = PlanConfig {
         model: args.model.clone(),

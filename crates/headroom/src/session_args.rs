@@ -27,6 +27,9 @@ pub struct SessionShape {
     /// memory by default. `bounded` reclaim fractions refer to it.
     #[arg(long)]
     pub capacity: Option<String>,
+    /// Device: cpu, cuda or cuda:N (cuda needs a build with --features cuda).
+    #[arg(long, default_value = "cpu")]
+    pub device: crate::device_arg::DeviceArg,
 }
 
 impl SessionShape {

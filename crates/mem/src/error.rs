@@ -57,6 +57,25 @@ pub enum MemError {
     /// A PyTorch snapshot could not be read.
     #[error("PyTorch snapshot: {0}")]
     Snapshot(String),
+    /// The platform's device cannot be used: no driver library, no device, or not the
+    /// device asked for. The reason is the driver loader's or the driver's own.
+    #[error("no {} device: {reason}", platform.to_uppercase())]
+    NoDevice {
+        /// The platform (`cuda`, `nvml`).
+        platform: &'static str,
+        /// Why, in the driver's words where it gave any.
+        reason: String,
+    },
+    /// A driver call failed on a device that was found.
+    #[error("{platform} driver call {call} failed: {reason}")]
+    Driver {
+        /// The platform (`cuda`, `nvml`).
+        platform: &'static str,
+        /// The driver entry point.
+        call: &'static str,
+        /// The driver's error.
+        reason: String,
+    },
     /// A pickle could not be decoded.
     #[error("pickle: {0}")]
     Pickle(#[from] crate::pickle::PickleError),

@@ -20,6 +20,8 @@ pub mod snapshot;
 pub mod stats;
 
 pub use allocator::{Allocation, AllocatorConfig, AllocatorPolicy, CachingAllocator, StreamId};
+#[cfg(feature = "cuda")]
+pub use device::{cuda_device_count, nvml_used_bytes, CudaMemory};
 pub use device::{DeviceMemory, HostMemory, ModelledMemory};
 pub use error::{MemError, Result};
 pub use history::{History, TraceAction, TraceEvent};

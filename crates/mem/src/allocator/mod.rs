@@ -237,7 +237,13 @@ impl CachingAllocator {
         self.shared.lock().device.used()
     }
 
-    /// Name of the underlying device (`cpu`, `sim`).
+    /// `(free, total)` from the device's driver (`cuMemGetInfo`), where it has one.
+    pub fn driver_mem_info(&self) -> Option<(u64, u64)> {
+        let device = Arc::clone(&self.shared.lock().device);
+        device.driver_mem_info()
+    }
+
+    /// Name of the underlying device (`cpu`, `sim`, `cuda`).
     pub fn device_name(&self) -> &'static str {
         self.shared.lock().device.name()
     }

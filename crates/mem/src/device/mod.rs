@@ -6,11 +6,15 @@
 //! request beyond it fails the way a device allocation fails, and the allocator's slow
 //! path decides what to do next.
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod host;
 mod modelled;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+#[cfg(feature = "cuda")]
+pub use cuda::{cuda_device_count, nvml_used_bytes, CudaMemory};
 pub use host::HostMemory;
 pub use modelled::ModelledMemory;
 
@@ -42,6 +46,11 @@ pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
     /// Where the byte at device address `addr` lives in this process, for devices that
     /// hold bytes the process can touch.
     fn host_ptr(&self, _addr: u64) -> Option<std::ptr::NonNull<u8>> {
+        None
+    }
+    /// `(free, total)` bytes as the device's driver reports them (`cuMemGetInfo`), for
+    /// devices with a driver; `None` where the allocator's own accounting is the truth.
+    fn driver_mem_info(&self) -> Option<(u64, u64)> {
         None
     }
 }

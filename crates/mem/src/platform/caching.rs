@@ -47,6 +47,21 @@ impl CachingPlatform {
         )
     }
 
+    /// GPU `ordinal` through the CUDA driver: segments are real device memory.
+    /// [`MemError::NoDevice`] when the driver cannot be loaded or the device is absent.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(ordinal: usize, config: AllocatorConfig, reclaim: ReclaimPolicy) -> Result<Self> {
+        let device = crate::device::CudaMemory::new(ordinal)?;
+        let capacity = device.capacity();
+        Self::over(
+            PlatformKind::Cuda,
+            Arc::new(device),
+            capacity,
+            config,
+            reclaim,
+        )
+    }
+
     fn over(
         kind: PlatformKind,
         device: Arc<dyn DeviceMemory>,
@@ -78,6 +93,9 @@ impl Platform for CachingPlatform {
         self.allocator.synchronize();
     }
     fn mem_info(&self) -> (u64, u64) {
+        if let Some(info) = self.allocator.driver_mem_info() {
+            return info;
+        }
         let total = self.allocator.capacity();
         (total.saturating_sub(self.allocator.device_used()), total)
     }

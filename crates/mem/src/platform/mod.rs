@@ -24,6 +24,8 @@ pub enum PlatformKind {
     Cpu,
     /// A modelled device: accounting only.
     Sim,
+    /// An NVIDIA GPU through the CUDA driver (feature `cuda`).
+    Cuda,
     /// A test platform that records calls to another.
     Recording,
 }
@@ -34,6 +36,7 @@ impl PlatformKind {
         match self {
             PlatformKind::Cpu => "cpu",
             PlatformKind::Sim => "sim",
+            PlatformKind::Cuda => "cuda",
             PlatformKind::Recording => "recording",
         }
     }

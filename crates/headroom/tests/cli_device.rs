@@ -1,0 +1,63 @@
+//! `--device cpu|cuda[:N]` through the real binary: every way `cuda` cannot be used is a
+//! clear error with exit code 2, never a panic and never a silent run on the CPU.
+
+use std::process::Command;
+
+fn headroom(args: &[&str]) -> (Option<i32>, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args(args)
+        .output()
+        .expect("the headroom binary runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Why `cuda` cannot run the engine in this build on this machine.
+fn assert_cuda_refused(args: &[&str]) {
+    let (code, stderr) = headroom(args);
+    assert_eq!(code, Some(2), "{args:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    if cfg!(feature = "cuda") {
+        assert!(
+            stderr.contains("no CUDA device: ") || stderr.contains("no CUDA kernels yet"),
+            "{stderr}"
+        );
+    } else {
+        assert!(
+            stderr.contains("this build has no CUDA support (build with --features cuda)"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn generate_and_bench_session_refuse_cuda_with_the_reason() {
+    assert_cuda_refused(&["generate", "--device", "cuda", "--model", "tiny"]);
+    assert_cuda_refused(&["bench", "session", "--device", "cuda:0", "--model", "tiny"]);
+}
+
+#[test]
+fn plan_on_cuda_needs_the_feature_and_a_device() {
+    let args = [
+        "plan", "--device", "cuda", "--model", "tiny", "--chunks", "1",
+    ];
+    if cfg!(feature = "cuda") {
+        let (code, stderr) = headroom(&args);
+        // With a GPU the plan runs on the card's capacity; without one it is NoDevice.
+        assert!(
+            code == Some(0) || (code == Some(2) && stderr.contains("no CUDA device: ")),
+            "{code:?}: {stderr}"
+        );
+    } else {
+        assert_cuda_refused(&args);
+    }
+}
+
+#[test]
+fn an_unknown_device_is_a_usage_error() {
+    let (code, stderr) = headroom(&["plan", "--device", "gpu"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("must be cpu, cuda or cuda:N"), "{stderr}");
+}

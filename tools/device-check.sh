@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# The device check of issue 11: one prepared run on a GPU machine (no Rust toolchain
+# there), with binaries built on the development machine and carried over.
+#
+# WHAT IT COVERS NOW
+#   - the `cuda` platform of headroom-mem: the `cuda_platform` test executable
+#     (cuMemAlloc/cuMemFree segments under `pytorch`, cuMemAddressReserve/cuMemCreate/
+#     cuMemMap/cuMemUnmap pages under `expandable`, empty_cache lowering cuMemGetInfo's
+#     used bytes, out-of-memory as an error, NoDevice for an absent ordinal), with the
+#     allocator's peaks and the driver's and NVML's used bytes;
+#   - the binary: `headroom plan --device cuda` reads the card's capacity from the driver,
+#     and `headroom generate --device cuda` refuses with "no CUDA kernels yet" (exit 2).
+#
+# WHAT IT DOES NOT COVER YET (the tensor runtime has no CUDA kernels: issue 11, item 2)
+#   - op tests on the GPU (cuBLASLt GEMM, attention, conv3d, NVRTC elementwise/norm/rope)
+#     and any CPU-vs-CUDA comparison of op results: none exist yet;
+#   - the DiT and VAE golden tests on the GPU;
+#   - the stepwise wan2.1-t2v-1.3b session at 480x832 under `never` and `before-decode`
+#     (per-block denoise/commit/decode times, peaks, output hashes per policy).
+#
+# USE
+#   Here (the development machine), stage the binaries into .device-bin/ (ignored by git,
+#   carried to the GPU machine):
+#       tools/device-check.sh --stage
+#   There (device tool: carry [".device-bin"], timeout_s about 300):
+#       tools/device-check.sh
+#   It writes $OUT/device-check.json (summary) and $OUT/device-check.log (full output);
+#   without $OUT it writes them to ./device-check-out/. Exit code 0 when every check ran
+#   and passed, 1 otherwise.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+STAGE=.device-bin
+
+if [[ "${1:-}" == "--stage" ]]; then
+  set -e
+  grep -qxF "/$STAGE/" .git/info/exclude 2>/dev/null || echo "/$STAGE/" >> "$(git rev-parse --git-path info/exclude)"
+  cargo test -j 1 --release -p headroom-mem --features cuda --test cuda_platform --no-run
+  cargo build -j 1 --release -p headroom --features cuda
+  rm -rf "$STAGE" && mkdir -p "$STAGE"
+  exe=$(ls -t target/release/deps/cuda_platform-* | grep -v '\.d$' | head -n 1)
+  cp "$exe" "$STAGE/cuda_platform"
+  cp target/release/headroom "$STAGE/headroom"
+  strip "$STAGE"/* 2>/dev/null || true
+  du -sh "$STAGE"/*
+  echo "staged; carry \"$STAGE\" and run tools/device-check.sh there"
+  exit 0
+fi
+
+OUT_DIR="${OUT:-$PWD/device-check-out}"
+mkdir -p "$OUT_DIR"
+LOG="$OUT_DIR/device-check.log"
+FIGURES=$(mktemp -d)
+: > "$LOG"
+log() { echo "$*" | tee -a "$LOG"; }
+
+nvml_used() {
+  # NVML's used bytes of GPU 0 through nvidia-smi (MiB → B); empty if unavailable.
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null \
+      | awk 'NR==1 {printf "%d", $1 * 1048576}'
+  fi
+}
+
+# The mem CUDA test executable: staged first, then cargo's output folders.
+find_test_exe() {
+  local candidate
+  for candidate in "$STAGE/cuda_platform" \
+    $(ls -t target/release/deps/cuda_platform-* target/debug/deps/cuda_platform-* 2>/dev/null | grep -v '\.d$'); do
+    if [[ -x "$candidate" && -f "$candidate" ]]; then
+      echo "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+find_binary() {
+  local candidate
+  for candidate in "$STAGE/headroom" target/release/headroom target/debug/headroom; do
+    [[ -x "$candidate" ]] && { echo "$candidate"; return 0; }
+  done
+  return 1
+}
+
+results=()   # name|status|detail
+record() { results+=("$1|$2|$3"); log "== $1: $2 ${3:+($3)}"; }
+
+log "device-check: $(date -u +%FT%TZ) on $(hostname)"
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>&1 | tee -a "$LOG"
+NVML_BEFORE=$(nvml_used)
+
+# 1. The mem CUDA tests.
+if exe=$(find_test_exe); then
+  log "running mem CUDA tests: $exe"
+  HEADROOM_DEVICE_CHECK_OUT="$FIGURES" "$exe" --test-threads=1 --nocapture >>"$LOG" 2>&1
+  rc=$?
+  if grep -q "skipped: no CUDA device" "$LOG"; then
+    record mem_cuda_tests skipped "no CUDA device: $(grep -m1 -o 'skipped: no CUDA device.*' "$LOG")"
+  elif [[ $rc -eq 0 ]]; then
+    record mem_cuda_tests pass "$exe"
+  else
+    record mem_cuda_tests fail "exit $rc, see device-check.log"
+  fi
+else
+  record mem_cuda_tests missing "no cuda_platform executable in $STAGE/ or target/{release,debug}/deps (run --stage first)"
+fi
+
+# 2. The binary: plan reads the card; generate refuses honestly.
+PLAN_CAPACITY=""
+if bin=$(find_binary); then
+  log "binary: $bin"
+  if "$bin" plan --device cuda:0 --model wan2.1-t2v-1.3b --chunks 1 --json >"$FIGURES/plan.json" 2>>"$LOG"; then
+    PLAN_CAPACITY=$(python3 -c '
+import json, sys
+def find(v):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if "capacity" in k and isinstance(x, int):
+                return x
+            r = find(x)
+            if r is not None:
+                return r
+    if isinstance(v, list):
+        for x in v:
+            r = find(x)
+            if r is not None:
+                return r
+print(find(json.load(open(sys.argv[1]))) or "")' "$FIGURES/plan.json" 2>/dev/null || true)
+    record plan_device_cuda pass "capacity ${PLAN_CAPACITY:-see plan.json}"
+  elif grep -q "no CUDA device" "$LOG"; then
+    record plan_device_cuda skipped "no CUDA device"
+  else
+    record plan_device_cuda fail "see device-check.log"
+  fi
+  "$bin" generate --device cuda:0 --model tiny --frames 9 >"$FIGURES/generate.txt" 2>&1
+  rc=$?
+  cat "$FIGURES/generate.txt" >>"$LOG"
+  if [[ $rc -eq 2 ]] && grep -q "no CUDA kernels yet" "$FIGURES/generate.txt"; then
+    record generate_device_cuda_refuses pass "exit 2: no CUDA kernels yet"
+  elif [[ $rc -eq 2 ]] && grep -q "no CUDA device" "$FIGURES/generate.txt"; then
+    record generate_device_cuda_refuses skipped "exit 2: no CUDA device"
+  else
+    record generate_device_cuda_refuses fail "exit $rc: $(head -c 300 "$FIGURES/generate.txt")"
+  fi
+else
+  record binary missing "no headroom binary in $STAGE/ or target/{release,debug}"
+fi
+
+# 3. CPU-vs-CUDA op checks: none exist until the tensor runtime has CUDA kernels.
+record cpu_vs_cuda_ops not_available "the tensor runtime has no CUDA kernels yet (issue 11, item 2)"
+
+NVML_AFTER=$(nvml_used)
+
+# Summary.
+python3 - "$OUT_DIR/device-check.json" "$FIGURES" "${NVML_BEFORE:-}" "${NVML_AFTER:-}" "${results[@]}" <<'PY' || {
+import json, os, sys
+out, figures, before, after, *rows = sys.argv[1:]
+checks = []
+for row in rows:
+    name, status, detail = row.split("|", 2)
+    checks.append({"name": name, "status": status, "detail": detail})
+allocator = {}
+for f in sorted(os.listdir(figures)):
+    if f.startswith("mem-cuda-") and f.endswith(".json"):
+        with open(os.path.join(figures, f)) as fh:
+            allocator[f[len("mem-cuda-"):-len(".json")]] = json.load(fh)
+summary = {
+    "passed": all(c["status"] in ("pass", "not_available") for c in checks),
+    "checks": checks,
+    "nvml_used_bytes_before": int(before) if before else None,
+    "nvml_used_bytes_after": int(after) if after else None,
+    "allocator": allocator,
+    "not_covered": [
+        "GPU kernels and CPU-vs-CUDA op tests (no CUDA kernels yet)",
+        "DiT/VAE golden tests on the GPU",
+        "wan2.1-t2v-1.3b 480x832 stepwise session under never and before-decode",
+    ],
+}
+with open(out, "w") as fh:
+    json.dump(summary, fh, indent=2)
+print(json.dumps(summary, indent=2))
+PY
+  # No python3: a minimal summary by hand.
+  {
+    echo '{"checks": ['
+    first=1
+    for row in "${results[@]}"; do
+      IFS='|' read -r name status detail <<<"$row"
+      [[ $first -eq 1 ]] || echo ','
+      first=0
+      printf '{"name": "%s", "status": "%s"}' "$name" "$status"
+    done
+    printf '], "nvml_used_bytes_before": %s, "nvml_used_bytes_after": %s}\n' "${NVML_BEFORE:-null}" "${NVML_AFTER:-null}"
+  } >"$OUT_DIR/device-check.json"
+  cat "$OUT_DIR/device-check.json"
+}
+rm -rf "$FIGURES"
+
+for row in "${results[@]}"; do
+  case "$row" in
+    *"|pass|"* | *"|not_available|"*) ;;
+    *) exit 1 ;;
+  esac
+done
+exit 0
