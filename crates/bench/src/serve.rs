@@ -208,7 +208,7 @@ pub fn summarize(config: &ServeBenchConfig, per_session: Vec<SessionTiming>) -> 
 
 /// Runs the benchmark against a running server and writes `summary.json`.
 pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
-    if config.sessions == 0 || config.concurrency == 0 || !(config.fps > 0.0) {
+    if config.sessions == 0 || config.concurrency == 0 || config.fps.is_nan() || config.fps <= 0.0 {
         return Err(BenchError::InvalidConfig {
             field: "sessions / concurrency / fps",
             rule: "must be positive".to_string(),

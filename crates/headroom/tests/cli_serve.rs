@@ -49,23 +49,47 @@ fn serve_answers_health_and_ready_then_exits_zero_on_sigterm() {
     let url = format!("ws://{addr}/v1/realtime/video");
     let bench = Command::new(env!("CARGO_BIN_EXE_headroom"))
         .args([
-            "bench", "serve", "--url", &url, "--sessions", "2", "--frames", "21", "--width",
-            "48", "--height", "32", "--out", dir.path().to_str().unwrap(),
+            "bench",
+            "serve",
+            "--url",
+            &url,
+            "--sessions",
+            "2",
+            "--frames",
+            "21",
+            "--width",
+            "48",
+            "--height",
+            "32",
+            "--out",
+            dir.path().to_str().unwrap(),
         ])
         .output()
         .unwrap();
-    assert!(bench.status.success(), "{}", String::from_utf8_lossy(&bench.stderr));
+    assert!(
+        bench.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["sessions"], 2);
     for key in [
-        "ttfc_p50_s", "interval_mean_s", "interval_p50_s", "interval_p95_s", "interval_p99_s",
-        "interval_max_s", "realtime_factor", "deadline_attainment",
+        "ttfc_p50_s",
+        "interval_mean_s",
+        "interval_p50_s",
+        "interval_p95_s",
+        "interval_p99_s",
+        "interval_max_s",
+        "realtime_factor",
+        "deadline_attainment",
     ] {
         assert!(summary[key].as_f64().is_some(), "missing {key}");
     }
     let sessions = summary["per_session"].as_array().unwrap();
-    assert!(sessions.iter().all(|s| s["chunk_frames"] == serde_json::json!([9, 12])));
+    assert!(sessions
+        .iter()
+        .all(|s| s["chunk_frames"] == serde_json::json!([9, 12])));
     let pid = i32::try_from(child.id()).unwrap();
     // SAFETY: kill only sends a signal to the child this test started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
