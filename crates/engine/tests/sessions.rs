@@ -147,8 +147,8 @@ fn bad_requests_are_refused_with_the_field_and_the_rule() {
 fn sessions_beyond_the_kv_budget_are_refused_at_admission() {
     let engine = Engine::new(EngineConfig {
         model: "tiny".to_string(),
-        // One session's 18 pages of 2304 B each, not two.
-        kv_budget_bytes: Some(50_000),
+        // One session's 18 pages of 4608 B each, not two.
+        kv_budget_bytes: Some(100_000),
         ..EngineConfig::default()
     })
     .unwrap();
