@@ -421,6 +421,8 @@ async fn every_error_code_comes_from_the_input_that_should_produce_it() {
                         .is_some_and(|ids| ids.contains(&json!("p"))) =>
             {
                 before_stop.push(v);
+                // The chunk's video follows its metadata.
+                assert!(matches!(recv(&mut ws).await, In::Bin(_)));
                 break;
             }
             In::Json(v) => before_stop.push(v),
@@ -536,9 +538,9 @@ async fn a_full_server_refuses_with_capacity_at_once_and_is_not_ready_until_a_sl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kv_pool_with_room_for_one_session_refuses_the_second_whatever_the_slots() {
-    // tiny at 48×32: one page = 2 (K, V) · 2 layers · 6 tokens · 2 heads · 12 dims · 4 B;
+    // tiny at 48×32: one page = 2 (K, V) · 2 layers · 6 tokens · 4 heads · 12 dims · 4 B;
     // a session takes the 18-frame window.
-    let page = 2 * 2 * 6 * 2 * 12 * 4;
+    let page = 2 * 2 * 6 * 4 * 12 * 4;
     let config = ServerConfig {
         max_sessions: 2,
         ..ServerConfig::default()
