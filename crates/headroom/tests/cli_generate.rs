@@ -1,13 +1,7 @@
 //! `headroom generate` through the real binary, on the tiny built-in model.
 
-use std::process::Command;
-
-fn headroom(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_headroom"))
-        .args(args)
-        .output()
-        .expect("the headroom binary runs")
-}
+mod common;
+use common::headroom;
 
 /// `headroom generate` on the tiny model at 48×32 with `frames` frames into `out`.
 fn generate_tiny(frames: &str, out: &std::path::Path, extra: &[&str]) -> std::process::Output {
@@ -25,11 +19,7 @@ fn generate_writes_every_frame_and_reports_its_memory_story() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("v.y4m");
     let res = generate_tiny("21", &out, &["--policy", "before-decode", "--json"]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let report: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
     assert_eq!(report["frames"], 21);
     for key in [
@@ -68,11 +58,7 @@ fn generate_is_byte_identical_across_reclaim_policies_and_allocators() {
     ] {
         let out = dir.path().join(format!("{policy}.mp4"));
         let res = generate_tiny("9", &out, &["--policy", policy, "--allocator", allocator]);
-        assert!(
-            res.status.success(),
-            "{}",
-            String::from_utf8_lossy(&res.stderr)
-        );
+        common::assert_ok(&res);
         outputs.push(std::fs::read(&out).unwrap());
     }
     assert_eq!(outputs[0], outputs[1]);
@@ -151,11 +137,7 @@ fn an_image_conditions_the_video_and_a_trace_pickle_is_written() {
     let run = |extra: &[&str], name: &str| {
         let out = dir.path().join(name);
         let res = generate_tiny("9", &out, extra);
-        assert!(
-            res.status.success(),
-            "{}",
-            String::from_utf8_lossy(&res.stderr)
-        );
+        common::assert_ok(&res);
         std::fs::read(out).unwrap()
     };
     let trace = dir.path().join("trace.pickle");
@@ -187,11 +169,7 @@ fn generate_writes_an_h264_mp4_with_the_requested_frames_and_size() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("v.mp4");
     let res = generate_tiny("21", &out, &[]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let file = std::fs::File::open(&out).unwrap();
     let size = file.metadata().unwrap().len();
     let reader = mp4::Mp4Reader::read_header(std::io::BufReader::new(file), size).unwrap();
@@ -229,11 +207,7 @@ fn bench_session_writes_samples_and_a_summary_with_matching_hashes() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["hashes_match"], true);
@@ -291,9 +265,5 @@ fn a_capacity_emulates_a_small_device_and_running_out_is_a_clean_error() {
     assert!(String::from_utf8_lossy(&res.stderr).contains("out of memory"));
     assert!(!out.exists());
     let res = generate_tiny("9", &out, &["--capacity", "256MiB", "--json"]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
 }

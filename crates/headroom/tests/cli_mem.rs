@@ -1,14 +1,9 @@
 //! `headroom mem replay` and `headroom bench alloc` through the real binary.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
+use common::headroom;
 
-fn headroom(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_headroom"))
-        .args(args)
-        .output()
-        .expect("the headroom binary runs")
-}
+use std::path::PathBuf;
 
 fn repo_file(path: &str) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -17,11 +12,7 @@ fn repo_file(path: &str) -> String {
 
 fn replay_json(args: &[&str]) -> serde_json::Value {
     let out = headroom(args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     serde_json::from_slice(&out.stdout).expect("--json prints one JSON object")
 }
 
@@ -86,11 +77,7 @@ fn the_human_table_and_the_snapshot_file_are_written() {
         "--snapshot",
         snapshot.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
         text.contains("reserved") && text.contains("256.0 MiB"),
@@ -168,11 +155,7 @@ fn bench_alloc_prints_both_allocators_and_their_ratio() {
         "3",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows = json["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
@@ -188,11 +171,7 @@ fn bench_kernels_prints_every_kernel_beside_its_reference() {
     let out = headroom(&[
         "bench", "kernels", "--shrink", "10", "--reps", "1", "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::assert_ok(&out);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let kernels = json["kernels"].as_array().unwrap();
     let prefixes: Vec<&str> = kernels

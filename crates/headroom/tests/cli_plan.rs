@@ -1,14 +1,8 @@
 //! `headroom plan` through the real binary: the JSON schema, the plot and snapshots, and
 //! clear errors for layouts the model cannot take.
 
-use std::process::Command;
-
-fn headroom(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_headroom"))
-        .args(args)
-        .output()
-        .expect("the headroom binary runs")
-}
+mod common;
+use common::headroom;
 
 const TINY: [&str; 12] = [
     "plan",
@@ -44,11 +38,7 @@ fn plan_prints_one_row_per_rank_and_policy_with_every_field() {
         trace.to_str().unwrap(),
     ]);
     let res = headroom(&args);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let json: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
     let ranks = json["ranks"].as_array().unwrap();
     assert_eq!(ranks.len(), 8, "4 ranks × 2 policies");
@@ -81,11 +71,7 @@ fn plan_prints_one_row_per_rank_and_policy_with_every_field() {
 #[test]
 fn plan_prints_a_table_and_refuses_layouts_the_model_cannot_take() {
     let res = headroom(&TINY);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let out = String::from_utf8_lossy(&res.stdout);
     assert!(out.contains("| rank | policy | weights GB"), "{out}");
     assert!(out.contains("- before-decode: per-card peak"), "{out}");

@@ -1,6 +1,8 @@
 //! `headroom serve` through the real binary: it listens, answers health and readiness,
 //! and exits 0 on SIGTERM. (The WebSocket protocol is tested in `crates/server`.)
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
@@ -66,11 +68,7 @@ fn serve_answers_health_and_ready_then_exits_zero_on_sigterm() {
         ])
         .output()
         .unwrap();
-    assert!(
-        bench.status.success(),
-        "{}",
-        String::from_utf8_lossy(&bench.stderr)
-    );
+    common::assert_ok(&bench);
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["sessions"], 2);

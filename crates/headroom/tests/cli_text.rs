@@ -1,17 +1,12 @@
 //! `headroom text encode` and `headroom generate --prompt` through the real binary.
 
+mod common;
+use common::headroom;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 use headroom_tensor::io::npy::read_npy;
 use headroom_tensor::Device;
-
-fn headroom(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_headroom"))
-        .args(args)
-        .output()
-        .expect("the headroom binary runs")
-}
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../text/tests/fixtures")
@@ -36,11 +31,7 @@ fn text_encode_writes_the_pipeline_embeddings() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let got = read_npy(&out, &dev).unwrap();
     let want = read_npy(fixtures().join("embeds_0.npy"), &dev).unwrap();
     assert_eq!(got.shape(), [16, 32]);
@@ -89,11 +80,7 @@ fn generate_with_a_prompt_reports_the_text_encoder() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let report: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
     let text = &report["text_encoder"];
     assert_eq!(text["mode"], "on-demand");

@@ -1,17 +1,12 @@
 //! `headroom vae decode|encode` and `headroom bench vae` through the real binary.
 
+mod common;
+use common::headroom;
+
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 use headroom_tensor::io::npy::read_npy;
 use headroom_tensor::Device;
-
-fn headroom(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_headroom"))
-        .args(args)
-        .output()
-        .expect("the headroom binary runs")
-}
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -47,11 +42,7 @@ fn vae_decode_in_chunks_and_encode_match_the_diffusers_fixtures() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let got = read_npy(&out, &dev).unwrap();
     let expected = read_npy(dir.join("decoded.npy"), &dev).unwrap();
     assert_eq!(got.shape(), expected.shape());
@@ -70,11 +61,7 @@ fn vae_decode_in_chunks_and_encode_match_the_diffusers_fixtures() {
         "--out",
         px.to_str().unwrap(),
     ]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let pixels = read_npy(&px, &dev).unwrap();
     assert_eq!(pixels.shape(), &expected.shape()[1..]);
 
@@ -90,11 +77,7 @@ fn vae_decode_in_chunks_and_encode_match_the_diffusers_fixtures() {
         "--out",
         enc.to_str().unwrap(),
     ]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let got = read_npy(&enc, &dev).unwrap().to_f32_vec().unwrap();
     let expected = read_npy(dir.join("encoded_mean.npy"), &dev)
         .unwrap()
@@ -148,11 +131,7 @@ fn bench_vae_reports_time_peaks_and_the_declared_state() {
         "bench", "vae", "--config", "tiny", "--height", "64", "--width", "64", "--frames", "3",
         "--json",
     ]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let json: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
     assert_eq!(json["frames"], 9);
     assert_eq!(json["state_bytes"], json["declared_state_bytes"]);
@@ -195,11 +174,7 @@ fn dit_forward_matches_the_diffusers_fixture_and_completes_image_channels() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    assert!(
-        res.status.success(),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
-    );
+    common::assert_ok(&res);
     let got = read_npy(&out, &dev).unwrap().to_vec::<f32>().unwrap();
     let expected = read_npy(dir.join("out_text.npy"), &dev)
         .unwrap()
