@@ -166,8 +166,9 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
         .run(&engine_config, platform, |rank, engine| {
             let platform = engine.platform().as_ref();
             let mut peaks = PeakTracker::default();
-            peaks.stretch(platform, &platform.memory_stats(), "load");
-            let weights_bytes = platform.memory_stats().allocated_bytes.all().current as u64;
+            let loaded = platform.memory_stats();
+            peaks.stretch(platform, &loaded, "load");
+            let weights_bytes = loaded.allocated_bytes.all().current as u64;
             let request = SessionRequest::new(config.width, config.height, config.frames);
             let mut session = engine.open_session(request)?;
             peaks.stretch(platform, &platform.memory_stats(), "open");

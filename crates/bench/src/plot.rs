@@ -67,25 +67,20 @@ fn text(
     color: RGBColor,
     scale: i32,
 ) {
-    let mut cx = x;
-    for c in s.chars() {
-        if let Some(glyph) = font8x8::BASIC_FONTS.get(c) {
-            for (row, bits) in glyph.iter().enumerate() {
-                for col in 0..8 {
-                    if bits & (1 << col) != 0 {
-                        for dy in 0..scale {
-                            for dx in 0..scale {
-                                let _ = area.draw_pixel(
-                                    (cx + col * scale + dx, y + row as i32 * scale + dy),
-                                    &color,
-                                );
-                            }
-                        }
-                    }
+    for (i, c) in s.chars().enumerate() {
+        let Some(glyph) = font8x8::BASIC_FONTS.get(c) else {
+            continue;
+        };
+        let left = x + i as i32 * 8 * scale;
+        for (row, bits) in glyph.iter().enumerate() {
+            for col in (0..8).filter(|col| bits & (1 << col) != 0) {
+                let (px, py) = (left + col * scale, y + row as i32 * scale);
+                // A filled rectangle of one pixel draws nothing, so set the pixels.
+                for (dx, dy) in (0..scale).flat_map(|dx| (0..scale).map(move |dy| (dx, dy))) {
+                    let _ = area.draw_pixel((px + dx, py + dy), &color);
                 }
             }
         }
-        cx += 8 * scale;
     }
 }
 
@@ -182,8 +177,11 @@ fn draw_panel(
     while x <= x_max {
         let (xp, _) = to_px(x, 0.0);
         let label = match axis {
-            XAxis::Seconds if x_step < 1.0 => format!("{x:.1}s"),
-            XAxis::Seconds => format!("{x:.0}s"),
+            // As many decimals as the step needs, so neighbouring ticks differ.
+            XAxis::Seconds => {
+                let decimals = (-x_step.log10()).ceil().max(0.0) as usize;
+                format!("{x:.decimals$}s")
+            }
             XAxis::Events if x_step >= 1000.0 => format!("{:.0}k", x / 1000.0),
             XAxis::Events => format!("{x:.0}"),
         };

@@ -75,28 +75,20 @@ impl Mesh {
                 .collect()
         });
         // Report the root cause, not the aborts it set off on the other ranks.
-        let mut out = Vec::with_capacity(results.len());
-        let mut first_err = None;
+        let (mut out, mut errors) = (Vec::with_capacity(results.len()), Vec::new());
         for r in results {
             match r {
                 Ok(v) => out.push(v),
-                Err(e) => {
-                    let aborted = e.to_string().contains("rank group was aborted");
-                    match &first_err {
-                        None => first_err = Some(e),
-                        Some(prev)
-                            if !aborted && prev.to_string().contains("rank group was aborted") =>
-                        {
-                            first_err = Some(e)
-                        }
-                        _ => {}
-                    }
-                }
+                Err(e) => errors.push(e),
             }
         }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(out),
+        if errors.is_empty() {
+            return Ok(out);
         }
+        let root = errors
+            .iter()
+            .position(|e| !e.to_string().contains("rank group was aborted"))
+            .unwrap_or(0);
+        Err(errors.swap_remove(root))
     }
 }

@@ -113,6 +113,15 @@ impl Payload {
     }
 }
 
+/// The received `parts` as tensors on `like`'s device, concatenated along `axis`.
+fn concat(parts: Vec<Payload>, like: &Tensor, axis: usize) -> Result<Tensor> {
+    let tensors = parts
+        .into_iter()
+        .map(|p| p.into_tensor(like))
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&tensors.iter().collect::<Vec<_>>(), axis)
+}
+
 /// The mailboxes and barrier shared by the ranks of an in-process group.
 #[derive(Debug)]
 struct Shared {
@@ -249,11 +258,7 @@ impl Communicator for InProcessComm {
         t.dim("all_gather", axis)?;
         let mine = Payload::of(t)?;
         let parts = self.exchange("all_gather", vec![mine; self.shared.size])?;
-        let tensors = parts
-            .into_iter()
-            .map(|p| p.into_tensor(t))
-            .collect::<Result<Vec<_>>>()?;
-        Tensor::cat(&tensors.iter().collect::<Vec<_>>(), axis)
+        concat(parts, t, axis)
     }
 
     fn all_to_all(&self, t: &Tensor, split_axis: usize, concat_axis: usize) -> Result<Tensor> {
@@ -277,11 +282,7 @@ impl Communicator for InProcessComm {
             .map(|j| Payload::of(&t.narrow(split_axis, j * part, part)?))
             .collect::<Result<Vec<_>>>()?;
         let parts = self.exchange("all_to_all", outgoing)?;
-        let tensors = parts
-            .into_iter()
-            .map(|p| p.into_tensor(t))
-            .collect::<Result<Vec<_>>>()?;
-        Tensor::cat(&tensors.iter().collect::<Vec<_>>(), concat_axis)
+        concat(parts, t, concat_axis)
     }
 
     fn abort(&self) {

@@ -36,9 +36,7 @@ impl State {
         let start = Instant::now();
         let released = self.release_largest_cached(excess);
         if released > 0 {
-            self.stats.num_reclaims += 1;
-            self.stats.reclaim_ns += u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            self.stats.reclaimed_bytes += released;
+            self.count_reclaim(start.elapsed(), released);
         }
     }
 
@@ -66,17 +64,7 @@ impl State {
             if !self.pools[pool as usize].free.contains(&key) {
                 continue;
             }
-            let id = key.3;
-            let b = self.blocks.get(id);
-            if b.expandable {
-                self.unmap_block(id);
-                let b = self.blocks.get(id);
-                if !b.mapped && !b.is_split() {
-                    self.release_expandable_segment(id);
-                }
-            } else if !b.is_split() {
-                self.release_segment(id);
-            }
+            self.release_cached_block(key.3);
         }
         before.saturating_sub(self.stats.reserved_bytes.all().current as u64)
     }

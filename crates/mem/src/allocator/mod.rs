@@ -301,10 +301,7 @@ impl CachingAllocator {
 
     /// Counts one reclaim that took `duration` and released `released_bytes`.
     pub fn record_reclaim(&self, duration: Duration, released_bytes: u64) {
-        let mut state = self.shared.lock();
-        state.stats.num_reclaims += 1;
-        state.stats.reclaim_ns += u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
-        state.stats.reclaimed_bytes += released_bytes;
+        self.shared.lock().count_reclaim(duration, released_bytes);
     }
 
     /// Turns the `fit` policy's allocation-time reclaim on (`Some(slack)`: keep reserved

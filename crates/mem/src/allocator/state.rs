@@ -411,22 +411,31 @@ impl State {
             .iter()
             .map(|key| key.3)
             .collect();
-        let mut to_unmap = Vec::new();
         for id in cached {
-            let b = self.blocks.get(id);
-            if b.expandable {
-                to_unmap.push(id);
-            } else if !b.is_split() {
-                self.release_segment(id);
-            }
+            self.release_cached_block(id);
         }
-        for id in to_unmap {
+    }
+
+    /// Returns cached block `id` to the device where it can go: a whole segment, or the
+    /// whole pages of a free expandable block (and its range once nothing is mapped).
+    pub(crate) fn release_cached_block(&mut self, id: BlockId) {
+        let b = self.blocks.get(id);
+        if b.expandable {
             self.unmap_block(id);
             let b = self.blocks.get(id);
             if !b.mapped && !b.is_split() {
                 self.release_expandable_segment(id);
             }
+        } else if !b.is_split() {
+            self.release_segment(id);
         }
+    }
+
+    /// Counts one reclaim that took `duration` and gave back `released_bytes`.
+    pub(crate) fn count_reclaim(&mut self, duration: std::time::Duration, released_bytes: u64) {
+        self.stats.num_reclaims += 1;
+        self.stats.reclaim_ns += u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        self.stats.reclaimed_bytes += released_bytes;
     }
 }
 

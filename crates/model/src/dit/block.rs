@@ -144,12 +144,7 @@ impl Attention {
             unreachable!("attention keeps [B, L, H, D]")
         };
         let o = o.reshape(&[b, l, self.heads * self.head_dim])?;
-        if shard::tp_part(shard).1 > 1 {
-            let partial = self.to_out.forward_no_bias(&o)?;
-            Ok(shard::tp_sum(shard, partial)?.add(&self.to_out.bias)?)
-        } else {
-            self.to_out.forward(&o)
-        }
+        shard::col_split_forward(shard, &self.to_out, &o)
     }
 }
 
@@ -324,12 +319,7 @@ impl Block {
         )?;
         let a = modulate(&h, &m[3], &m[4], self.eps)?;
         let hidden = self.ffn_in.forward(&a)?.gelu_tanh()?;
-        let f = if shard::tp_part(shard).1 > 1 {
-            let partial = self.ffn_out.forward_no_bias(&hidden)?;
-            shard::tp_sum(shard, partial)?.add(&self.ffn_out.bias)?
-        } else {
-            self.ffn_out.forward(&hidden)?
-        };
+        let f = shard::col_split_forward(shard, &self.ffn_out, &hidden)?;
         Ok((h.add(&f.mul(&m[5])?)?, own))
     }
 }

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use headroom_tensor::comm::{Communicator, InProcessGroup};
 use headroom_tensor::Tensor;
 
+use super::embed::Linear;
 use crate::error::Result;
 
 /// One rank's place on the mesh: its TP group and its SP group.
@@ -68,6 +69,22 @@ pub(crate) fn tp_sum(shard: Option<&Sharding>, x: Tensor) -> Result<Tensor> {
     match shard {
         Some(s) if s.tp.size() > 1 => Ok(s.tp.all_reduce_sum(&x)?),
         _ => Ok(x),
+    }
+}
+
+/// `x · Wᵀ + b` for a `linear` whose inputs are split across the TP group
+/// (`Split::Cols`): the partial products are summed across the group and the bias is
+/// added once, after the sum.
+pub(crate) fn col_split_forward(
+    shard: Option<&Sharding>,
+    linear: &Linear,
+    x: &Tensor,
+) -> Result<Tensor> {
+    if tp_part(shard).1 > 1 {
+        let partial = linear.forward_no_bias(x)?;
+        Ok(tp_sum(shard, partial)?.add(&linear.bias)?)
+    } else {
+        linear.forward(x)
     }
 }
 
