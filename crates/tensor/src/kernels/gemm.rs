@@ -1,13 +1,20 @@
-//! Matrix multiply on raw f32 buffers through the `gemm` crate: the one place kernels
-//! call GEMM, so thread use and strides are handled once.
+//! Matrix multiply on raw buffers: the one place kernels call GEMM, so thread use,
+//! strides and the instruction-set path ([`crate::kernels::cpu`]) are handled once.
+//! [`sgemm`] is exact f32 through the `gemm` crate; [`gemm`] routes f32 or bf16 compute
+//! to the selected path (AMX tiles, AVX-512, AVX2, scalar).
 
 use gemm::Parallelism;
+use half::slice::HalfFloatSliceExt;
 
-/// A strided read-only f32 matrix: element (r, c) is at `ptr + r*row_stride + c*col_stride`.
-#[derive(Debug, Clone, Copy)]
-pub struct MatRef<'a> {
+use crate::kernels::cpu::amx::{self, Dst, Precision};
+use crate::kernels::cpu::pack::{bf16_bits, Operand};
+use crate::kernels::cpu::{self, scalar, CpuPath};
+
+/// A strided read-only matrix: element (r, c) is at `ptr + r*row_stride + c*col_stride`.
+#[derive(Debug)]
+pub struct MatRef<'a, T = f32> {
     /// The elements.
-    pub data: &'a [f32],
+    pub data: &'a [T],
     /// Offset of element (0, 0) in `data`.
     pub offset: usize,
     /// Elements between consecutive rows.
@@ -16,9 +23,17 @@ pub struct MatRef<'a> {
     pub col_stride: isize,
 }
 
-impl<'a> MatRef<'a> {
+impl<T> Clone for MatRef<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for MatRef<'_, T> {}
+
+impl<'a, T> MatRef<'a, T> {
     /// A row-major matrix with `cols` columns starting at `offset`.
-    pub fn row_major(data: &'a [f32], offset: usize, cols: usize) -> Self {
+    pub fn row_major(data: &'a [T], offset: usize, cols: usize) -> Self {
         Self {
             data,
             offset,
@@ -34,6 +49,12 @@ impl<'a> MatRef<'a> {
             col_stride: self.row_stride,
             ..self
         }
+    }
+
+    /// Index of element (r, c) in `data`.
+    #[inline(always)]
+    pub fn index(&self, r: usize, c: usize) -> usize {
+        (self.offset as isize + r as isize * self.row_stride + c as isize * self.col_stride) as usize
     }
 
     fn max_index(&self, rows: usize, cols: usize) -> Option<usize> {
@@ -126,6 +147,164 @@ pub fn sgemm(
             false,
             parallelism,
         );
+    }
+}
+
+/// What a GEMM computes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compute {
+    /// f32 products (near f32 on the AMX path: three bf16 part products).
+    F32,
+    /// bf16 operands (f32 ones rounded to nearest even), f32 accumulation.
+    Bf16,
+}
+
+fn threads_of(threads: Threads) -> usize {
+    match threads {
+        Threads::One => 1,
+        Threads::Pool => crate::parallel::num_threads(),
+    }
+}
+
+/// Whether f32 compute on `path` runs on the AMX tiles (three part products) rather than
+/// exact f32 products. `HEADROOM_F32_GEMM=exact` keeps exact f32 on every path.
+pub fn f32_uses_amx(path: CpuPath) -> bool {
+    use std::sync::OnceLock;
+    static EXACT: OnceLock<bool> = OnceLock::new();
+    path == CpuPath::Amx
+        && !*EXACT.get_or_init(|| {
+            std::env::var("HEADROOM_F32_GEMM").is_ok_and(|v| v.trim().eq_ignore_ascii_case("exact"))
+        })
+}
+
+/// bf16 scratch values that [`gemm`] needs for these shapes on the selected path.
+pub fn gemm_scratch_len(m: usize, n: usize, k: usize, compute: Compute, threads: Threads) -> usize {
+    gemm_scratch_len_on(cpu::selected(), m, n, k, compute, threads)
+}
+
+/// [`gemm_scratch_len`] for `path`.
+pub fn gemm_scratch_len_on(
+    path: CpuPath,
+    m: usize,
+    n: usize,
+    k: usize,
+    compute: Compute,
+    threads: Threads,
+) -> usize {
+    match (compute, path) {
+        (Compute::Bf16, CpuPath::Amx) => amx::scratch_len(n, k, Precision::Bf16, threads_of(threads)),
+        (Compute::F32, p) if f32_uses_amx(p) => {
+            amx::scratch_len(n, k, Precision::Bf16x3, threads_of(threads))
+        }
+        // Rounded f32 copies of both operands (two u16 per f32, plus alignment slack).
+        (Compute::Bf16, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Avx2) => {
+            2 * (m * k + k * n) + 2
+        }
+        (Compute::F32, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Avx2) => {
+            // bf16 operands are widened by the caller; f32 ones need nothing.
+            0
+        }
+        (_, CpuPath::Scalar) | (_, CpuPath::Amx) => 0,
+    }
+}
+
+/// The f32 values of a bf16-rounded copy of `op` laid out row-major `[rows, cols]`.
+fn rounded(op: &Operand<'_>, rows: usize, cols: usize, out: &mut [f32]) {
+    for r in 0..rows {
+        for c in 0..cols {
+            out[r * cols + c] = match op {
+                Operand::F32(m) => f32::from_bits(u32::from(bf16_bits(m.data[m.index(r, c)])) << 16),
+                Operand::Bf16(m) => m.data[m.index(r, c)].to_f32(),
+            };
+        }
+    }
+}
+
+/// `dst[m×n] (row stride ldc) = (accumulate ? dst : 0) + alpha · a[m×k] · b[k×n]` in
+/// `compute` on the selected CPU path, with `scratch` of [`gemm_scratch_len`] values.
+///
+/// f32 compute off the AMX path needs f32 operands (widen bf16 ones first). Panics on
+/// out-of-bounds operands or short scratch (internal bugs, never user input).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    dst: &mut [f32],
+    dst_offset: usize,
+    ldc: usize,
+    accumulate: bool,
+    alpha: f32,
+    compute: Compute,
+    threads: Threads,
+    scratch: &mut [half::bf16],
+) {
+    gemm_on(cpu::selected(), m, n, k, a, b, dst, dst_offset, ldc, accumulate, alpha, compute, threads, scratch)
+}
+
+/// [`gemm`] on `path` (which must be supported: see [`CpuPath::supported`]).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_on(
+    path: CpuPath,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    dst: &mut [f32],
+    dst_offset: usize,
+    ldc: usize,
+    accumulate: bool,
+    alpha: f32,
+    compute: Compute,
+    threads: Threads,
+    scratch: &mut [half::bf16],
+) {
+    let scratch = scratch.reinterpret_cast_mut();
+    let amx_precision = match compute {
+        Compute::Bf16 if path == CpuPath::Amx => Some(Precision::Bf16),
+        Compute::F32 if f32_uses_amx(path) => Some(Precision::Bf16x3),
+        _ => None,
+    };
+    if let Some(precision) = amx_precision {
+        let dst = Dst { data: dst, offset: dst_offset, ldc };
+        amx::gemm(m, n, k, &a, &b, dst, accumulate, alpha, precision, threads_of(threads), scratch);
+        return;
+    }
+    if path == CpuPath::Scalar {
+        let precision = (compute == Compute::Bf16).then_some(Precision::Bf16);
+        scalar::gemm(m, n, k, &a, &b, dst, dst_offset, ldc, accumulate, alpha, precision);
+        return;
+    }
+    match (compute, a, b) {
+        (Compute::F32, Operand::F32(a), Operand::F32(b)) => {
+            sgemm(m, n, k, a, b, dst, dst_offset, ldc, accumulate, alpha, threads)
+        }
+        (Compute::F32, _, _) => panic!("f32 GEMM through the gemm crate needs f32 operands"),
+        (Compute::Bf16, a, b) => {
+            // SAFETY: f32 has no invalid bit patterns; align_to_mut only reinterprets the
+            // aligned middle of the u16 scratch.
+            let (_, f, _) = unsafe { scratch.align_to_mut::<f32>() };
+            assert!(f.len() >= m * k + k * n, "gemm scratch too short");
+            let (fa, fb) = f.split_at_mut(m * k);
+            rounded(&a, m, k, fa);
+            rounded(&b, k, n, &mut fb[..k * n]);
+            sgemm(
+                m,
+                n,
+                k,
+                MatRef::row_major(fa, 0, k),
+                MatRef::row_major(fb, 0, n),
+                dst,
+                dst_offset,
+                ldc,
+                accumulate,
+                alpha,
+                threads,
+            );
+        }
     }
 }
 

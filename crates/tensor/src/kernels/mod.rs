@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod conv;
+pub mod cpu;
 pub mod gemm;
 pub mod resample;
 pub mod rope;

@@ -1,0 +1,358 @@
+//! GEMM on Intel AMX tiles: `C (+)= A · B` with bf16 products accumulated in f32.
+//!
+//! Eight tile registers of 16 rows × 64 bytes hold a 32 × 32 block of C (four f32 tiles),
+//! two 16 × 32 bf16 tiles of A and two VNNI-paired 32 × 16 tiles of B; one k-step of 32 is
+//! four `tdpbf16ps` (16 × 16 × 32 multiply-adds each). Operands are packed by
+//! [`super::pack`] (zero-padded, so K, M and N tails need no special case): B once per call
+//! for all threads, A per thread in blocks of [`MC`] rows. Loops, outside in: a thread's
+//! rows in blocks of `MC` → K in blocks of [`KC`] k-steps → B panels → A panels, so a
+//! B panel's `KC` k-steps (16 KiB) stay in L1 while the A panels stream from L2. C stays
+//! in tiles across one K block and in `dst` between blocks. Threads own disjoint row
+//! ranges, and every element sums its products in one fixed order, so the bytes do not
+//! depend on the thread that computes them.
+//!
+//! The tiles need the kernel's permission (`arch_prctl(ARCH_REQ_XCOMP_PERM,
+//! XFEATURE_XTILEDATA)`, asked once per process by [`enable`]) and a tile configuration
+//! per thread, loaded at the start of each task and released at its end.
+
+use std::sync::OnceLock;
+
+use super::pack::{pack_a, pack_b, packed_len, Operand, Part, KSTEP_LEN, PANEL};
+
+/// Rows of A packed at once per thread.
+pub const MC: usize = 128;
+/// Packed k-steps per K block (of 32 values each; 16 KiB of a B panel).
+pub const KC: usize = 8;
+
+/// How f32 operands become bf16 for the tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// Each operand rounded to bf16 once: one product per k.
+    Bf16,
+    /// Each f32 operand split into a bf16 high and low part; `hi·hi + hi·lo + lo·hi`
+    /// keeps about 16 mantissa bits at three times the work.
+    Bf16x3,
+}
+
+impl Precision {
+    /// The parts A and B are packed with, in matching order.
+    pub fn parts(self) -> (&'static [Part], &'static [Part]) {
+        match self {
+            Precision::Bf16 => (&[Part::Hi], &[Part::Hi]),
+            Precision::Bf16x3 => (&[Part::Hi, Part::Hi, Part::Lo], &[Part::Hi, Part::Lo, Part::Hi]),
+        }
+    }
+}
+
+/// Asks the kernel for AMX tile state once; true when it granted it.
+pub fn enable() -> bool {
+    static GRANTED: OnceLock<bool> = OnceLock::new();
+    *GRANTED.get_or_init(|| {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            if !super::features().amx_bf16 {
+                return false;
+            }
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM only changes this process's
+            // permission to use the tile data state; it reads and writes no memory of ours.
+            let rc = unsafe {
+                libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+            };
+            rc == 0
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
+            false
+        }
+    })
+}
+
+/// `u16` scratch [`gemm`] needs: packed B, then one packed A block per thread.
+pub fn scratch_len(n: usize, k: usize, precision: Precision, threads: usize) -> usize {
+    let (pa, pb) = precision.parts();
+    packed_len(n, k, pb.len()) + threads.max(1) * packed_len(MC, k, pa.len())
+}
+
+/// The output of a GEMM: row-major f32 with `ldc` elements between rows.
+#[derive(Debug)]
+pub struct Dst<'a> {
+    /// The elements.
+    pub data: &'a mut [f32],
+    /// Index of element (0, 0).
+    pub offset: usize,
+    /// Elements between rows.
+    pub ldc: usize,
+}
+
+struct SendPtr(*mut f32);
+// SAFETY: threads write disjoint row ranges of the output (see `gemm`).
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+/// `dst = (accumulate ? dst : 0) + alpha · A[m×k] · B[k×n]` on AMX tiles with `threads`
+/// threads of the kernel pool (1: the calling thread only).
+///
+/// `alpha` other than 1 needs `accumulate == false`. Panics when AMX was not enabled, a
+/// matrix does not fit its buffer or the scratch is short (internal bugs, never input).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &Operand<'_>,
+    b: &Operand<'_>,
+    dst: Dst<'_>,
+    accumulate: bool,
+    alpha: f32,
+    precision: Precision,
+    threads: usize,
+    scratch: &mut [u16],
+) {
+    assert!(enable(), "AMX tiles are not available");
+    assert!(alpha == 1.0 || !accumulate, "alpha needs a fresh output");
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        dst.offset + (m - 1) * dst.ldc + n <= dst.data.len(),
+        "gemm destination out of bounds"
+    );
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                let at = dst.offset + r * dst.ldc;
+                dst.data[at..at + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    let threads = threads.max(1);
+    let (pa, pb) = precision.parts();
+    let b_len = packed_len(n, k, pb.len());
+    let a_len = packed_len(MC, k, pa.len());
+    assert!(scratch.len() >= b_len + threads * a_len, "gemm scratch too short");
+    let (packed_b, rest) = scratch.split_at_mut(b_len);
+    let panel_len = packed_len(PANEL, k, pb.len());
+    let nb = n.div_ceil(PANEL);
+    let m_panels = m.div_ceil(PANEL);
+    let ldc = dst.ldc;
+    let out = SendPtr(dst.data[dst.offset..].as_mut_ptr());
+    let out_len = dst.data.len() - dst.offset;
+    let out = &out;
+    let job = |t: usize, a_buf: &mut [u16], packed_b: &[u16]| {
+        let p0 = t * m_panels / threads;
+        let p1 = (t + 1) * m_panels / threads;
+        let rows = (p0 * PANEL).min(m)..(p1 * PANEL).min(m);
+        if rows.is_empty() {
+            return;
+        }
+        // SAFETY: AMX was enabled above; the tile configuration is this thread's own.
+        let _tiles = unsafe { Tiles::configure() };
+        let k_packed = k.div_ceil(super::pack::TILE_K) * pa.len();
+        for r0 in rows.clone().step_by(MC) {
+            let mc = MC.min(rows.end - r0);
+            pack_a(a, r0, mc, k, pa, a_buf);
+            for s0 in (0..k_packed).step_by(KC) {
+                let steps = KC.min(k_packed - s0);
+                let load = accumulate || s0 > 0;
+                let last = s0 + steps == k_packed;
+                for jb in 0..nb {
+                    let bp = &packed_b[jb * panel_len + s0 * KSTEP_LEN..];
+                    for ib in 0..mc.div_ceil(PANEL) {
+                        let ap = &a_buf[(ib * k_packed + s0) * KSTEP_LEN..];
+                        let (row, col) = (r0 + ib * PANEL, jb * PANEL);
+                        let (h, w) = (PANEL.min(m - row), PANEL.min(n - col));
+                        let scale = if last && alpha != 1.0 { Some(alpha) } else { None };
+                        // SAFETY: `ap`/`bp` hold `steps` packed k-steps (packed lengths
+                        // above); the block (row.., col..) of h × w lies inside the output
+                        // (asserted at entry), and this thread alone writes rows `rows`.
+                        unsafe {
+                            block(ap, bp, out.0, out_len, ldc, row, col, h, w, steps, load, scale)
+                        };
+                    }
+                }
+            }
+        }
+    };
+    if threads == 1 {
+        pack_b(b, k, n, 0..nb, pb, packed_b);
+        job(0, &mut rest[..a_len], packed_b);
+    } else {
+        use rayon::prelude::*;
+        packed_b
+            .par_chunks_mut(panel_len)
+            .enumerate()
+            .for_each(|(jb, chunk)| pack_b(b, k, n, jb..jb + 1, pb, chunk));
+        let packed_b = &*packed_b;
+        rest[..threads * a_len]
+            .par_chunks_mut(a_len)
+            .enumerate()
+            .for_each(|(t, a_buf)| job(t, a_buf, packed_b));
+    }
+}
+
+/// One 32 × 32 block of C (`h × w` of it inside the matrix) over `steps` packed k-steps.
+///
+/// # Safety
+/// Tiles configured on this thread; `a`, `b` hold `steps` k-steps; rows `row..row + h`,
+/// columns `col..col + w` of the `ldc`-strided output at `out` (`out_len` elements) are
+/// in bounds and not accessed by another thread.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block(
+    a: &[u16],
+    b: &[u16],
+    out: *mut f32,
+    out_len: usize,
+    ldc: usize,
+    row: usize,
+    col: usize,
+    h: usize,
+    w: usize,
+    steps: usize,
+    load: bool,
+    scale: Option<f32>,
+) {
+    debug_assert!(a.len() >= steps * KSTEP_LEN && b.len() >= steps * KSTEP_LEN);
+    debug_assert!((row + h - 1) * ldc + col + w <= out_len);
+    if h == PANEL && w == PANEL {
+        // SAFETY: the full 32 × 32 block is in bounds (caller), rows `ldc` apart.
+        unsafe {
+            let c = out.add(row * ldc + col);
+            tile_kernel(a.as_ptr(), b.as_ptr(), c, ldc * 4, steps, load);
+            if let Some(s) = scale {
+                for r in 0..PANEL {
+                    std::slice::from_raw_parts_mut(c.add(r * ldc), PANEL)
+                        .iter_mut()
+                        .for_each(|x| *x *= s);
+                }
+            }
+        }
+        return;
+    }
+    // An edge block goes through a local 32 × 32 buffer.
+    let mut tmp = [0.0f32; PANEL * PANEL];
+    // SAFETY: only rows < h and columns < w of the block are read or written (in
+    // bounds by the caller's contract).
+    unsafe {
+        if load {
+            for r in 0..h {
+                let src = std::slice::from_raw_parts(out.add((row + r) * ldc + col), w);
+                tmp[r * PANEL..r * PANEL + w].copy_from_slice(src);
+            }
+        }
+        tile_kernel(a.as_ptr(), b.as_ptr(), tmp.as_mut_ptr(), PANEL * 4, steps, load);
+        for r in 0..h {
+            let d = std::slice::from_raw_parts_mut(out.add((row + r) * ldc + col), w);
+            d.copy_from_slice(&tmp[r * PANEL..r * PANEL + w]);
+            if let Some(s) = scale {
+                d.iter_mut().for_each(|x| *x *= s);
+            }
+        }
+    }
+}
+
+/// The tile registers configured as eight 16 × 64-byte tiles, released on drop.
+struct Tiles;
+
+#[repr(C, align(64))]
+struct TileConfig {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+impl Tiles {
+    /// # Safety
+    /// AMX must be enabled for the process ([`enable`]).
+    unsafe fn configure() -> Tiles {
+        let mut cfg = TileConfig {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for t in 0..8 {
+            cfg.colsb[t] = 64;
+            cfg.rows[t] = 16;
+        }
+        // SAFETY: `cfg` is a valid 64-byte palette-1 configuration; the caller has the
+        // tile permission.
+        unsafe {
+            std::arch::asm!("ldtilecfg [{}]", in(reg) &cfg, options(nostack, readonly));
+        }
+        Tiles
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: releasing the tile state this thread configured; touches no memory.
+        unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// C (32 × 32 f32 at `c`, rows `ldc_bytes` apart) `(load ? C : 0) +=` A panel · B panel
+/// over `steps` packed k-steps.
+///
+/// # Safety
+/// Tiles configured (8 × 16 rows × 64 bytes); `a` and `b` point at `steps` packed
+/// k-steps (2,048 bytes each); the 32 rows of 128 bytes at `c` are writable; `steps ≥ 1`.
+#[inline]
+unsafe fn tile_kernel(a: *const u16, b: *const u16, c: *mut f32, ldc_bytes: usize, steps: usize, load: bool) {
+    debug_assert!(steps >= 1);
+    // SAFETY: the caller's contract; the four C tiles are at c, c + 64 B, c + 16 rows and
+    // c + 16 rows + 64 B; A and B tiles at +0 and +1024 B of each 2,048-byte k-step.
+    unsafe {
+        let c1 = c.add(16);
+        let c2 = c.cast::<u8>().add(16 * ldc_bytes).cast::<f32>();
+        let c3 = c2.add(16);
+        std::arch::asm!(
+            "test {load}, {load}",
+            "jz 2f",
+            "tileloadd tmm0, [{c0} + {ldc}*1]",
+            "tileloadd tmm1, [{c1} + {ldc}*1]",
+            "tileloadd tmm2, [{c2} + {ldc}*1]",
+            "tileloadd tmm3, [{c3} + {ldc}*1]",
+            "jmp 3f",
+            "2:",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "3:",
+            "tileloadd tmm4, [{a} + {s64}*1]",
+            "tileloadd tmm6, [{b} + {s64}*1]",
+            "tileloadd tmm5, [{a} + {s64}*1 + 1024]",
+            "tileloadd tmm7, [{b} + {s64}*1 + 1024]",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "add {a}, 2048",
+            "add {b}, 2048",
+            "dec {k}",
+            "jnz 3b",
+            "tilestored [{c0} + {ldc}*1], tmm0",
+            "tilestored [{c1} + {ldc}*1], tmm1",
+            "tilestored [{c2} + {ldc}*1], tmm2",
+            "tilestored [{c3} + {ldc}*1], tmm3",
+            load = in(reg) u64::from(load),
+            a = inout(reg) a => _,
+            b = inout(reg) b => _,
+            k = inout(reg) steps => _,
+            c0 = in(reg) c,
+            c1 = in(reg) c1,
+            c2 = in(reg) c2,
+            c3 = in(reg) c3,
+            ldc = in(reg) ldc_bytes,
+            s64 = in(reg) 64usize,
+            options(nostack),
+        );
+    }
+}

@@ -1,0 +1,512 @@
+//! Packing GEMM operands into the bf16 tile layouts the AMX and `vdpbf16ps` kernels read.
+//!
+//! A GEMM here is `C[m×n] = A[m×k] · B[k×n]`. K is cut into *k-steps* of [`TILE_K`] = 32
+//! values (one AMX tile row of bf16); M and N into *panels* of 32 rows / 32 columns (two
+//! tiles each). A packed panel is a run of k-steps, each 2 tiles × 16 rows × 64 bytes
+//! (1,024 `u16`), so a micro-kernel streams a panel front to back:
+//!
+//! - A panel, tile `t`, row `r`, value `kk`: `u16` `t·512 + r·32 + kk` holds `A[32·ib + 16·t + r][32·s + kk]`.
+//! - B panel (VNNI pairs), tile `t`, pair row `p`, column `c`, element `e`:
+//!   `u16` `t·512 + p·32 + 2c + e` holds `B[32·s + 2p + e][32·jb + 16·t + c]`.
+//!
+//! Values outside the matrix are zeros, so the K, M and N tails need no special kernel.
+//! An f32 value becomes bf16 by round-to-nearest-even ([`bf16_bits`]); for the near-f32
+//! mode it is split into a high part and the rounded remainder ([`Part`]), each k-step
+//! then holding one packed k-step per part. The AVX-512 packers and the scalar packers
+//! write identical bytes (a test holds it).
+
+use half::bf16;
+
+use crate::kernels::gemm::MatRef;
+
+/// bf16 values in one tile row (and per k-step).
+pub const TILE_K: usize = 32;
+/// Rows (A) or pair rows (B) of one tile.
+pub const TILE_ROWS: usize = 16;
+/// Rows of an A panel and columns of a B panel (two tiles).
+pub const PANEL: usize = 32;
+/// `u16` values of one packed k-step of one panel.
+pub const KSTEP_LEN: usize = 2 * TILE_ROWS * TILE_K;
+
+/// Which bf16 part of an f32 value a packed k-step holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The value rounded to bf16.
+    Hi,
+    /// The remainder `x − hi(x)` rounded to bf16 (zero for bf16 inputs and non-finite `hi`).
+    Lo,
+}
+
+/// A GEMM operand: f32 or bf16 elements behind a strided view.
+#[derive(Debug, Clone, Copy)]
+pub enum Operand<'a> {
+    /// f32 elements.
+    F32(MatRef<'a, f32>),
+    /// bf16 elements.
+    Bf16(MatRef<'a, bf16>),
+}
+
+impl Operand<'_> {
+    /// The part `part` of element (r, c) as bf16 bits.
+    #[inline]
+    fn get(&self, r: usize, c: usize, part: Part) -> u16 {
+        match self {
+            Operand::F32(m) => split(m.data[m.index(r, c)], part),
+            Operand::Bf16(m) => match part {
+                Part::Hi => m.data[m.index(r, c)].to_bits(),
+                Part::Lo => 0,
+            },
+        }
+    }
+
+    /// (row stride, column stride) in elements.
+    fn strides(&self) -> (isize, isize) {
+        match self {
+            Operand::F32(m) => (m.row_stride, m.col_stride),
+            Operand::Bf16(m) => (m.row_stride, m.col_stride),
+        }
+    }
+}
+
+/// f32 → bf16 bits, round to nearest even; every NaN becomes the canonical quiet NaN.
+#[inline(always)]
+pub fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return 0x7fc0;
+    }
+    (b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16) as u16
+}
+
+/// The bf16 part `part` of `x`.
+#[inline(always)]
+pub fn split(x: f32, part: Part) -> u16 {
+    let hi = bf16_bits(x);
+    match part {
+        Part::Hi => hi,
+        Part::Lo => {
+            let h = f32::from_bits(u32::from(hi) << 16);
+            if h.is_finite() {
+                bf16_bits(x - h)
+            } else {
+                0
+            }
+        }
+    }
+}
+
+/// `u16` length of `rows` rows (rounded up to panels) × `k` packed with `parts` parts.
+pub fn packed_len(rows: usize, k: usize, parts: usize) -> usize {
+    rows.div_ceil(PANEL) * k.div_ceil(TILE_K) * parts * KSTEP_LEN
+}
+
+/// Packs rows `r0..r0 + rows` of A (all of K) as A panels into `out`
+/// (`packed_len(rows, k, parts.len())` values).
+pub fn pack_a(a: &Operand<'_>, r0: usize, rows: usize, k: usize, parts: &[Part], out: &mut [u16]) {
+    let np = parts.len();
+    let ks = k.div_ceil(TILE_K);
+    let len = packed_len(rows, k, np);
+    let out = &mut out[..len];
+    let fast = super::features().avx512 && a.strides().1 == 1;
+    for row in 0..rows.div_ceil(PANEL) * PANEL {
+        let (ib, t, r) = (row / PANEL, (row % PANEL) / TILE_ROWS, row % TILE_ROWS);
+        for s in 0..ks {
+            for (q, &part) in parts.iter().enumerate() {
+                let at = ((ib * ks + s) * np + q) * KSTEP_LEN + t * 512 + r * TILE_K;
+                let dst = &mut out[at..at + TILE_K];
+                let k0 = s * TILE_K;
+                if row >= rows {
+                    dst.fill(0);
+                } else if fast && k0 + TILE_K <= k {
+                    // SAFETY: AVX-512 is present (checked above); the 32 values
+                    // (r0 + row, k0..k0 + 32) are inside the operand (k0 + 32 <= k, unit
+                    // column stride) and `dst` holds 32 values.
+                    unsafe { avx512::row32(a, r0 + row, k0, part, dst) };
+                } else {
+                    for (kk, d) in dst.iter_mut().enumerate() {
+                        *d = if k0 + kk < k {
+                            a.get(r0 + row, k0 + kk, part)
+                        } else {
+                            0
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Packs the B panels `panels` (each 32 columns, all of K) of the `k × n` operand into
+/// `out`, panel `panels.start` first.
+pub fn pack_b(
+    b: &Operand<'_>,
+    k: usize,
+    n: usize,
+    panels: std::ops::Range<usize>,
+    parts: &[Part],
+    out: &mut [u16],
+) {
+    let np = parts.len();
+    let ks = k.div_ceil(TILE_K);
+    let (rs, cs) = b.strides();
+    let avx512 = super::features().avx512;
+    for (i, jb) in panels.enumerate() {
+        for t in 0..2 {
+            let n0 = jb * PANEL + t * TILE_ROWS;
+            for s in 0..ks {
+                let k0 = s * TILE_K;
+                for (q, &part) in parts.iter().enumerate() {
+                    let at = ((i * ks + s) * np + q) * KSTEP_LEN + t * 512;
+                    let dst = &mut out[at..at + 512];
+                    let full = n0 + TILE_ROWS <= n && k0 + TILE_K <= k;
+                    if avx512 && full && rs == 1 {
+                        // SAFETY: AVX-512 is present; the 16 columns n0.. and 32 rows k0..
+                        // are inside the operand (`full`); `dst` holds 512 values.
+                        unsafe { avx512::b_tile_k_contiguous(b, k0, n0, part, dst) };
+                    } else if avx512 && full && cs == 1 {
+                        // SAFETY: as above, with unit column stride.
+                        unsafe { avx512::b_tile_n_contiguous(b, k0, n0, part, dst) };
+                    } else {
+                        for p in 0..TILE_ROWS {
+                            for c in 0..TILE_ROWS {
+                                for e in 0..2 {
+                                    let (kk, nn) = (k0 + 2 * p + e, n0 + c);
+                                    dst[p * 32 + 2 * c + e] = if kk < k && nn < n {
+                                        b.get(kk, nn, part)
+                                    } else {
+                                        0
+                                    };
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    //! The AVX-512 packers: the same bytes as the scalar loops, 16 values at a time.
+
+    use std::arch::x86_64::*;
+
+    use super::{Operand, Part, TILE_ROWS};
+
+    /// 16 f32 → their bf16 part `part`, as bf16 bits in the high half of each 32-bit lane
+    /// (low half zero): exactly [`super::split`] per lane.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn split16(x: __m512, part: Part) -> __m512i {
+        let hi = rne16(x);
+        match part {
+            Part::Hi => hi,
+            Part::Lo => {
+                let h = _mm512_castsi512_ps(hi);
+                let exp = _mm512_set1_epi32(0x7f80_0000);
+                let finite = _mm512_cmpneq_epi32_mask(_mm512_and_si512(hi, exp), exp);
+                _mm512_maskz_mov_epi32(finite, rne16(_mm512_sub_ps(x, h)))
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn rne16(x: __m512) -> __m512i {
+        let b = _mm512_castps_si512(x);
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
+        let r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+        let r = _mm512_and_si512(r, _mm512_set1_epi32(0xffff_0000_u32 as i32));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0_0000))
+    }
+
+    /// 32 consecutive values of row `row` from column `k0`, as one 64-byte register of
+    /// bf16 bits in order.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW present; the 32 values exist with unit column stride.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn load_row32(a: &Operand<'_>, row: usize, k0: usize, part: Part) -> __m512i {
+        match a {
+            Operand::F32(m) => {
+                let i = m.index(row, k0);
+                assert!(i + 32 <= m.data.len());
+                // SAFETY: the 32 f32 at i.. are inside the slice (asserted).
+                let (x0, x1) = unsafe {
+                    let p = m.data.as_ptr().add(i);
+                    (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+                };
+                let lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(split16(x0, part)));
+                let hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(split16(x1, part)));
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+            }
+            Operand::Bf16(m) => match part {
+                Part::Lo => _mm512_setzero_si512(),
+                Part::Hi => {
+                    let i = m.index(row, k0);
+                    assert!(i + 32 <= m.data.len());
+                    // SAFETY: the 32 bf16 at i.. are inside the slice (asserted).
+                    unsafe { _mm512_loadu_si512(m.data.as_ptr().add(i).cast()) }
+                }
+            },
+        }
+    }
+
+    /// One A tile row: 32 values of row `row` from `k0`.
+    ///
+    /// # Safety
+    /// As [`load_row32`]; `dst` holds at least 32 values.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn row32(a: &Operand<'_>, row: usize, k0: usize, part: Part, dst: &mut [u16]) {
+        assert!(dst.len() >= 32);
+        // SAFETY: forwarded contract; dst has room for 64 bytes (asserted).
+        unsafe {
+            let v = load_row32(a, row, k0, part);
+            _mm512_storeu_si512(dst.as_mut_ptr().cast(), v);
+        }
+    }
+
+    /// One B tile (16 columns × 32 k) from an operand whose k axis is contiguous: each
+    /// column's 32 values are 16 VNNI pair words, and a 16 × 16 transpose of 32-bit words
+    /// turns columns into tile rows.
+    ///
+    /// # Safety
+    /// AVX-512 present; the tile lies inside the operand, row stride 1; `dst` holds 512.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn b_tile_k_contiguous(
+        b: &Operand<'_>,
+        k0: usize,
+        n0: usize,
+        part: Part,
+        dst: &mut [u16],
+    ) {
+        assert!(dst.len() >= 512);
+        let t = b.transposed();
+        let mut r = [_mm512_setzero_si512(); 16];
+        for (c, reg) in r.iter_mut().enumerate() {
+            // SAFETY: forwarded contract: column n0 + c has 32 contiguous values from k0.
+            *reg = unsafe { load_row32(&t, n0 + c, k0, part) };
+        }
+        let r = transpose16(r);
+        for (p, reg) in r.iter().enumerate() {
+            // SAFETY: dst holds 512 values (asserted); row p is values p·32..p·32 + 32.
+            unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(p * 32).cast(), *reg) };
+        }
+    }
+
+    /// One B tile from an operand whose n axis is contiguous: pair row `p` interleaves
+    /// rows `k0 + 2p` and `k0 + 2p + 1`, 16 columns each.
+    ///
+    /// # Safety
+    /// AVX-512 present; the tile lies inside the operand, column stride 1; `dst` holds 512.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn b_tile_n_contiguous(
+        b: &Operand<'_>,
+        k0: usize,
+        n0: usize,
+        part: Part,
+        dst: &mut [u16],
+    ) {
+        assert!(dst.len() >= 512);
+        for p in 0..TILE_ROWS {
+            let (even, odd) = match b {
+                Operand::F32(m) => {
+                    let (i0, i1) = (m.index(k0 + 2 * p, n0), m.index(k0 + 2 * p + 1, n0));
+                    assert!(i0.max(i1) + 16 <= m.data.len());
+                    // SAFETY: 16 f32 from i0 and from i1 are inside the slice (asserted).
+                    let (x0, x1) = unsafe {
+                        (
+                            _mm512_loadu_ps(m.data.as_ptr().add(i0)),
+                            _mm512_loadu_ps(m.data.as_ptr().add(i1)),
+                        )
+                    };
+                    (split16(x0, part), split16(x1, part))
+                }
+                Operand::Bf16(m) => {
+                    if part == Part::Lo {
+                        (_mm512_setzero_si512(), _mm512_setzero_si512())
+                    } else {
+                        let (i0, i1) = (m.index(k0 + 2 * p, n0), m.index(k0 + 2 * p + 1, n0));
+                        assert!(i0.max(i1) + 16 <= m.data.len());
+                        // SAFETY: 16 bf16 from i0 and from i1 are inside the slice.
+                        let (x0, x1) = unsafe {
+                            (
+                                _mm256_loadu_si256(m.data.as_ptr().add(i0).cast()),
+                                _mm256_loadu_si256(m.data.as_ptr().add(i1).cast()),
+                            )
+                        };
+                        (
+                            _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(x0)),
+                            _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(x1)),
+                        )
+                    }
+                }
+            };
+            let word = _mm512_or_si512(_mm512_srli_epi32::<16>(even), odd);
+            // SAFETY: dst holds 512 values (asserted); pair row p is p·32..p·32 + 32.
+            unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(p * 32).cast(), word) };
+        }
+    }
+
+    /// Transposes a 16 × 16 matrix of 32-bit words held one row per register.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn transpose16(r: [__m512i; 16]) -> [__m512i; 16] {
+        let mut t = [_mm512_setzero_si512(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        let mut u = [_mm512_setzero_si512(); 16];
+        for i in 0..4 {
+            u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+            u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        }
+        for h in 0..2 {
+            for j in 0..4 {
+                let (a, b) = (u[8 * h + j], u[8 * h + 4 + j]);
+                t[8 * h + j] = _mm512_shuffle_i32x4::<0x88>(a, b);
+                t[8 * h + 4 + j] = _mm512_shuffle_i32x4::<0xdd>(a, b);
+            }
+        }
+        for j in 0..8 {
+            u[j] = _mm512_shuffle_i32x4::<0x88>(t[j], t[8 + j]);
+            u[8 + j] = _mm512_shuffle_i32x4::<0xdd>(t[j], t[8 + j]);
+        }
+        u
+    }
+
+    impl Operand<'_> {
+        /// The same operand with rows and columns swapped (no copy).
+        pub(super) fn transposed(&self) -> Self {
+            match *self {
+                Operand::F32(m) => Operand::F32(m.t()),
+                Operand::Bf16(m) => Operand::Bf16(m.t()),
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod avx512 {
+    //! No AVX-512 off x86_64: the scalar packers run (`features().avx512` is false).
+    use super::{Operand, Part};
+    pub(super) unsafe fn row32(_: &Operand<'_>, _: usize, _: usize, _: Part, _: &mut [u16]) {
+        unreachable!("AVX-512 is never detected off x86_64")
+    }
+    pub(super) unsafe fn b_tile_k_contiguous(_: &Operand<'_>, _: usize, _: usize, _: Part, _: &mut [u16]) {
+        unreachable!("AVX-512 is never detected off x86_64")
+    }
+    pub(super) unsafe fn b_tile_n_contiguous(_: &Operand<'_>, _: usize, _: usize, _: Part, _: &mut [u16]) {
+        unreachable!("AVX-512 is never detected off x86_64")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) as f32 / 4.0e9 - 0.5) * 3.0)
+            .collect()
+    }
+
+    #[test]
+    fn bf16_rounding_is_nearest_even_like_half() {
+        for x in [0.0f32, -0.0, 1.0, 1.00390625, 1.01171875, -3.5e-20, 3.0e38, f32::INFINITY] {
+            assert_eq!(bf16_bits(x), bf16::from_f32(x).to_bits(), "{x}");
+        }
+        assert_eq!(bf16_bits(f32::NAN), 0x7fc0);
+        let x = 1.2345678f32;
+        let hi = f32::from_bits(u32::from(split(x, Part::Hi)) << 16);
+        let lo = f32::from_bits(u32::from(split(x, Part::Lo)) << 16);
+        assert!(((hi + lo) - x).abs() < x * 2e-5, "hi + lo is near x");
+    }
+
+    fn pack_both(op: &Operand<'_>, k: usize, n: usize, parts: &[Part]) -> Vec<u16> {
+        let mut out = vec![7u16; packed_len(n, k, parts.len())];
+        pack_b(op, k, n, 0..n.div_ceil(PANEL), parts, &mut out);
+        out
+    }
+
+    /// B packed by the layout formula, element by element.
+    fn reference_b(op: &Operand<'_>, k: usize, n: usize, parts: &[Part]) -> Vec<u16> {
+        let (ks, np) = (k.div_ceil(TILE_K), parts.len());
+        let mut out = vec![0u16; packed_len(n, k, np)];
+        for jb in 0..n.div_ceil(PANEL) {
+            for s in 0..ks {
+                for (q, &part) in parts.iter().enumerate() {
+                    for t in 0..2 {
+                        for p in 0..TILE_ROWS {
+                            for c in 0..TILE_ROWS {
+                                for e in 0..2 {
+                                    let (kk, nn) = (s * TILE_K + 2 * p + e, jb * PANEL + t * 16 + c);
+                                    let at = ((jb * ks + s) * np + q) * KSTEP_LEN + t * 512 + p * 32 + 2 * c + e;
+                                    if kk < k && nn < n {
+                                        out[at] = op.get(kk, nn, part);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn simd_packers_write_the_scalar_bytes() {
+        let (m, k, n) = (37, 70, 50);
+        let av = values(m * k, 1);
+        let bv = values(k * n, 2);
+        let parts = [Part::Hi, Part::Lo];
+        // A row-major (fast path) vs the same values through a strided view (scalar path).
+        let at: Vec<f32> = (0..k * m).map(|i| av[(i % m) * k + i / m]).collect();
+        let fast = Operand::F32(MatRef::row_major(&av, 0, k));
+        let slow = Operand::F32(MatRef::row_major(&at, 0, m).t());
+        let (mut x, mut y) = (vec![1u16; packed_len(m, k, 2)], vec![2u16; packed_len(m, k, 2)]);
+        pack_a(&fast, 0, m, k, &parts, &mut x);
+        pack_a(&slow, 0, m, k, &parts, &mut y);
+        assert_eq!(x, y);
+        // B with n contiguous and with k contiguous, against the layout formula.
+        let bt: Vec<f32> = (0..n * k).map(|i| bv[(i % k) * n + i / k]).collect();
+        let n_contig = Operand::F32(MatRef::row_major(&bv, 0, n));
+        let k_contig = Operand::F32(MatRef::row_major(&bt, 0, k).t());
+        let reference = reference_b(&n_contig, k, n, &parts);
+        assert_eq!(pack_both(&n_contig, k, n, &parts), reference);
+        assert_eq!(pack_both(&k_contig, k, n, &parts), reference);
+        // bf16 operands: the bits as they are, zero low parts.
+        let bb: Vec<bf16> = bv.iter().map(|&x| bf16::from_bits(bf16_bits(x))).collect();
+        let bbt: Vec<bf16> = bt.iter().map(|&x| bf16::from_bits(bf16_bits(x))).collect();
+        let b_n = Operand::Bf16(MatRef::row_major(&bb, 0, n));
+        let b_k = Operand::Bf16(MatRef::row_major(&bbt, 0, k).t());
+        assert_eq!(pack_both(&b_n, k, n, &parts), pack_both(&b_k, k, n, &parts));
+        let hi_only = pack_both(&b_n, k, n, &[Part::Hi]);
+        assert_eq!(hi_only, pack_both(&n_contig, k, n, &[Part::Hi]));
+    }
+
+    #[test]
+    fn packed_b_holds_vnni_pairs_and_zero_tails() {
+        let (k, n) = (35, 18);
+        let bv = values(k * n, 3);
+        let op = Operand::F32(MatRef::row_major(&bv, 0, n));
+        let out = pack_both(&op, k, n, &[Part::Hi]);
+        let ks = k.div_ceil(TILE_K);
+        for kk in 0..ks * TILE_K {
+            for nn in 0..PANEL {
+                let (s, p, e) = (kk / TILE_K, (kk % TILE_K) / 2, kk % 2);
+                let (t, c) = (nn / TILE_ROWS, nn % TILE_ROWS);
+                let got = out[s * KSTEP_LEN + t * 512 + p * 32 + 2 * c + e];
+                let want = if kk < k && nn < n { bf16_bits(bv[kk * n + nn]) } else { 0 };
+                assert_eq!(got, want, "k {kk} n {nn}");
+            }
+        }
+    }
+}

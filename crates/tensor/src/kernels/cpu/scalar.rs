@@ -1,0 +1,67 @@
+//! The scalar path: plain loops that every other path is tested against.
+//!
+//! Each output element sums its products in increasing k, in f32. For bf16 precision
+//! the operands are rounded to bf16 first (each product is then exact in f32, as on the
+//! bf16 hardware paths); for [`Precision::Bf16x3`] the three part products are summed
+//! per k in the AMX order.
+
+use super::amx::Precision;
+use super::pack::{split, Operand, Part};
+
+fn value(op: &Operand<'_>, r: usize, c: usize, part: Part) -> f32 {
+    f32::from_bits(u32::from(op_bits(op, r, c, part)) << 16)
+}
+
+fn op_bits(op: &Operand<'_>, r: usize, c: usize, part: Part) -> u16 {
+    match op {
+        Operand::F32(m) => split(m.data[m.index(r, c)], part),
+        Operand::Bf16(m) => match part {
+            Part::Hi => m.data[m.index(r, c)].to_bits(),
+            Part::Lo => 0,
+        },
+    }
+}
+
+fn exact(op: &Operand<'_>, r: usize, c: usize) -> f32 {
+    match op {
+        Operand::F32(m) => m.data[m.index(r, c)],
+        Operand::Bf16(m) => m.data[m.index(r, c)].to_f32(),
+    }
+}
+
+/// `dst[r·ldc + c] = (accumulate ? dst : 0) + alpha · Σ_k A[r][k]·B[k][c]`, with the
+/// operands as they are (`None`) or rounded as `precision` says.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &Operand<'_>,
+    b: &Operand<'_>,
+    dst: &mut [f32],
+    offset: usize,
+    ldc: usize,
+    accumulate: bool,
+    alpha: f32,
+    precision: Option<Precision>,
+) {
+    for r in 0..m {
+        for c in 0..n {
+            let mut sum = 0.0f32;
+            for i in 0..k {
+                sum += match precision {
+                    None => exact(a, r, i) * exact(b, i, c),
+                    Some(p) => {
+                        let (pa, pb) = p.parts();
+                        pa.iter()
+                            .zip(pb)
+                            .map(|(&x, &y)| value(a, r, i, x) * value(b, i, c, y))
+                            .sum::<f32>()
+                    }
+                };
+            }
+            let d = &mut dst[offset + r * ldc + c];
+            *d = if accumulate { *d + alpha * sum } else { alpha * sum };
+        }
+    }
+}

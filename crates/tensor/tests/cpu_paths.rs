@@ -1,0 +1,138 @@
+//! Every CPU path's GEMM against the scalar reference, on odd shapes (K, M and N tails),
+//! strided and transposed operands, bf16 and f32 operands, one thread and the pool.
+
+use half::bf16;
+use headroom_tensor::kernels::cpu::pack::Operand;
+use headroom_tensor::kernels::cpu::CpuPath;
+use headroom_tensor::kernels::gemm::{gemm_on, gemm_scratch_len_on, Compute, MatRef, Threads};
+
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    path: CpuPath,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand<'_>,
+    b: Operand<'_>,
+    compute: Compute,
+    threads: Threads,
+    accumulate: bool,
+    alpha: f32,
+) -> Vec<f32> {
+    let ldc = n + 3;
+    let mut dst: Vec<f32> = (0..m * ldc).map(|i| (i % 7) as f32 * 0.25).collect();
+    let len = gemm_scratch_len_on(path, m, n, k, compute, threads);
+    let mut scratch = vec![bf16::ZERO; len];
+    headroom_tensor::parallel::run(|| {
+        gemm_on(path, m, n, k, a, b, &mut dst, 0, ldc, accumulate, alpha, compute, threads, &mut scratch)
+    });
+    dst
+}
+
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-30);
+    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+#[test]
+fn every_supported_path_matches_the_scalar_gemm() {
+    for &(m, n, k) in &[(1, 1, 1), (37, 50, 70), (64, 96, 128), (130, 33, 300), (5, 200, 31)] {
+        let av = values(m * k, 1);
+        let bv = values(k * n, 2);
+        let bt: Vec<f32> = (0..n * k).map(|i| bv[(i % k) * n + i / k]).collect();
+        let a = Operand::F32(MatRef::row_major(&av, 0, k));
+        let b_n = Operand::F32(MatRef::row_major(&bv, 0, n));
+        let b_k = Operand::F32(MatRef::row_major(&bt, 0, k).t());
+        let bb: Vec<bf16> = bv.iter().map(|&x| bf16::from_f32(x)).collect();
+        let b_bf = Operand::Bf16(MatRef::row_major(&bb, 0, n));
+        for compute in [Compute::F32, Compute::Bf16] {
+            for (accumulate, alpha) in [(false, 1.0), (true, 1.0), (false, 0.5)] {
+                let want = run(CpuPath::Scalar, m, n, k, a, b_n, compute, Threads::One, accumulate, alpha);
+                for path in CpuPath::ALL {
+                    if let Some(why) = path.unsupported_reason() {
+                        eprintln!("skipped {path}: {why}");
+                        continue;
+                    }
+                    let tol = match compute {
+                        Compute::F32 if path == CpuPath::Amx => 1e-5,
+                        Compute::F32 => 1e-6,
+                        Compute::Bf16 => 1e-5,
+                    };
+                    for threads in [Threads::One, Threads::Pool] {
+                        for b in [b_n, b_k] {
+                            let got = run(path, m, n, k, a, b, compute, threads, accumulate, alpha);
+                            let err = max_rel(&got, &want);
+                            assert!(err <= tol, "{path} {compute:?} {m}x{n}x{k} acc {accumulate} alpha {alpha}: {err}");
+                        }
+                        if compute == Compute::Bf16 || path == CpuPath::Amx || path == CpuPath::Scalar {
+                            let got = run(path, m, n, k, a, b_bf, compute, threads, accumulate, alpha);
+                            let want_bf = run(CpuPath::Scalar, m, n, k, a, b_bf, compute, Threads::One, accumulate, alpha);
+                            let err = max_rel(&got, &want_bf);
+                            assert!(err <= tol, "{path} bf16 operand {compute:?} {m}x{n}x{k}: {err}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_path_gives_the_same_bytes_on_every_call_and_thread_split() {
+    let (m, n, k) = (200, 96, 160);
+    let av = values(m * k, 5);
+    let bv = values(k * n, 6);
+    let a = Operand::F32(MatRef::row_major(&av, 0, k));
+    let b = Operand::F32(MatRef::row_major(&bv, 0, n));
+    for path in CpuPath::ALL.into_iter().filter(|p| p.supported()) {
+        for compute in [Compute::F32, Compute::Bf16] {
+            let one = run(path, m, n, k, a, b, compute, Threads::One, false, 1.0);
+            let pool = run(path, m, n, k, a, b, compute, Threads::Pool, false, 1.0);
+            let again = run(path, m, n, k, a, b, compute, Threads::Pool, false, 1.0);
+            assert_eq!(pool, again, "{path} {compute:?} repeats");
+            if path == CpuPath::Amx {
+                // Rows are split between threads, never the sum over k.
+                assert_eq!(one, pool, "{path} {compute:?} thread split");
+            }
+        }
+    }
+}
+
+#[test]
+fn near_f32_amx_gemm_is_within_f32_rounding_of_the_exact_product() {
+    if let Some(why) = CpuPath::Amx.unsupported_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let (m, n, k) = (64, 64, 1536);
+    let av = values(m * k, 7);
+    let bv = values(k * n, 8);
+    let a = Operand::F32(MatRef::row_major(&av, 0, k));
+    let b = Operand::F32(MatRef::row_major(&bv, 0, n));
+    let exact: Vec<f32> = {
+        let mut d: Vec<f32> = (0..m * (n + 3)).map(|i| (i % 7) as f32 * 0.25).collect();
+        for r in 0..m {
+            for c in 0..n {
+                d[r * (n + 3) + c] = (0..k).map(|i| av[r * k + i] as f64 * bv[i * n + c] as f64).sum::<f64>() as f32;
+            }
+        }
+        d
+    };
+    let x3 = run(CpuPath::Amx, m, n, k, a, b, Compute::F32, Threads::Pool, false, 1.0);
+    let b16 = run(CpuPath::Amx, m, n, k, a, b, Compute::Bf16, Threads::Pool, false, 1.0);
+    let (e3, e16) = (max_rel(&x3, &exact), max_rel(&b16, &exact));
+    eprintln!("amx vs f64: near-f32 {e3:.2e}, bf16 {e16:.2e}");
+    assert!(e3 < 2e-5 && e3 * 50.0 < e16, "near-f32 {e3}, bf16 {e16}");
+}
