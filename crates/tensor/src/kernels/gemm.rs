@@ -4,7 +4,6 @@
 //! to the selected path (AMX tiles, AVX-512, AVX2, scalar).
 
 use gemm::Parallelism;
-use half::slice::HalfFloatSliceExt;
 
 use crate::kernels::cpu::amx::{self, Dst, Precision};
 use crate::kernels::cpu::pack::{bf16_bits, Operand};
@@ -177,7 +176,7 @@ pub fn f32_uses_amx(path: CpuPath) -> bool {
         })
 }
 
-/// bf16 scratch values that [`gemm`] needs for these shapes on the selected path.
+/// f32 scratch elements that [`gemm`] needs for these shapes on the selected path.
 pub fn gemm_scratch_len(m: usize, n: usize, k: usize, compute: Compute, threads: Threads) -> usize {
     gemm_scratch_len_on(cpu::selected(), m, n, k, compute, threads)
 }
@@ -192,14 +191,14 @@ pub fn gemm_scratch_len_on(
     threads: Threads,
 ) -> usize {
     match (compute, path) {
-        (Compute::Bf16, CpuPath::Amx) => amx::scratch_len(n, k, Precision::Bf16, threads_of(threads)),
+        (Compute::Bf16, CpuPath::Amx) => {
+            amx::scratch_len(n, k, Precision::Bf16, threads_of(threads)).div_ceil(2)
+        }
         (Compute::F32, p) if f32_uses_amx(p) => {
-            amx::scratch_len(n, k, Precision::Bf16x3, threads_of(threads))
+            amx::scratch_len(n, k, Precision::Bf16x3, threads_of(threads)).div_ceil(2)
         }
-        // Rounded f32 copies of both operands (two u16 per f32, plus alignment slack).
-        (Compute::Bf16, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Avx2) => {
-            2 * (m * k + k * n) + 2
-        }
+        // Rounded f32 copies of both operands.
+        (Compute::Bf16, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Avx2) => m * k + k * n,
         (Compute::F32, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Avx2) => {
             // bf16 operands are widened by the caller; f32 ones need nothing.
             0
@@ -239,7 +238,7 @@ pub fn gemm(
     alpha: f32,
     compute: Compute,
     threads: Threads,
-    scratch: &mut [half::bf16],
+    scratch: &mut [f32],
 ) {
     gemm_on(cpu::selected(), m, n, k, a, b, dst, dst_offset, ldc, accumulate, alpha, compute, threads, scratch)
 }
@@ -260,9 +259,8 @@ pub fn gemm_on(
     alpha: f32,
     compute: Compute,
     threads: Threads,
-    scratch: &mut [half::bf16],
+    scratch: &mut [f32],
 ) {
-    let scratch = scratch.reinterpret_cast_mut();
     let amx_precision = match compute {
         Compute::Bf16 if path == CpuPath::Amx => Some(Precision::Bf16),
         Compute::F32 if f32_uses_amx(path) => Some(Precision::Bf16x3),
@@ -270,6 +268,11 @@ pub fn gemm_on(
     };
     if let Some(precision) = amx_precision {
         let dst = Dst { data: dst, offset: dst_offset, ldc };
+        // SAFETY: u16 is smaller and no more aligned than f32, and every bit pattern is
+        // a valid u16: the f32 scratch is reused as twice as many u16 values.
+        let scratch = unsafe {
+            std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u16>(), scratch.len() * 2)
+        };
         amx::gemm(m, n, k, &a, &b, dst, accumulate, alpha, precision, threads_of(threads), scratch);
         return;
     }
@@ -284,11 +287,8 @@ pub fn gemm_on(
         }
         (Compute::F32, _, _) => panic!("f32 GEMM through the gemm crate needs f32 operands"),
         (Compute::Bf16, a, b) => {
-            // SAFETY: f32 has no invalid bit patterns; align_to_mut only reinterprets the
-            // aligned middle of the u16 scratch.
-            let (_, f, _) = unsafe { scratch.align_to_mut::<f32>() };
-            assert!(f.len() >= m * k + k * n, "gemm scratch too short");
-            let (fa, fb) = f.split_at_mut(m * k);
+            assert!(scratch.len() >= m * k + k * n, "gemm scratch too short");
+            let (fa, fb) = scratch.split_at_mut(m * k);
             rounded(&a, m, k, fa);
             rounded(&b, k, n, &mut fb[..k * n]);
             sgemm(

@@ -1,14 +1,64 @@
 //! Matrix products: batched `matmul` with broadcast batch axes and `linear` (PyTorch's
-//! `x @ W.T + b`), all through the `gemm` crate with f32 accumulation. Strided f32
-//! operands go to GEMM as they are; other dtypes are widened to f32 first.
+//! `x @ W.T + b`), through [`crate::kernels::gemm::gemm`] with f32 accumulation. The
+//! compute follows the operands: a bf16 operand (a bf16 weight) makes the product bf16
+//! (f32 operands rounded to bf16 as they are packed), f32 operands compute in f32. Strided
+//! operands go to GEMM as they are; f16 is widened to f32 first, and so is bf16 where the
+//! path's f32 GEMM reads only f32. Packing scratch comes from the allocator.
 
+use half::bf16;
 use rayon::prelude::*;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::kernels::gemm::{sgemm, MatRef, Threads};
+use crate::kernels::cpu::pack::Operand;
+use crate::kernels::gemm::{gemm, gemm_scratch_len, Compute, MatRef, Threads};
 use crate::layout::{broadcast_shapes, Layout};
 use crate::tensor::Tensor;
+
+/// The compute of a product of `a` and `b`: bf16 when either is bf16.
+fn compute_of(a: &Tensor, b: &Tensor) -> Compute {
+    if a.dtype() == DType::BF16 || b.dtype() == DType::BF16 {
+        Compute::Bf16
+    } else {
+        Compute::F32
+    }
+}
+
+/// `t` in a dtype [`gemm`] reads for `compute` on the selected path.
+fn gemm_input(op: &'static str, t: &Tensor, compute: Compute) -> Result<Tensor> {
+    t.require_float(op)?;
+    let keep_bf16 = compute == Compute::Bf16
+        || crate::kernels::gemm::f32_uses_amx(crate::kernels::cpu::selected())
+        || crate::kernels::cpu::selected() == crate::kernels::cpu::CpuPath::Scalar;
+    match t.dtype() {
+        DType::F32 => Ok(t.clone()),
+        DType::BF16 if keep_bf16 => Ok(t.clone()),
+        _ => t.to_dtype(DType::F32),
+    }
+}
+
+/// The strided matrix view of `t`'s storage with `layout` (last two axes the matrix).
+fn operand<'a>(t: &'a Tensor, layout: &Layout, offset: usize) -> Option<Operand<'a>> {
+    let r = layout.strides().len();
+    let (rs, cs) = (layout.strides()[r - 2] as isize, layout.strides()[r - 1] as isize);
+    match t.dtype() {
+        DType::F32 => t.storage_as::<f32>().map(|data| {
+            Operand::F32(MatRef { data, offset, row_stride: rs, col_stride: cs })
+        }),
+        DType::BF16 => t.storage_as::<bf16>().map(|data| {
+            Operand::Bf16(MatRef { data, offset, row_stride: rs, col_stride: cs })
+        }),
+        _ => None,
+    }
+}
+
+/// f32 scratch for `count` GEMMs of these shapes (none when the path needs none).
+fn scratch(t: &Tensor, len: usize, count: usize) -> Result<Option<Tensor>> {
+    if len == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Tensor::empty(&[len * count], DType::F32, t.device())?))
+}
 
 /// Storage offset of batch element `index` in a layout whose last two axes are the matrix.
 fn batch_offset(layout: &Layout, mut index: usize) -> usize {
@@ -22,15 +72,6 @@ fn batch_offset(layout: &Layout, mut index: usize) -> usize {
     offset
 }
 
-fn mat<'a>(data: &'a [f32], layout: &Layout, offset: usize) -> MatRef<'a> {
-    let r = layout.strides().len();
-    MatRef {
-        data,
-        offset,
-        row_stride: layout.strides()[r - 2] as isize,
-        col_stride: layout.strides()[r - 1] as isize,
-    }
-}
 
 impl Tensor {
     /// Matrix product over the last two axes, batch axes broadcast: `[…, m, k] @ […, k, n]`.
@@ -61,8 +102,9 @@ impl Tensor {
             ));
         }
         let batch = broadcast_shapes(op, &self.shape()[..ra - 2], &other.shape()[..rb - 2])?;
-        let a = super::float_f32(op, self)?;
-        let b = super::float_f32(op, other)?;
+        let compute = compute_of(self, other);
+        let a = gemm_input(op, self, compute)?;
+        let b = gemm_input(op, other, compute)?;
         let mut out_shape = batch.clone();
         out_shape.extend([m, n]);
         let mut out = Tensor::empty(&out_shape, DType::F32, self.device())?;
@@ -73,25 +115,44 @@ impl Tensor {
         full_b.extend([k, n]);
         let la = a.layout().broadcast_to(&full_a)?;
         let lb = b.layout().broadcast_to(&full_b)?;
-        if let (Some(da), Some(db), Some(dst)) = (
-            a.storage_as::<f32>(),
-            b.storage_as::<f32>(),
-            out.data_mut::<f32>(),
-        ) {
-            let per = m * n;
+        let slots = crate::parallel::num_threads();
+        let per = m * n;
+        let many = batches >= slots * 2 && per > 0;
+        let threads = if many { Threads::One } else { Threads::Pool };
+        let len = gemm_scratch_len(m, n, k, compute, threads);
+        let mut scratch = scratch(self, len, if many { slots } else { 1 })?;
+        if self.device().is_meta() {
+            return Ok(out);
+        }
+        let mut no_scratch: [f32; 0] = [];
+        let scratch = match scratch.as_mut() {
+            Some(t) => t.data_mut::<f32>().unwrap_or(&mut []),
+            None => &mut no_scratch[..],
+        };
+        if let Some(dst) = out.data_mut::<f32>() {
+            let at = |i: usize| {
+                let oa = operand(&a, &la, batch_offset(&la, i)).expect("float operand");
+                let ob = operand(&b, &lb, batch_offset(&lb, i)).expect("float operand");
+                (oa, ob)
+            };
             crate::parallel::run(|| {
-                if batches >= crate::parallel::num_threads() * 2 && per > 0 {
-                    // Many small products: one per task, each single-threaded.
-                    dst.par_chunks_mut(per).enumerate().for_each(|(i, d)| {
-                        let ma = mat(da, &la, batch_offset(&la, i));
-                        let mb = mat(db, &lb, batch_offset(&lb, i));
-                        sgemm(m, n, k, ma, mb, d, 0, n, false, 1.0, Threads::One);
-                    });
+                if many {
+                    // Many small products: contiguous runs of them per thread slot, each
+                    // product single-threaded with the slot's own scratch.
+                    let run = batches.div_ceil(slots);
+                    dst.par_chunks_mut(per * run)
+                        .zip(scratch.par_chunks_mut(len.max(1)))
+                        .enumerate()
+                        .for_each(|(c, (d, sc))| {
+                            for (j, d) in d.chunks_mut(per).enumerate() {
+                                let (oa, ob) = at(c * run + j);
+                                gemm(m, n, k, oa, ob, d, 0, n, false, 1.0, compute, Threads::One, sc);
+                            }
+                        });
                 } else {
                     for i in 0..batches {
-                        let ma = mat(da, &la, batch_offset(&la, i));
-                        let mb = mat(db, &lb, batch_offset(&lb, i));
-                        sgemm(m, n, k, ma, mb, dst, i * per, n, false, 1.0, Threads::Pool);
+                        let (oa, ob) = at(i);
+                        gemm(m, n, k, oa, ob, dst, i * per, n, false, 1.0, compute, Threads::Pool, scratch);
                     }
                 }
             });
@@ -131,39 +192,49 @@ impl Tensor {
             }
         }
         let rows = self.numel() / in_features.max(1);
-        let x = super::float_f32(op, self)?.to_f32_contiguous()?;
-        let w = super::float_f32(op, weight)?;
+        let compute = compute_of(self, weight);
+        let x = gemm_input(op, self, compute)?.contiguous()?;
+        let w = gemm_input(op, weight, compute)?;
         let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
         let mut out_shape = self.shape().to_vec();
         *out_shape.last_mut().expect("rank checked above") = out_features;
         let mut out = Tensor::empty(&out_shape, DType::F32, self.device())?;
-        if let (Some(dx), Some(dw), Some(dst)) = (
-            x.as_slice::<f32>(),
-            w.storage_as::<f32>(),
+        let len = gemm_scratch_len(rows, out_features, in_features, compute, Threads::Pool);
+        let mut scratch = scratch(self, len, 1)?;
+        if self.device().is_meta() {
+            return Ok(out);
+        }
+        let x_layout = Layout::contiguous(&[rows, in_features]);
+        if let (Some(ox), Some(ow), Some(dst)) = (
+            operand(&x, &x_layout, x.layout().offset()),
+            operand(&w, w.layout(), w.layout().offset()),
             out.data_mut::<f32>(),
         ) {
-            let wl = w.layout();
-            let wt = MatRef {
-                data: dw,
-                offset: wl.offset(),
-                row_stride: wl.strides()[0] as isize,
-                col_stride: wl.strides()[1] as isize,
-            }
-            .t();
+            let ow = match ow {
+                Operand::F32(m) => Operand::F32(m.t()),
+                Operand::Bf16(m) => Operand::Bf16(m.t()),
+            };
+            let mut no_scratch: [f32; 0] = [];
+            let scratch = match scratch.as_mut() {
+                Some(t) => t.data_mut::<f32>().unwrap_or(&mut []),
+                None => &mut no_scratch[..],
+            };
             let bias = b.as_ref().and_then(|b| b.as_slice::<f32>());
             crate::parallel::run(|| {
-                sgemm(
+                gemm(
                     rows,
                     out_features,
                     in_features,
-                    MatRef::row_major(dx, 0, in_features),
-                    wt,
+                    ox,
+                    ow,
                     dst,
                     0,
                     out_features,
                     false,
                     1.0,
+                    compute,
                     Threads::Pool,
+                    scratch,
                 );
                 if let Some(bias) = bias {
                     dst.par_chunks_mut(out_features).for_each(|row| {

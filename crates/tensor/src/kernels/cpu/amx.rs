@@ -23,6 +23,15 @@ use super::pack::{pack_a, pack_b, packed_len, Operand, Part, KSTEP_LEN, PANEL};
 pub const MC: usize = 128;
 /// Packed k-steps per K block (of 32 values each; 16 KiB of a B panel).
 pub const KC: usize = 8;
+/// Bytes of packed B held at once: B is packed and consumed in column blocks of at most
+/// this size, so the scratch never grows with N.
+pub const B_BLOCK_BYTES: usize = 8 << 20;
+
+/// B panels packed at once for this K and part count.
+fn panels_per_block(n: usize, k: usize, parts: usize) -> usize {
+    let panel_bytes = 2 * packed_len(PANEL, k, parts);
+    (B_BLOCK_BYTES / panel_bytes).clamp(1, n.div_ceil(PANEL).max(1))
+}
 
 /// How f32 operands become bf16 for the tiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,7 +81,8 @@ pub fn enable() -> bool {
 /// `u16` scratch [`gemm`] needs: packed B, then one packed A block per thread.
 pub fn scratch_len(n: usize, k: usize, precision: Precision, threads: usize) -> usize {
     let (pa, pb) = precision.parts();
-    packed_len(n, k, pb.len()) + threads.max(1) * packed_len(MC, k, pa.len())
+    panels_per_block(n, k, pb.len()) * packed_len(PANEL, k, pb.len())
+        + threads.max(1) * packed_len(MC, k, pa.len())
 }
 
 /// The output of a GEMM: row-major f32 with `ldc` elements between rows.
@@ -131,18 +141,21 @@ pub fn gemm(
     }
     let threads = threads.max(1);
     let (pa, pb) = precision.parts();
-    let b_len = packed_len(n, k, pb.len());
+    let panel_len = packed_len(PANEL, k, pb.len());
+    let per_block = panels_per_block(n, k, pb.len());
+    let b_len = per_block * panel_len;
     let a_len = packed_len(MC, k, pa.len());
     assert!(scratch.len() >= b_len + threads * a_len, "gemm scratch too short");
     let (packed_b, rest) = scratch.split_at_mut(b_len);
-    let panel_len = packed_len(PANEL, k, pb.len());
     let nb = n.div_ceil(PANEL);
     let m_panels = m.div_ceil(PANEL);
     let ldc = dst.ldc;
     let out = SendPtr(dst.data[dst.offset..].as_mut_ptr());
     let out_len = dst.data.len() - dst.offset;
     let out = &out;
-    let job = |t: usize, a_buf: &mut [u16], packed_b: &[u16]| {
+    let k_packed = k.div_ceil(super::pack::TILE_K) * pa.len();
+    // Thread `t`'s share of the rows against the packed B panels `panels`.
+    let job = |t: usize, a_buf: &mut [u16], packed_b: &[u16], panels: std::ops::Range<usize>| {
         let p0 = t * m_panels / threads;
         let p1 = (t + 1) * m_panels / threads;
         let rows = (p0 * PANEL).min(m)..(p1 * PANEL).min(m);
@@ -151,7 +164,6 @@ pub fn gemm(
         }
         // SAFETY: AMX was enabled above; the tile configuration is this thread's own.
         let _tiles = unsafe { Tiles::configure() };
-        let k_packed = k.div_ceil(super::pack::TILE_K) * pa.len();
         for r0 in rows.clone().step_by(MC) {
             let mc = MC.min(rows.end - r0);
             pack_a(a, r0, mc, k, pa, a_buf);
@@ -159,8 +171,8 @@ pub fn gemm(
                 let steps = KC.min(k_packed - s0);
                 let load = accumulate || s0 > 0;
                 let last = s0 + steps == k_packed;
-                for jb in 0..nb {
-                    let bp = &packed_b[jb * panel_len + s0 * KSTEP_LEN..];
+                for (i, jb) in panels.clone().enumerate() {
+                    let bp = &packed_b[i * panel_len + s0 * KSTEP_LEN..];
                     for ib in 0..mc.div_ceil(PANEL) {
                         let ap = &a_buf[(ib * k_packed + s0) * KSTEP_LEN..];
                         let (row, col) = (r0 + ib * PANEL, jb * PANEL);
@@ -177,20 +189,23 @@ pub fn gemm(
             }
         }
     };
-    if threads == 1 {
-        pack_b(b, k, n, 0..nb, pb, packed_b);
-        job(0, &mut rest[..a_len], packed_b);
-    } else {
-        use rayon::prelude::*;
-        packed_b
-            .par_chunks_mut(panel_len)
-            .enumerate()
-            .for_each(|(jb, chunk)| pack_b(b, k, n, jb..jb + 1, pb, chunk));
-        let packed_b = &*packed_b;
-        rest[..threads * a_len]
-            .par_chunks_mut(a_len)
-            .enumerate()
-            .for_each(|(t, a_buf)| job(t, a_buf, packed_b));
+    for j0 in (0..nb).step_by(per_block) {
+        let panels = j0..(j0 + per_block).min(nb);
+        let used = &mut packed_b[..panels.len() * panel_len];
+        if threads == 1 {
+            pack_b(b, k, n, panels.clone(), pb, used);
+            job(0, &mut rest[..a_len], used, panels);
+        } else {
+            use rayon::prelude::*;
+            used.par_chunks_mut(panel_len)
+                .enumerate()
+                .for_each(|(i, chunk)| pack_b(b, k, n, j0 + i..j0 + i + 1, pb, chunk));
+            let used = &*used;
+            rest[..threads * a_len]
+                .par_chunks_mut(a_len)
+                .enumerate()
+                .for_each(|(t, a_buf)| job(t, a_buf, used, panels.clone()));
+        }
     }
 }
 
