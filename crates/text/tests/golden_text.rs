@@ -156,8 +156,11 @@ fn masked_forward_equals_last_hidden_state() {
     }
 }
 
+/// Max |diff| allowed for bf16 compute against the f32-compute embeddings (scale ~1).
+const BF16_TOLERANCE: f32 = 0.03;
+
 #[test]
-fn bf16_weights_load_from_shards_and_match_bf16_rounded_reference() {
+fn bf16_weights_load_from_shards_and_compute_within_bf16_error_of_the_reference() {
     let device = Device::cpu().unwrap();
     let tokenizer = TextTokenizer::from_dir(&fixtures().join("tokenizer"), 16).unwrap();
     // Sharded bf16 files kept as bf16, and the f32 file rounded to bf16 on load.
@@ -179,7 +182,10 @@ fn bf16_weights_load_from_shards_and_match_bf16_rounded_reference() {
             let hidden = encoder.forward(&tokens.ids[..tokens.n], None).unwrap();
             let got = want.narrow(0, 0, r.n).unwrap();
             let diff = max_abs_diff(&hidden, &got.contiguous().unwrap());
-            assert!(diff <= TOLERANCE, "{what}: {}: max |diff| {diff}", r.name);
+            // bf16 weights compute in bf16 (activations rounded as the GEMMs pack them,
+            // f32 accumulation, f32 norms and softmax): the reference ran the same
+            // bf16-rounded weights in f32, so the gap is bf16 activation rounding.
+            assert!(diff <= BF16_TOLERANCE, "{what}: {}: max |diff| {diff}", r.name);
         }
     }
 }

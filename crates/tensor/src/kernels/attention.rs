@@ -24,7 +24,8 @@
 //! tile's arithmetic does not depend on which chunk holds it, so the bytes are the same
 //! on every call with the same thread count.
 
-use crate::kernels::gemm::{sgemm, MatRef, Threads};
+use crate::kernels::cpu::pack::Operand;
+use crate::kernels::gemm::{gemm, gemm_scratch_len, Compute, MatRef, Threads};
 use crate::kernels::softmax::{exp_with_max, scale_in_place};
 use crate::parallel;
 
@@ -80,6 +81,8 @@ pub struct AttentionParams {
     pub out_head_stride: usize,
     /// Elements between tokens in `out`.
     pub out_token_stride: usize,
+    /// What the two products compute in.
+    pub compute: Compute,
 }
 
 impl AttentionParams {
@@ -95,15 +98,22 @@ impl AttentionParams {
     }
 }
 
+/// Floats of GEMM packing scratch one thread slot uses (the larger of the two products).
+fn gemm_len(head_dim: usize, compute: Compute) -> usize {
+    let qk = gemm_scratch_len(BLOCK_Q, BLOCK_KV, head_dim, compute, Threads::One);
+    let pv = gemm_scratch_len(BLOCK_Q, head_dim, BLOCK_KV, compute, Threads::One);
+    qk.max(pv)
+}
+
 /// Floats of scratch one thread slot uses.
-fn slot_len(head_dim: usize) -> usize {
-    BLOCK_Q * BLOCK_KV + BLOCK_Q * head_dim + 2 * BLOCK_Q
+fn slot_len(head_dim: usize, compute: Compute) -> usize {
+    BLOCK_Q * BLOCK_KV + BLOCK_Q * head_dim + 2 * BLOCK_Q + gemm_len(head_dim, compute)
 }
 
 /// Floats of scratch [`attention`] needs: a fixed tile set per kernel thread,
 /// independent of `q_len` and `kv_len`.
 pub fn attention_scratch_len(p: &AttentionParams) -> usize {
-    parallel::num_threads() * slot_len(p.head_dim)
+    parallel::num_threads() * slot_len(p.head_dim, p.compute)
 }
 
 /// How the output is walked so that work items own disjoint, increasing ranges of it.
@@ -228,7 +238,7 @@ pub fn attention(
         return;
     }
     let slots = parallel::num_threads();
-    let per_slot = slot_len(p.head_dim);
+    let per_slot = slot_len(p.head_dim, p.compute);
     assert!(
         scratch.len() >= slots * per_slot,
         "attention scratch too small"
@@ -294,7 +304,8 @@ fn tile(
     let n_rows = rows.len();
     let (s, rest) = slot.split_at_mut(BLOCK_Q * BLOCK_KV);
     let (acc, rest) = rest.split_at_mut(BLOCK_Q * d);
-    let (m, l) = rest.split_at_mut(BLOCK_Q);
+    let (m, rest) = rest.split_at_mut(BLOCK_Q);
+    let (l, packing) = rest.split_at_mut(BLOCK_Q);
     let acc = &mut acc[..n_rows * d];
     acc.fill(0.0);
     m.fill(f32::NEG_INFINITY);
@@ -318,18 +329,20 @@ fn tile(
             row_stride: 1,
             col_stride: p.k_token_stride as isize,
         };
-        sgemm(
+        gemm(
             n_rows,
             cols,
             d,
-            q_tile,
-            k_t,
+            Operand::F32(q_tile),
+            Operand::F32(k_t),
             s,
             0,
             BLOCK_KV,
             false,
             p.scale,
+            p.compute,
             Threads::One,
+            packing,
         );
 
         for i in 0..n_rows {
@@ -361,18 +374,20 @@ fn tile(
             row_stride: p.v_token_stride as isize,
             col_stride: 1,
         };
-        sgemm(
+        gemm(
             n_rows,
             d,
             cols,
-            p_tile,
-            v_tile,
+            Operand::F32(p_tile),
+            Operand::F32(v_tile),
             acc,
             0,
             d,
             true,
             1.0,
+            p.compute,
             Threads::One,
+            packing,
         );
     }
 
@@ -436,6 +451,7 @@ mod tests {
             v_token_stride: kt,
             out_head_stride: oh,
             out_token_stride: ot,
+            compute: Compute::F32,
         }
     }
 

@@ -27,7 +27,8 @@
 
 use rayon::prelude::*;
 
-use super::gemm::{sgemm, MatRef, Threads};
+use super::cpu::pack::Operand;
+use super::gemm::{gemm, gemm_scratch_len, Compute, MatRef, Threads};
 use crate::parallel;
 
 /// Upper bound, in f32 elements, on the im2col scratch one conv uses (4 Mi floats = 16 MiB).
@@ -69,6 +70,8 @@ pub struct Conv3dParams {
     pub pad_h: usize,
     /// Zero columns added left and right.
     pub pad_w: usize,
+    /// What the GEMMs compute in (bf16 for bf16 weights).
+    pub compute: Compute,
 }
 
 /// Output length of one axis: `(input + pad - k) / stride + 1`, or 0 if the kernel does not fit.
@@ -154,6 +157,8 @@ pub struct Conv2dParams {
     pub pad_h: usize,
     /// Zero columns added left and right.
     pub pad_w: usize,
+    /// What the GEMMs compute in (bf16 for bf16 weights).
+    pub compute: Compute,
 }
 
 impl Conv2dParams {
@@ -172,6 +177,7 @@ impl Conv2dParams {
             time_pad: TimePad::Zeros,
             pad_h: self.pad_h,
             pad_w: self.pad_w,
+            compute: self.compute,
         }
     }
 
@@ -217,11 +223,12 @@ impl Plan {
         // Equal tiles, a whole number of rounds: no slot idles while another finishes.
         let rounds = pixels.div_ceil(slots * max_tile).max(1);
         let tile = pixels.div_ceil(rounds * slots).max(1);
+        let gemm = gemm_scratch_len(p.out_channels, tile, p.patch_len(), p.compute, Threads::One);
         Self {
             slots,
             rounds,
             tile,
-            per_slot: per_pixel * tile,
+            per_slot: per_pixel * tile + gemm,
         }
     }
 
@@ -233,8 +240,11 @@ impl Plan {
 }
 
 fn scratch_len_for_target(p: &Conv3dParams, target: usize, slots: usize) -> usize {
-    if p.is_pointwise() || p.out_len() == 0 {
+    if p.out_len() == 0 {
         0
+    } else if p.is_pointwise() {
+        let [to, ho, wo] = p.out_dims();
+        gemm_scratch_len(p.out_channels, to * ho * wo, p.in_channels, p.compute, Threads::Pool)
     } else {
         slots * Plan::new(p, target, slots).per_slot
     }
@@ -316,7 +326,7 @@ fn conv3d_with_target(
             let src = &input[b * in_batch..(b + 1) * in_batch];
             let dst = &mut out[b * out_batch..(b + 1) * out_batch];
             if p.is_pointwise() {
-                pointwise(p, src, weight, bias, dst);
+                pointwise(p, src, weight, bias, dst, scratch);
             } else {
                 tiled(p, &geom, &plan, src, weight, bias, dst, scratch);
             }
@@ -325,14 +335,21 @@ fn conv3d_with_target(
 }
 
 /// One batch item of a 1×1×1, stride-1, unpadded conv: `dst[Cout, P] = W · src[Cin, P]`.
-fn pointwise(p: &Conv3dParams, src: &[f32], weight: &[f32], bias: Option<&[f32]>, dst: &mut [f32]) {
+fn pointwise(
+    p: &Conv3dParams,
+    src: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    dst: &mut [f32],
+    scratch: &mut [f32],
+) {
     let (ci, co) = (p.in_channels, p.out_channels);
     let px = dst.len() / co;
     let (w, x) = (
-        MatRef::row_major(weight, 0, ci),
-        MatRef::row_major(src, 0, px),
+        Operand::F32(MatRef::row_major(weight, 0, ci)),
+        Operand::F32(MatRef::row_major(src, 0, px)),
     );
-    sgemm(co, px, ci, w, x, dst, 0, px, false, 1.0, Threads::Pool);
+    gemm(co, px, ci, w, x, dst, 0, px, false, 1.0, p.compute, Threads::Pool, scratch);
     if let Some(bias) = bias {
         dst.par_chunks_mut(px).zip(bias).for_each(|(row, &b)| {
             row.iter_mut().for_each(|v| *v += b);
@@ -355,7 +372,7 @@ fn tiled(
 ) {
     let (k, cout) = (p.patch_len(), p.out_channels);
     let pixels = dst.len() / cout;
-    let w = MatRef::row_major(weight, 0, k);
+    let w = Operand::F32(MatRef::row_major(weight, 0, k));
     let scratch = &mut scratch[..plan.slots * plan.per_slot];
     for round in 0..plan.rounds {
         // Exactly `slots` contiguous scratch chunks, one per tile of the round.
@@ -367,11 +384,13 @@ fn tiled(
                 if n == 0 {
                     return;
                 }
-                let (cols, result) = buf.split_at_mut(k * plan.tile);
+                let (cols, rest) = buf.split_at_mut(k * plan.tile);
+                let (result, gemm_scratch) = rest.split_at_mut(cout * plan.tile);
                 let cols = &mut cols[..k * n];
                 fill_cols(geom, src, p0, n, cols);
-                let x = MatRef::row_major(cols, 0, n);
-                sgemm(cout, n, k, w, x, result, 0, n, false, 1.0, Threads::One);
+                let x = Operand::F32(MatRef::row_major(cols, 0, n));
+                let c = p.compute;
+                gemm(cout, n, k, w, x, result, 0, n, false, 1.0, c, Threads::One, gemm_scratch);
             });
         // The GEMM results are [Cout, n] blocks; dst rows are strided by P, so they are
         // scattered by output channel (with the bias) in a second, row-parallel pass.
@@ -593,6 +612,7 @@ mod tests {
             time_pad: tp,
             pad_h,
             pad_w,
+            compute: Compute::F32,
         }
     }
 
@@ -643,9 +663,11 @@ mod tests {
     }
 
     #[test]
-    fn pointwise_conv_needs_no_scratch_and_matches_reference() {
+    fn pointwise_conv_needs_no_im2col_scratch_and_matches_reference() {
         let p = small([1, 1, 1], [1, 1, 1], [0, 0, 0], TimePad::Zeros);
-        assert_eq!(conv3d_scratch_len(&p), 0);
+        let [to, ho, wo] = p.out_dims();
+        let packing = gemm_scratch_len(4, to * ho * wo, 3, p.compute, Threads::Pool);
+        assert_eq!(conv3d_scratch_len(&p), packing);
         check(&p, true, 0);
         check(&p, false, 0);
     }
@@ -668,13 +690,18 @@ mod tests {
         let slots = parallel::num_threads();
         let mut p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Zeros);
         (p.in_channels, p.out_channels, p.in_t, p.in_h, p.in_w) = (96, 96, 5, 720, 1280);
-        assert!(conv3d_scratch_len(&p) <= slots * CONV_SCRATCH_TARGET);
+        // Beyond the im2col target, each slot holds only its GEMM's packing buffers.
+        let packing = |p: &Conv3dParams| {
+            let tile = Plan::new(p, CONV_SCRATCH_TARGET, slots).tile;
+            gemm_scratch_len(p.out_channels, tile, p.patch_len(), p.compute, Threads::One)
+        };
+        assert!(conv3d_scratch_len(&p) <= slots * (CONV_SCRATCH_TARGET + packing(&p)));
         // A row that alone exceeds the target may take up to one row per slot (tiles
         // are evened out over the slots, so slightly less with some thread counts).
         (p.in_channels, p.in_h, p.in_w) = (384, 8, 4000);
         let row = (p.patch_len() + p.out_channels) * 4000;
         let len = conv3d_scratch_len(&p);
-        assert!(slots * CONV_SCRATCH_TARGET < len && len <= slots * row);
+        assert!(slots * CONV_SCRATCH_TARGET < len && len <= slots * (row + packing(&p)));
     }
 
     #[test]
@@ -712,6 +739,7 @@ mod tests {
                 stride,
                 pad_h: pad,
                 pad_w: pad,
+                compute: Compute::F32,
             };
             let p = p2.to_3d();
             assert_eq!(

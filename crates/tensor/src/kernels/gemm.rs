@@ -152,8 +152,11 @@ pub fn sgemm(
 /// What a GEMM computes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compute {
-    /// f32 products (near f32 on the AMX path: three bf16 part products).
+    /// Exact f32 products.
     F32,
+    /// Near-f32: three bf16 part products on the AMX path (about 16 mantissa bits),
+    /// exact f32 elsewhere.
+    NearF32,
     /// bf16 operands (f32 ones rounded to nearest even), f32 accumulation.
     Bf16,
 }
@@ -165,15 +168,42 @@ fn threads_of(threads: Threads) -> usize {
     }
 }
 
-/// Whether f32 compute on `path` runs on the AMX tiles (three part products) rather than
-/// exact f32 products. `HEADROOM_F32_GEMM=exact` keeps exact f32 on every path.
-pub fn f32_uses_amx(path: CpuPath) -> bool {
-    use std::sync::OnceLock;
-    static EXACT: OnceLock<bool> = OnceLock::new();
-    path == CpuPath::Amx
-        && !*EXACT.get_or_init(|| {
-            std::env::var("HEADROOM_F32_GEMM").is_ok_and(|v| v.trim().eq_ignore_ascii_case("exact"))
-        })
+/// The environment variable that picks the f32 GEMM on the AMX path: `exact` (default,
+/// f32 products through the `gemm` crate) or `amx` (three bf16 part products on the
+/// tiles: about 16 mantissa bits at ~2.5× the speed).
+pub const F32_GEMM_ENV: &str = "HEADROOM_F32_GEMM";
+
+/// Whether f32 compute on `path` runs on the AMX tiles (three part products).
+pub fn f32_uses_amx(path: CpuPath, compute: Compute) -> bool {
+    path == CpuPath::Amx && compute == Compute::NearF32
+}
+
+static NEAR_F32: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// The compute ops give f32 operands: [`Compute::NearF32`] with `HEADROOM_F32_GEMM=amx`
+/// (or after [`set_near_f32`]), else exact [`Compute::F32`]. Measured against diffusers and
+/// transformers on the golden fixtures the near-f32 GEMM errs by up to 4.5e-5 (DiT),
+/// 4.1e-5 (VAE) and 9.1e-5 (UMT5) where exact f32 errs by 1.5e-6..2.3e-6: too near the
+/// 1e-4 bound to be the default.
+pub fn f32_compute() -> Compute {
+    use std::sync::atomic::Ordering;
+    let mut v = NEAR_F32.load(Ordering::Relaxed);
+    if v == 0 {
+        let near = std::env::var(F32_GEMM_ENV).is_ok_and(|v| v.trim().eq_ignore_ascii_case("amx"));
+        v = if near { 2 } else { 1 };
+        NEAR_F32.store(v, Ordering::Relaxed);
+    }
+    if v == 2 {
+        Compute::NearF32
+    } else {
+        Compute::F32
+    }
+}
+
+/// Makes ops compute f32 products near-f32 (`true`) or exactly (`false`) from now on
+/// (benchmarks comparing both in one run).
+pub fn set_near_f32(near: bool) {
+    NEAR_F32.store(if near { 2 } else { 1 }, std::sync::atomic::Ordering::SeqCst);
 }
 
 /// f32 scratch elements that [`gemm`] needs for these shapes on the selected path.
@@ -194,16 +224,14 @@ pub fn gemm_scratch_len_on(
         (Compute::Bf16, CpuPath::Amx) => {
             amx::scratch_len(n, k, Precision::Bf16, threads_of(threads)).div_ceil(2)
         }
-        (Compute::F32, p) if f32_uses_amx(p) => {
+        (Compute::NearF32, CpuPath::Amx) => {
             amx::scratch_len(n, k, Precision::Bf16x3, threads_of(threads)).div_ceil(2)
         }
         // Rounded f32 copies of both operands.
         (Compute::Bf16, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Avx2) => m * k + k * n,
-        (Compute::F32, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Avx2) => {
-            // bf16 operands are widened by the caller; f32 ones need nothing.
-            0
-        }
-        (_, CpuPath::Scalar) | (_, CpuPath::Amx) => 0,
+        // f32 through the gemm crate: bf16 operands are widened by the caller.
+        (Compute::F32 | Compute::NearF32, _) => 0,
+        (Compute::Bf16, CpuPath::Scalar) => 0,
     }
 }
 
@@ -263,7 +291,7 @@ pub fn gemm_on(
 ) {
     let amx_precision = match compute {
         Compute::Bf16 if path == CpuPath::Amx => Some(Precision::Bf16),
-        Compute::F32 if f32_uses_amx(path) => Some(Precision::Bf16x3),
+        Compute::NearF32 if path == CpuPath::Amx => Some(Precision::Bf16x3),
         _ => None,
     };
     if let Some(precision) = amx_precision {
@@ -282,10 +310,12 @@ pub fn gemm_on(
         return;
     }
     match (compute, a, b) {
-        (Compute::F32, Operand::F32(a), Operand::F32(b)) => {
+        (Compute::F32 | Compute::NearF32, Operand::F32(a), Operand::F32(b)) => {
             sgemm(m, n, k, a, b, dst, dst_offset, ldc, accumulate, alpha, threads)
         }
-        (Compute::F32, _, _) => panic!("f32 GEMM through the gemm crate needs f32 operands"),
+        (Compute::F32 | Compute::NearF32, _, _) => {
+            panic!("f32 GEMM through the gemm crate needs f32 operands")
+        }
         (Compute::Bf16, a, b) => {
             assert!(scratch.len() >= m * k + k * n, "gemm scratch too short");
             let (fa, fb) = scratch.split_at_mut(m * k);

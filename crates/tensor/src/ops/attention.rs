@@ -5,6 +5,7 @@ use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 pub use crate::kernels::attention::Mask;
 use crate::kernels::attention::{self as k, AttentionParams};
+use crate::kernels::gemm::Compute;
 use crate::kernels::rope::{apply_rope, RopeTable};
 use crate::tensor::Tensor;
 
@@ -28,6 +29,22 @@ impl Tensor {
         v: &Tensor,
         mask: Mask,
         scale: Option<f32>,
+    ) -> Result<Tensor> {
+        let bf16 = [q, k, v].iter().any(|t| t.dtype() == DType::BF16);
+        let compute = if bf16 { Compute::Bf16 } else { crate::kernels::gemm::f32_compute() };
+        Self::scaled_dot_product_attention_in(q, k, v, mask, scale, compute)
+    }
+
+    /// [`Tensor::scaled_dot_product_attention`] with both products computed in `compute`
+    /// whatever the inputs' dtypes (a bf16 model passes its f32 activations with
+    /// [`Compute::Bf16`]; the softmax statistics stay f32).
+    pub fn scaled_dot_product_attention_in(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        mask: Mask,
+        scale: Option<f32>,
+        compute: Compute,
     ) -> Result<Tensor> {
         let op = "attention";
         q.same_device(op, k)?;
@@ -76,6 +93,7 @@ impl Tensor {
             v_token_stride: vf.layout().strides()[1],
             out_head_stride: d,
             out_token_stride: h * d,
+            compute,
         };
         let mut scratch =
             Tensor::empty(&[k::attention_scratch_len(&params)], DType::F32, q.device())?;

@@ -5,6 +5,7 @@ use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 pub use crate::kernels::conv::TimePad;
 use crate::kernels::conv::{self as k, Conv2dParams, Conv3dParams};
+use crate::kernels::gemm::Compute;
 use crate::tensor::Tensor;
 
 /// Stride and padding of a causal 3-D convolution.
@@ -141,6 +142,7 @@ impl Tensor {
             time_pad: options.time_pad,
             pad_h: options.pad_hw[0],
             pad_w: options.pad_hw[1],
+            compute: compute_of(weight),
         };
         let [to, ho, wo] = p.out_dims();
         run_conv(
@@ -178,6 +180,7 @@ impl Tensor {
             stride,
             pad_h: padding[0],
             pad_w: padding[1],
+            compute: compute_of(weight),
         };
         let [ho, wo] = p.out_dims();
         run_conv(
@@ -188,6 +191,15 @@ impl Tensor {
             k::conv2d_scratch_len(&p),
             |x, w, b, out, scratch| k::conv2d(&p, x, w, b, out, scratch),
         )
+    }
+}
+
+/// bf16 weights make a bf16 conv (inputs rounded to bf16 as they are packed).
+fn compute_of(weight: &Tensor) -> Compute {
+    if weight.dtype() == DType::BF16 {
+        Compute::Bf16
+    } else {
+        crate::kernels::gemm::f32_compute()
     }
 }
 

@@ -20,16 +20,17 @@ fn compute_of(a: &Tensor, b: &Tensor) -> Compute {
     if a.dtype() == DType::BF16 || b.dtype() == DType::BF16 {
         Compute::Bf16
     } else {
-        Compute::F32
+        crate::kernels::gemm::f32_compute()
     }
 }
 
 /// `t` in a dtype [`gemm`] reads for `compute` on the selected path.
 fn gemm_input(op: &'static str, t: &Tensor, compute: Compute) -> Result<Tensor> {
     t.require_float(op)?;
+    let path = crate::kernels::cpu::selected();
     let keep_bf16 = compute == Compute::Bf16
-        || crate::kernels::gemm::f32_uses_amx(crate::kernels::cpu::selected())
-        || crate::kernels::cpu::selected() == crate::kernels::cpu::CpuPath::Scalar;
+        || crate::kernels::gemm::f32_uses_amx(path, compute)
+        || path == crate::kernels::cpu::CpuPath::Scalar;
     match t.dtype() {
         DType::F32 => Ok(t.clone()),
         DType::BF16 if keep_bf16 => Ok(t.clone()),

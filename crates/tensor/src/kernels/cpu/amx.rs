@@ -270,7 +270,8 @@ unsafe fn block(
 }
 
 /// The tile registers configured as eight 16 × 64-byte tiles, released on drop.
-struct Tiles;
+#[derive(Debug)]
+pub(crate) struct Tiles;
 
 #[repr(C, align(64))]
 struct TileConfig {
@@ -284,7 +285,7 @@ struct TileConfig {
 impl Tiles {
     /// # Safety
     /// AMX must be enabled for the process ([`enable`]).
-    unsafe fn configure() -> Tiles {
+    pub(crate) unsafe fn configure() -> Tiles {
         let mut cfg = TileConfig {
             palette: 1,
             start_row: 0,

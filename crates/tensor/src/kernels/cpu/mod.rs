@@ -8,18 +8,18 @@
 //! | path | bf16 GEMM | f32 GEMM |
 //! |---|---|---|
 //! | `amx` | AMX tiles (`tdpbf16ps`) | AMX, each operand split into a bf16 high and low part (three products) |
-//! | `avx512bf16` | `vdpbf16ps` | the `gemm` crate (AVX-512) |
-//! | `avx512`, `avx2` | bf16-rounded operands through the `gemm` crate | the `gemm` crate (it picks AVX-512 or AVX2 itself) |
+//! | `avx512bf16`, `avx512`, `avx2` | bf16-rounded operands through the `gemm` crate | the `gemm` crate (it picks AVX-512 or AVX2 itself) |
 //! | `scalar` | plain loops | plain loops |
 //!
 //! Same inputs, path and thread count give the same bytes; different paths round
 //! differently and agree within the tolerances the tests hold.
 
 pub mod amx;
-pub mod avx512bf16;
 pub mod pack;
+pub mod peak;
 pub mod scalar;
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 /// The environment variable that forces a path.
@@ -170,10 +170,38 @@ pub fn best() -> CpuPath {
         .unwrap_or(CpuPath::Scalar)
 }
 
-/// The path the kernels use: `HEADROOM_CPU_PATH` when it names a supported path, else
-/// the best one. A forced path this CPU cannot run falls back to the best, with a warning
-/// on standard error, because a kernel has no error channel.
+/// A path set by [`set_path`] (benchmarks comparing paths in one run), 0 when none.
+static OVERRIDE: AtomicU8 = AtomicU8::new(0);
+
+/// Makes every kernel use `path` from now on (benchmarks that compare paths in one run);
+/// `None` goes back to the start-up choice. Refuses a path this CPU cannot run.
+pub fn set_path(path: Option<CpuPath>) -> Result<(), String> {
+    match path {
+        Some(p) if !p.supported() => Err(format!("this CPU cannot run the {p} path")),
+        Some(p) => {
+            let code = CpuPath::ALL.iter().position(|&q| q == p).unwrap_or(0) as u8 + 1;
+            OVERRIDE.store(code, Ordering::SeqCst);
+            Ok(())
+        }
+        None => {
+            OVERRIDE.store(0, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+}
+
+/// The path the kernels use: the one [`set_path`] set, else `HEADROOM_CPU_PATH` when it
+/// names a supported path, else the best one. A forced path this CPU cannot run falls
+/// back to the best, with a warning on standard error, because a kernel has no error
+/// channel.
 pub fn selected() -> CpuPath {
+    match OVERRIDE.load(Ordering::Relaxed) {
+        0 => startup(),
+        code => CpuPath::ALL[usize::from(code - 1)],
+    }
+}
+
+fn startup() -> CpuPath {
     static SELECTED: OnceLock<CpuPath> = OnceLock::new();
     *SELECTED.get_or_init(|| match std::env::var(PATH_ENV) {
         Ok(v) if !v.trim().is_empty() => match CpuPath::parse(&v) {

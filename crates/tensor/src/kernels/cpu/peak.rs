@@ -1,0 +1,136 @@
+//! The machine's bare arithmetic peak per path, measured: the ceiling `bench kernels`
+//! compares each kernel with. Each loop keeps independent accumulators in registers
+//! (no memory traffic), on every thread of the kernel pool at once.
+
+use std::time::Instant;
+
+use super::CpuPath;
+use crate::parallel;
+
+/// GFLOP/s of the bare loop of `path` over the whole pool, or `None` when the path has no
+/// peak loop here (scalar, AVX2) or the CPU cannot run it.
+pub fn peak_gflops(path: CpuPath, iterations: usize) -> Option<f64> {
+    if !path.supported() {
+        return None;
+    }
+    let per_thread: fn(usize) -> f64 = match path {
+        CpuPath::Amx => amx_loop,
+        CpuPath::Avx512 | CpuPath::Avx512Bf16 => avx512_loop,
+        _ => return None,
+    };
+    let threads = parallel::num_threads();
+    // A warm-up run brings the cores to their sustained frequency.
+    parallel::pool().broadcast(|_| per_thread(iterations / 10 + 1));
+    let start = Instant::now();
+    let flops: f64 = parallel::pool().broadcast(|_| per_thread(iterations)).into_iter().sum();
+    let secs = start.elapsed().as_secs_f64();
+    debug_assert_eq!(threads, parallel::num_threads());
+    Some(flops / secs / 1e9)
+}
+
+/// `iterations` rounds of four independent `tdpbf16ps` (16 × 16 × 32 each); FLOPs done.
+#[cfg(target_arch = "x86_64")]
+fn amx_loop(iterations: usize) -> f64 {
+    use super::amx;
+    assert!(amx::enable());
+    let zeros = [0u8; 1024];
+    // SAFETY: AMX is enabled; the tile configuration is this thread's and released on
+    // drop; the loads read 16 rows of 64 bytes from `zeros` (1,024 bytes, stride 64).
+    unsafe {
+        let _tiles = amx::Tiles::configure();
+        std::arch::asm!(
+            "tileloadd tmm4, [{z} + {s}*1]",
+            "tileloadd tmm5, [{z} + {s}*1]",
+            "tileloadd tmm6, [{z} + {s}*1]",
+            "tileloadd tmm7, [{z} + {s}*1]",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "2:",
+            "tdpbf16ps tmm0, tmm4, tmm6",
+            "tdpbf16ps tmm1, tmm4, tmm7",
+            "tdpbf16ps tmm2, tmm5, tmm6",
+            "tdpbf16ps tmm3, tmm5, tmm7",
+            "dec {n}",
+            "jnz 2b",
+            z = in(reg) zeros.as_ptr(),
+            s = in(reg) 64usize,
+            n = inout(reg) iterations.max(1) => _,
+            options(nostack),
+        );
+    }
+    (iterations.max(1) * 4 * 16 * 16 * 32 * 2) as f64
+}
+
+/// `iterations` rounds of twelve independent 16-lane FMAs; FLOPs done.
+#[cfg(target_arch = "x86_64")]
+fn avx512_loop(iterations: usize) -> f64 {
+    // SAFETY: the caller checked AVX-512 support; only registers are touched.
+    unsafe {
+        std::arch::asm!(
+            "vxorps zmm0, zmm0, zmm0",
+            "vxorps zmm1, zmm1, zmm1",
+            "vxorps zmm2, zmm2, zmm2",
+            "vxorps zmm3, zmm3, zmm3",
+            "vxorps zmm4, zmm4, zmm4",
+            "vxorps zmm5, zmm5, zmm5",
+            "vxorps zmm6, zmm6, zmm6",
+            "vxorps zmm7, zmm7, zmm7",
+            "vxorps zmm8, zmm8, zmm8",
+            "vxorps zmm9, zmm9, zmm9",
+            "vxorps zmm10, zmm10, zmm10",
+            "vxorps zmm11, zmm11, zmm11",
+            "vxorps zmm12, zmm12, zmm12",
+            "vxorps zmm13, zmm13, zmm13",
+            "2:",
+            "vfmadd231ps zmm0, zmm12, zmm13",
+            "vfmadd231ps zmm1, zmm12, zmm13",
+            "vfmadd231ps zmm2, zmm12, zmm13",
+            "vfmadd231ps zmm3, zmm12, zmm13",
+            "vfmadd231ps zmm4, zmm12, zmm13",
+            "vfmadd231ps zmm5, zmm12, zmm13",
+            "vfmadd231ps zmm6, zmm12, zmm13",
+            "vfmadd231ps zmm7, zmm12, zmm13",
+            "vfmadd231ps zmm8, zmm12, zmm13",
+            "vfmadd231ps zmm9, zmm12, zmm13",
+            "vfmadd231ps zmm10, zmm12, zmm13",
+            "vfmadd231ps zmm11, zmm12, zmm13",
+            "dec {n}",
+            "jnz 2b",
+            n = inout(reg) iterations.max(1) => _,
+            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+            out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+            out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+            out("zmm12") _, out("zmm13") _,
+            options(nostack, nomem),
+        );
+    }
+    (iterations.max(1) * 12 * 16 * 2) as f64
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn amx_loop(_: usize) -> f64 {
+    unreachable!("AMX is never detected off x86_64")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_loop(_: usize) -> f64 {
+    unreachable!("AVX-512 is never detected off x86_64")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peaks_are_positive_where_the_path_runs() {
+        for path in [CpuPath::Amx, CpuPath::Avx512] {
+            match peak_gflops(path, 1000) {
+                Some(g) => assert!(g > 0.0 && g.is_finite(), "{path}: {g}"),
+                None => assert!(!path.supported(), "{path} runs but measured nothing"),
+            }
+        }
+        assert_eq!(peak_gflops(CpuPath::Scalar, 10), None);
+    }
+}
