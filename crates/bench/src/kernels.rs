@@ -1,6 +1,7 @@
-//! `headroom bench kernels`: GFLOP/s of headroom's tensor ops at Wan shapes, each beside
-//! a bare `gemm` crate call of the same FLOP-equivalent shape measured in the same run,
-//! and the scratch memory each op took from the allocator.
+//! `headroom bench kernels`: GFLOP/s of headroom's tensor ops at Wan shapes on every CPU
+//! path this machine runs (AMX, AVX-512) and in each compute (f32, near-f32 on AMX, bf16),
+//! each beside the path's bare arithmetic peak measured in the same run, and the scratch
+//! memory each op took from the allocator.
 
 use std::time::Instant;
 
@@ -17,6 +18,14 @@ use crate::Result;
 pub struct KernelRow {
     /// `matmul MxKxN`, `attention …` or `conv3d …`.
     pub name: String,
+    /// The CPU path (`amx`, `avx512`, …).
+    pub path: String,
+    /// `f32`, `near-f32` or `bf16`.
+    pub compute: String,
+    /// The path's bare peak for this compute (GFLOP/s over the pool), when it has one.
+    pub peak_gflops: Option<f64>,
+    /// `gflops / peak_gflops`.
+    pub fraction_of_peak: Option<f64>,
     /// GFLOP/s of headroom's op (best of the repetitions).
     pub gflops: f64,
     /// GFLOP/s of the bare GEMM of the FLOP-equivalent shape (best of the repetitions).
@@ -130,6 +139,10 @@ fn row(
     let reference_gflops = reference.flops() / reference_secs / 1e9;
     KernelRow {
         name,
+        path: String::new(),
+        compute: String::new(),
+        peak_gflops: None,
+        fraction_of_peak: None,
         gflops,
         reference_gflops,
         ratio: gflops / reference_gflops,
@@ -137,8 +150,16 @@ fn row(
     }
 }
 
+thread_local! {
+    /// The dtype the current rows' operands are made in.
+    static OPERAND_DTYPE: std::cell::Cell<DType> = const { std::cell::Cell::new(DType::F32) };
+}
+
 fn random(shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
-    Ok(Tensor::randn(shape, seed, 0, DType::F32, device)?.mul_scalar(0.1)?)
+    let dtype = OPERAND_DTYPE.with(|d| d.get());
+    Ok(Tensor::randn(shape, seed, 0, DType::F32, device)?
+        .mul_scalar(0.1)?
+        .to_dtype(dtype)?)
 }
 
 fn matmul_row(device: &Device, m: usize, k: usize, n: usize, reps: usize) -> Result<KernelRow> {
@@ -208,17 +229,16 @@ fn conv3d_row(
     Ok(row(name, flops, secs, &reference, ref_secs, scratch))
 }
 
-/// Runs every kernel benchmark.
-pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
-    let device = Device::cpu()?;
+/// The kernels at Wan shapes in the current path and compute.
+fn kernel_rows(device: &Device, config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     let s = config.shrink.max(1);
     let tokens = 4680 / s;
     Ok(vec![
-        matmul_row(&device, tokens, 1536, 1536 / s, config.reps)?,
-        matmul_row(&device, tokens, 1536, 8960 / s, config.reps)?,
-        attention_row(&device, tokens, 2 * tokens, 12, 128, config.reps)?,
+        matmul_row(device, tokens, 1536, 1536 / s, config.reps)?,
+        matmul_row(device, tokens, 1536, 8960 / s, config.reps)?,
+        attention_row(device, tokens, 2 * tokens, 12, 128, config.reps)?,
         conv3d_row(
-            &device,
+            device,
             96,
             4,
             (60 / s).max(3),
@@ -226,4 +246,45 @@ pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
             config.reps,
         )?,
     ])
+}
+
+/// Runs every kernel benchmark on every path this CPU runs (AMX, AVX-512, else the best
+/// one), in f32, near-f32 (AMX only) and bf16.
+pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
+    use headroom_tensor::kernels::cpu::{self, peak::peak_gflops, CpuPath};
+    use headroom_tensor::kernels::gemm::set_near_f32;
+    let device = Device::cpu()?;
+    let mut paths: Vec<CpuPath> = [CpuPath::Amx, CpuPath::Avx512]
+        .into_iter()
+        .filter(|p| p.supported())
+        .collect();
+    if paths.is_empty() {
+        paths.push(cpu::best());
+    }
+    let iterations = (2_000_000 / config.shrink.max(1)).max(1000);
+    let mut rows = Vec::new();
+    for path in paths {
+        cpu::set_path(Some(path)).map_err(|rule| crate::BenchError::InvalidConfig { field: "path", rule })?;
+        let f32_peak = peak_gflops(CpuPath::Avx512, iterations).filter(|_| path >= CpuPath::Avx512);
+        let amx_peak = peak_gflops(CpuPath::Amx, iterations / 8).filter(|_| path == CpuPath::Amx);
+        let mut modes = vec![("f32", DType::F32, false, f32_peak), ("bf16", DType::BF16, false, amx_peak)];
+        if path == CpuPath::Amx {
+            modes.insert(1, ("near-f32", DType::F32, true, amx_peak.map(|p| p / 3.0)));
+        }
+        for (compute, dtype, near, peak) in modes {
+            set_near_f32(near);
+            OPERAND_DTYPE.with(|d| d.set(dtype));
+            for mut row in kernel_rows(&device, config)? {
+                row.path = path.name().to_string();
+                row.compute = compute.to_string();
+                row.peak_gflops = peak;
+                row.fraction_of_peak = peak.map(|p| row.gflops / p);
+                rows.push(row);
+            }
+        }
+    }
+    set_near_f32(false);
+    OPERAND_DTYPE.with(|d| d.set(DType::F32));
+    cpu::set_path(None).map_err(|rule| crate::BenchError::InvalidConfig { field: "path", rule })?;
+    Ok(rows)
 }

@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod kernels;
+pub mod models;
 pub mod plan;
 pub mod plot;
 pub mod serve;
@@ -13,6 +14,7 @@ pub mod vae;
 
 pub use alloc::{run_alloc_bench, AllocBenchConfig, AllocBenchRow};
 pub use kernels::{run_kernel_bench, KernelBenchConfig, KernelRow};
+pub use models::{run_model_bench, ModelBenchConfig, ModelRow};
 pub use session::{run_session_bench, SessionBenchConfig, SessionBenchSummary};
 pub use vae::{run_vae_bench, VaeBenchConfig, VaeBenchReport};
 

@@ -51,6 +51,8 @@ pub struct SessionBenchConfig {
     pub seed: u64,
     /// Device capacity in bytes (physical memory when `None`).
     pub capacity: Option<u64>,
+    /// Weight (and compute) dtype of the model.
+    pub dtype: headroom_tensor::DType,
 }
 
 /// Where a run is, for the sampler's tags.
@@ -210,6 +212,7 @@ fn run_once(config: &SessionBenchConfig, policy: ReclaimPolicy, rep: usize) -> R
         },
         reclaim: policy,
         capacity: config.capacity,
+        weight_dtype: config.dtype,
         ..EngineConfig::default()
     })
     .map_err(|e| BenchError::InvalidConfig {

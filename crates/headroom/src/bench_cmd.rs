@@ -25,12 +25,41 @@ enum BenchCommand {
     Kernels(KernelsArgs),
     /// Streaming VAE decode: ms per latent frame and allocator peaks.
     Vae(VaeArgs),
+    /// The DiT forward and the VAE decode of one AR block in f32, near-f32 and bf16, load
+    /// excluded, with allocator peaks, beside diffusers on the same folder.
+    Models(ModelsArgs),
     /// Matched A/B runs of reclaim policies over sequential sessions: memory, latency,
     /// reclaim cost and output hashes.
     Session(SessionArgs),
     /// A realtime-video client against a running `headroom serve`: time to first chunk,
     /// inter-chunk intervals, real-time factor and deadline attainment.
     Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+struct ModelsArgs {
+    /// A diffusers pipeline folder (transformer/ + vae/); the seeded wan2.1-t2v-1.3b preset
+    /// when absent (then no reference can run).
+    #[arg(long)]
+    model: Option<std::path::PathBuf>,
+    /// Modes, comma-separated: f32, near-f32, bf16.
+    #[arg(long, value_delimiter = ',', default_value = "f32,near-f32,bf16")]
+    modes: Vec<String>,
+    /// Timed repetitions after one warm-up (best counts).
+    #[arg(long, default_value_t = 1)]
+    reps: usize,
+    /// Video width in pixels.
+    #[arg(long, default_value_t = 416)]
+    width: usize,
+    /// Video height in pixels.
+    #[arg(long, default_value_t = 240)]
+    height: usize,
+    /// The diffusers timing command, e.g. "python tools/bench_diffusers_models.py".
+    #[arg(long)]
+    reference: Option<String>,
+    /// Print the rows as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -157,6 +186,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchCommand::Alloc(args) => alloc(args),
         BenchCommand::Kernels(args) => kernels(args),
         BenchCommand::Vae(args) => vae(args),
+        BenchCommand::Models(args) => models(args),
         BenchCommand::Session(args) => session(args),
         BenchCommand::Serve(args) => serve(args),
     }
@@ -222,6 +252,7 @@ fn session(args: SessionArgs) -> Result<()> {
         height: args.shape.height,
         seed: args.shape.seed,
         capacity: args.shape.capacity_bytes()?,
+        dtype: args.shape.dtype.dtype(),
     };
     let summary = run_session_bench(&config)?;
     print!("{}", headroom_bench::session::markdown(&summary));
@@ -288,24 +319,60 @@ fn kernels(args: KernelsArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "best of {} runs each, {} kernel threads; reference = one bare gemm call of the FLOP-equivalent shape",
+        "best of {} runs each, {} kernel threads; peak = the path's bare arithmetic loop on every thread (near-f32: a third of the AMX peak); gemm crate = one bare f32 gemm call of the FLOP-equivalent shape",
         config.reps,
         headroom_tensor::parallel::num_threads()
     );
     println!(
-        "{:<44}{:>10}{:>12}{:>8}{:>14}",
-        "kernel", "GFLOP/s", "reference", "ratio", "scratch peak"
+        "{:<40}{:>8}{:>10}{:>10}{:>10}{:>8}{:>11}{:>14}",
+        "kernel", "path", "compute", "GFLOP/s", "peak", "% peak", "gemm crate", "scratch peak"
     );
     for row in rows {
+        let peak = row.peak_gflops.map_or("—".to_string(), |p| format!("{p:.0}"));
+        let frac = row
+            .fraction_of_peak
+            .map_or("—".to_string(), |f| format!("{:.0}%", 100.0 * f));
         println!(
-            "{:<44}{:>10.1}{:>12.1}{:>8.2}{:>14}",
+            "{:<40}{:>8}{:>10}{:>10.1}{:>10}{:>8}{:>11.1}{:>14}",
             row.name,
+            row.path,
+            row.compute,
             row.gflops,
+            peak,
+            frac,
             row.reference_gflops,
-            row.ratio,
             format_bytes(row.scratch_peak_bytes)
         );
     }
+    Ok(())
+}
+
+fn models(args: ModelsArgs) -> Result<()> {
+    let config = headroom_bench::ModelBenchConfig {
+        model: args.model,
+        modes: args.modes,
+        reps: args.reps,
+        width: args.width,
+        height: args.height,
+        reference: args.reference,
+    };
+    let rows = headroom_bench::run_model_bench(&config)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({ "threads": headroom_tensor::parallel::num_threads(), "path": headroom_tensor::kernels::cpu::selected().name(), "rows": rows })
+        );
+        return Ok(());
+    }
+    println!(
+        "one AR block: 3 latent frames at {}x{}, 512 text tokens; best of {} after a warm-up; {} kernel threads, path {}",
+        config.width,
+        config.height,
+        config.reps,
+        headroom_tensor::parallel::num_threads(),
+        headroom_tensor::kernels::cpu::selected()
+    );
+    print!("{}", headroom_bench::models::markdown(&rows));
     Ok(())
 }
 

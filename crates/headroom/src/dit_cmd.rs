@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use headroom_model::WanTransformer;
 use headroom_tensor::io::npy::{read_npy, write_npy};
-use headroom_tensor::{DType, Device, Tensor};
+use headroom_tensor::{Device, Tensor};
 
 /// Arguments of `headroom dit`.
 #[derive(Debug, Args)]
@@ -43,6 +43,9 @@ struct ForwardArgs {
     /// Output velocity .npy [1, out_channels, F, H, W].
     #[arg(long)]
     out: PathBuf,
+    /// What the transformer's weights are held and computed in.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: crate::dtype_arg::DtypeArg,
 }
 
 /// Runs `headroom dit`.
@@ -54,7 +57,7 @@ pub fn run(args: DitArgs) -> Result<()> {
 }
 
 fn forward(args: ForwardArgs, device: &Device) -> Result<()> {
-    let model = WanTransformer::load(&args.model, device, DType::F32)
+    let model = WanTransformer::load(&args.model, device, args.dtype.dtype())
         .with_context(|| format!("loading the transformer from {}", args.model.display()))?;
     let mut x = read_npy(&args.latents, device)?;
     let channels = model.config().in_channels;

@@ -213,6 +213,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         capacity: args.shape.capacity_bytes()?,
         text_encoder,
         text_cache_bytes,
+        weight_dtype: args.shape.dtype.dtype(),
         ..EngineConfig::default()
     })?;
     let platform = engine.platform().clone();

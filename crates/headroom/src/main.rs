@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod device_arg;
 mod dit_cmd;
+mod dtype_arg;
 mod generate_cmd;
 mod mem_cmd;
 mod plan_cmd;

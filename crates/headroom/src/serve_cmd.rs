@@ -21,6 +21,9 @@ pub struct ServeArgs {
     /// Built-in model (tiny, small, …) or a diffusers pipeline folder with transformer/ and vae/.
     #[arg(long, default_value = "small")]
     model: String,
+    /// What the model's weights are held and computed in.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: crate::dtype_arg::DtypeArg,
     /// Reclaim policy: never, before-decode, bounded[:…], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
@@ -132,6 +135,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         reclaim,
         kv_budget_bytes: kv_budget(&args.kv_budget, capacity)?,
         capacity,
+        weight_dtype: args.dtype.dtype(),
         ..EngineConfig::default()
     };
     let config = ServerConfig {

@@ -30,6 +30,9 @@ pub struct SessionShape {
     /// Device: cpu, cuda or cuda:N (cuda needs a build with --features cuda).
     #[arg(long, default_value = "cpu")]
     pub device: crate::device_arg::DeviceArg,
+    /// What the model's weights are held and computed in.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: crate::dtype_arg::DtypeArg,
 }
 
 impl SessionShape {

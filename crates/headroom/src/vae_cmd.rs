@@ -8,6 +8,8 @@ use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder, WanVa
 use headroom_tensor::io::npy::{read_npy, write_npy};
 use headroom_tensor::{DType, Device, Tensor};
 
+use crate::dtype_arg::DtypeArg;
+
 /// Arguments of `headroom vae`.
 #[derive(Debug, Args)]
 pub struct VaeArgs {
@@ -40,6 +42,9 @@ struct DecodeArgs {
     /// Output .npy.
     #[arg(long)]
     out: PathBuf,
+    /// What the VAE's weights are held and computed in.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: DtypeArg,
 }
 
 #[derive(Debug, Args)]
@@ -64,14 +69,14 @@ pub fn run(args: VaeArgs) -> Result<()> {
     }
 }
 
-fn load(model: &std::path::Path, device: &Device) -> Result<WanVae> {
-    WanVae::load(model, device, DType::F32)
+fn load(model: &std::path::Path, device: &Device, dtype: DType) -> Result<WanVae> {
+    WanVae::load(model, device, dtype)
         .with_context(|| format!("loading the VAE from {}", model.display()))
 }
 
 fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
     let format: OutputFormat = args.format.parse()?;
-    let vae = load(&args.model, device)?;
+    let vae = load(&args.model, device, args.dtype.dtype())?;
     let latents = read_npy(&args.latents, device)?;
     let t = latents.shape().get(2).copied().unwrap_or(0);
     let chunks = args.chunks.unwrap_or_else(|| vec![t]);
@@ -107,7 +112,7 @@ fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
 }
 
 fn encode(args: EncodeArgs, device: &Device) -> Result<()> {
-    let vae = load(&args.model, device)?;
+    let vae = load(&args.model, device, DType::F32)?;
     let video = read_npy(&args.video, device)?;
     let mean = vae.encode(&video)?;
     write_npy(&args.out, &mean)?;

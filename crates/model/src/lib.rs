@@ -14,3 +14,15 @@ pub use dit::{DitConfig, WanTransformer};
 pub use error::{ModelError, Result};
 pub use vae::{OutputFormat, StreamingDecodeState, StreamingDecoder, VaeConfig, WanVae};
 pub use weights::WeightStore;
+
+/// What a model's products compute in for weights of `dtype`: bf16 weights give a bf16
+/// model (activations rounded to bf16 at each GEMM, f32 accumulation); f32 weights the
+/// runtime's f32 choice (exact, or near-f32 on AMX when asked).
+pub fn compute_for(dtype: headroom_tensor::DType) -> headroom_tensor::kernels::gemm::Compute {
+    use headroom_tensor::kernels::gemm::{f32_compute, Compute};
+    if dtype == headroom_tensor::DType::BF16 {
+        Compute::Bf16
+    } else {
+        f32_compute()
+    }
+}

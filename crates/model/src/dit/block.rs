@@ -135,7 +135,8 @@ impl Attention {
         if ulysses {
             q = shard::seq_to_heads(shard, q)?;
         }
-        let mut o = Tensor::scaled_dot_product_attention(&q, &kv.k, &kv.v, mask, None)?;
+        let compute = crate::compute_for(self.to_q.weight.dtype());
+        let mut o = Tensor::scaled_dot_product_attention_in(&q, &kv.k, &kv.v, mask, None, compute)?;
         drop(q);
         if ulysses {
             o = shard::heads_to_seq(shard, o)?;

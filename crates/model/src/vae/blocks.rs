@@ -285,12 +285,13 @@ impl AttentionBlock {
             .transpose(1, 2)?
             .contiguous()?;
         let part = |i: usize| -> Result<Tensor> { Ok(tokens.narrow(2, i * c, c)?.unsqueeze(2)?) };
-        let o = Tensor::scaled_dot_product_attention(
+        let o = Tensor::scaled_dot_product_attention_in(
             &part(0)?,
             &part(1)?,
             &part(2)?,
             Mask::None,
             None,
+            crate::compute_for(self.qkv_w.dtype()),
         )?;
         let o = o
             .reshape(&[b * t, h * w, c])?

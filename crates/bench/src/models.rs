@@ -1,0 +1,196 @@
+//! `headroom bench models`: the whole networks at one AR block's shapes — the DiT forward
+//! over 3 latent frames with 512 text tokens and the VAE decode of that block — in f32,
+//! near-f32 (AMX) and bf16, load excluded, with the allocator's peak beside each; and,
+//! with `reference`, diffusers on the same weights and inputs timed in the same run.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use headroom_engine::ModelPreset;
+use headroom_model::{WanTransformer, WanVae};
+use headroom_tensor::kernels::gemm::set_near_f32;
+use headroom_tensor::{DType, Device, Tensor};
+use serde::Serialize;
+
+use crate::{BenchError, Result};
+
+/// What to measure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelBenchConfig {
+    /// A diffusers pipeline folder (`transformer/`, `vae/`); `None`: the seeded
+    /// `wan2.1-t2v-1.3b` preset.
+    pub model: Option<PathBuf>,
+    /// Modes to run: `f32`, `near-f32`, `bf16`.
+    pub modes: Vec<String>,
+    /// Timed repetitions (best counts) after one warm-up.
+    pub reps: usize,
+    /// Video size in pixels (multiples of 16).
+    pub width: usize,
+    /// Video size in pixels (multiples of 16).
+    pub height: usize,
+    /// A command that times diffusers on the same folder: run as
+    /// `CMD --model DIR --dtype f32|bf16 --reps N --width W --height H`, it prints one JSON
+    /// object `{"dit_forward_s", "vae_decode_s"}`.
+    pub reference: Option<String>,
+}
+
+/// One work item in one mode.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelRow {
+    /// `dit forward` or `vae decode`.
+    pub work: String,
+    /// `f32`, `near-f32` or `bf16`.
+    pub mode: String,
+    /// Best seconds of headroom's run.
+    pub seconds: f64,
+    /// The allocator's allocated peak during the run (weights included).
+    pub allocated_peak_bytes: u64,
+    /// diffusers' best seconds on the same inputs, when a reference ran.
+    pub reference_seconds: Option<f64>,
+    /// `reference_seconds / seconds`: how many times faster headroom is.
+    pub speedup: Option<f64>,
+}
+
+fn invalid(field: &'static str, rule: impl std::fmt::Display) -> BenchError {
+    BenchError::InvalidConfig {
+        field,
+        rule: rule.to_string(),
+    }
+}
+
+fn best(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let start = Instant::now();
+        f()?;
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+/// Times diffusers through the reference command.
+fn reference(config: &ModelBenchConfig, dtype: &str) -> Result<Option<(f64, f64)>> {
+    let (Some(cmd), Some(model)) = (&config.reference, &config.model) else {
+        return Ok(None);
+    };
+    let mut parts = cmd.split_whitespace();
+    let program = parts.next().ok_or_else(|| invalid("reference", "empty command"))?;
+    let output = Command::new(program)
+        .args(parts)
+        .arg("--model")
+        .arg(model)
+        .args(["--dtype", dtype, "--reps", &config.reps.to_string()])
+        .args(["--width", &config.width.to_string(), "--height", &config.height.to_string()])
+        .output()
+        .map_err(|e| invalid("reference", format!("cannot run {cmd:?}: {e}")))?;
+    if !output.status.success() {
+        return Err(invalid(
+            "reference",
+            format!("{cmd:?} failed: {}", String::from_utf8_lossy(&output.stderr)),
+        ));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text.lines().rev().find(|l| l.trim_start().starts_with('{'));
+    let v: serde_json::Value = line
+        .and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| invalid("reference", format!("no JSON line in its output: {text}")))?;
+    let get = |k: &str| {
+        v[k].as_f64()
+            .ok_or_else(|| invalid("reference", format!("its JSON has no number {k:?}")))
+    };
+    Ok(Some((get("dit_forward_s")?, get("vae_decode_s")?)))
+}
+
+/// Runs the model benchmark.
+pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
+    if config.width == 0 || config.height == 0 || config.width % 16 != 0 || config.height % 16 != 0 {
+        return Err(invalid("width / height", "positive multiples of 16"));
+    }
+    let device = Device::cpu()?;
+    let platform = device.platform().clone();
+    let mut rows = Vec::new();
+    for mode in &config.modes {
+        let dtype = match mode.as_str() {
+            "f32" | "near-f32" => DType::F32,
+            "bf16" => DType::BF16,
+            other => return Err(invalid("modes", format!("{other:?} is not f32, near-f32 or bf16"))),
+        };
+        set_near_f32(mode == "near-f32");
+        let (dit, vae) = match &config.model {
+            Some(dir) => (
+                WanTransformer::load(&dir.join("transformer"), &device, dtype),
+                WanVae::load(&dir.join("vae"), &device, dtype),
+            ),
+            None => {
+                let preset = ModelPreset::named("wan2.1-t2v-1.3b").map_err(|e| invalid("model", e))?;
+                (
+                    WanTransformer::seeded(preset.dit, 0, &device, dtype),
+                    WanVae::seeded(preset.vae, 1, &device, dtype),
+                )
+            }
+        };
+        let dit = dit.map_err(|e| invalid("model", e))?;
+        let vae = vae.map_err(|e| invalid("model", e))?;
+        let (h, w) = (config.height / 8, config.width / 8);
+        let c = dit.config().clone();
+        let latents = Tensor::randn(&[1, c.in_channels, 3, h, w], 1, 0, DType::F32, &device)?;
+        let text = Tensor::randn(&[512, c.text_dim], 2, 0, DType::F32, &device)?.mul_scalar(0.1)?;
+        let z = Tensor::randn(&[1, vae.config().z_dim, 3, h, w], 3, 0, DType::F32, &device)?;
+        let reference = reference(config, if dtype == DType::BF16 { "bf16" } else { "f32" })?;
+        let mut measure = |work: &str, f: &mut dyn FnMut() -> Result<()>, reference: Option<f64>| {
+            platform.reset_peak_stats();
+            let seconds = best(config.reps, f)?;
+            let allocated_peak_bytes =
+                platform.memory_stats().allocated_bytes.all().peak.max(0) as u64;
+            rows.push(ModelRow {
+                work: work.to_string(),
+                mode: mode.clone(),
+                seconds,
+                allocated_peak_bytes,
+                reference_seconds: reference,
+                speedup: reference.map(|r| r / seconds),
+            });
+            Ok::<_, BenchError>(())
+        };
+        measure(
+            "dit forward",
+            &mut || {
+                drop(dit.forward(&latents, 999.0, Some(&text), None).map_err(|e| invalid("dit", e))?);
+                Ok(())
+            },
+            reference.map(|r| r.0),
+        )?;
+        measure(
+            "vae decode",
+            &mut || {
+                drop(vae.decode(&z).map_err(|e| invalid("vae", e))?);
+                Ok(())
+            },
+            reference.map(|r| r.1),
+        )?;
+    }
+    set_near_f32(false);
+    Ok(rows)
+}
+
+/// The rows as a Markdown table.
+pub fn markdown(rows: &[ModelRow]) -> String {
+    let mut s = String::from(
+        "| work | mode | headroom s | diffusers s | speedup | allocated peak |\n|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let opt = |v: Option<f64>, suffix: &str| v.map_or("—".to_string(), |v| format!("{v:.2}{suffix}"));
+        s.push_str(&format!(
+            "| {} | {} | {:.2} | {} | {} | {} |\n",
+            r.work,
+            r.mode,
+            r.seconds,
+            opt(r.reference_seconds, ""),
+            opt(r.speedup, "×"),
+            headroom_mem::format_bytes(r.allocated_peak_bytes),
+        ));
+    }
+    s
+}
