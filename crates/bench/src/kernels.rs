@@ -163,7 +163,8 @@ fn random(shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
 }
 
 fn matmul_row(device: &Device, m: usize, k: usize, n: usize, reps: usize) -> Result<KernelRow> {
-    let a = random(&[m, k], 1, device)?;
+    // Activations f32, the weight-like operand in the row's dtype (as the models run).
+    let a = random(&[m, k], 1, device)?.to_dtype(DType::F32)?;
     let b = random(&[k, n], 2, device)?;
     let mut reference = BareGemm::new(m, k, n);
     let (secs, ref_secs, scratch) =
@@ -188,18 +189,25 @@ fn attention_row(
     head_dim: usize,
     reps: usize,
 ) -> Result<KernelRow> {
-    let q = random(&[1, q_len, heads, head_dim], 3, device)?;
-    let k = random(&[1, kv_len, heads, head_dim], 4, device)?;
-    let v = random(&[1, kv_len, heads, head_dim], 5, device)?;
+    // f32 activations with the compute named explicitly, as the models call it.
+    let compute = if OPERAND_DTYPE.with(|d| d.get()) == DType::BF16 {
+        headroom_tensor::kernels::gemm::Compute::Bf16
+    } else {
+        headroom_tensor::kernels::gemm::f32_compute()
+    };
+    let q = random(&[1, q_len, heads, head_dim], 3, device)?.to_dtype(DType::F32)?;
+    let k = random(&[1, kv_len, heads, head_dim], 4, device)?.to_dtype(DType::F32)?;
+    let v = random(&[1, kv_len, heads, head_dim], 5, device)?.to_dtype(DType::F32)?;
     let mut reference = BareGemm::new(q_len, head_dim, kv_len);
     let out_bytes = (q_len * heads * head_dim * 4) as u64;
     let (secs, ref_secs, scratch) = compare(device, reps, out_bytes, &mut reference, || {
-        Ok(Tensor::scaled_dot_product_attention(
+        Ok(Tensor::scaled_dot_product_attention_in(
             &q,
             &k,
             &v,
             Mask::None,
             None,
+            compute,
         )?)
     })?;
     let flops = 4.0 * (heads * q_len * kv_len * head_dim) as f64;
@@ -215,9 +223,9 @@ fn conv3d_row(
     w: usize,
     reps: usize,
 ) -> Result<KernelRow> {
-    let x = random(&[1, channels, frames, h, w], 6, device)?;
+    let x = random(&[1, channels, frames, h, w], 6, device)?.to_dtype(DType::F32)?;
     let weight = random(&[channels, channels, 3, 3, 3], 7, device)?;
-    let bias = random(&[channels], 8, device)?;
+    let bias = random(&[channels], 8, device)?.to_dtype(DType::F32)?;
     let pixels = frames * h * w;
     let mut reference = BareGemm::new(channels, channels * 27, pixels);
     let out_bytes = (channels * pixels * 4) as u64;
