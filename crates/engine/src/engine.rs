@@ -385,29 +385,9 @@ impl Engine {
         Ok(session.with_prompts(Arc::clone(&self.prompts)))
     }
 
-    /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed (padding rows
-    /// take part in cross-attention, so they change the output).
+    /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed.
     fn padded_text(&self, text: Option<&Tensor>) -> Result<Option<Tensor>> {
-        const TOKENS: usize = 512;
-        let Some(text) = text else { return Ok(None) };
-        let dim = self.dit.config().text_dim;
-        match *text.shape() {
-            [l, d] if d == dim && (1..=TOKENS).contains(&l) => {
-                if l == TOKENS {
-                    return Ok(Some(text.to_device(&self.device)?));
-                }
-                let text = text.to_device(&self.device)?.to_dtype(DType::F32)?;
-                let pad = Tensor::zeros(&[TOKENS - l, dim], DType::F32, &self.device)?;
-                Ok(Some(Tensor::cat(&[&text, &pad], 0)?))
-            }
-            _ => Err(EngineError::request(
-                "text_embeds",
-                format!(
-                    "must be [L, {dim}] with 1 ≤ L ≤ {TOKENS}, got {:?}",
-                    text.shape()
-                ),
-            )),
-        }
+        pad_text(text, self.dit.config().text_dim, &self.device)
     }
 
     /// `[mask (4) | normalised image latent (16)]` for every latent frame: the VAE mean
@@ -443,5 +423,34 @@ impl Engine {
         let zeros = Tensor::zeros(&[1, 4, t - 1, h, w], DType::F32, &self.device)?;
         let mask = Tensor::cat(&[&ones, &zeros], 2)?;
         Ok(Tensor::cat(&[&mask, &latent], 1)?)
+    }
+}
+
+/// Text embeddings `[L, text_dim]` zero-padded to the 512 tokens the Wan pipelines feed
+/// (padding rows take part in cross-attention, so they change the output).
+pub(crate) fn pad_text(
+    text: Option<&Tensor>,
+    text_dim: usize,
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    const TOKENS: usize = 512;
+    let Some(text) = text else { return Ok(None) };
+    let dim = text_dim;
+    match *text.shape() {
+        [l, d] if d == dim && (1..=TOKENS).contains(&l) => {
+            if l == TOKENS {
+                return Ok(Some(text.to_device(device)?));
+            }
+            let text = text.to_device(device)?.to_dtype(DType::F32)?;
+            let pad = Tensor::zeros(&[TOKENS - l, dim], DType::F32, device)?;
+            Ok(Some(Tensor::cat(&[&text, &pad], 0)?))
+        }
+        _ => Err(EngineError::request(
+            "text_embeds",
+            format!(
+                "must be [L, {dim}] with 1 ≤ L ≤ {TOKENS}, got {:?}",
+                text.shape()
+            ),
+        )),
     }
 }

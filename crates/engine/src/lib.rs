@@ -14,4 +14,7 @@ pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};
 pub use mesh::Mesh;
 pub use preset::{ModelPreset, PRESETS};
-pub use session::{Chunk, ChunkTimings, Session, SessionRequest, BLOCK_FRAMES};
+pub use session::{
+    Chunk, ChunkTimings, LatentRecorder, LatentSink, NoiseSource, Session, SessionRequest,
+    BLOCK_FRAMES,
+};
