@@ -391,12 +391,15 @@ impl Engine {
     }
 
     /// `[mask (4) | normalised image latent (16)]` for every latent frame: the VAE mean
-    /// of `[image, black, …]` over the session's horizon, mask 1 at frame 0 only.
+    /// of `[image, 0, 0, …]` over the session's horizon, mask 1 at frame 0 only. The
+    /// later pixel frames are zeros in the [−1, 1] range (mid-grey), as LingBot's
+    /// `image2video_fast.py` (`torch.zeros`) and vllm-omni's `_prepare_condition`
+    /// (`new_zeros`) build them; black (−1) frames condition a real checkpoint on a
+    /// video it was never trained on.
     fn image_condition(&self, r: &SessionRequest, latent_frames: usize) -> Result<Tensor> {
         let frames = 1 + 4 * (latent_frames - 1);
-        let black = Tensor::full(
+        let rest = Tensor::zeros(
             &[1, 3, frames - 1, r.height, r.width],
-            -1.0,
             DType::F32,
             &self.device,
         )?;
@@ -412,8 +415,8 @@ impl Engine {
                 &self.device,
             )?,
         };
-        let video = Tensor::cat(&[&first, &black], 2)?;
-        drop(black);
+        let video = Tensor::cat(&[&first, &rest], 2)?;
+        drop(rest);
         let latent = self.vae.normalize(&self.vae.encode(&video)?)?;
         drop(video);
         let [_, _, t, h, w] = *latent.shape() else {
