@@ -3,7 +3,7 @@
 //! named phase boundary. Dropping a session releases its pages, decoder state and
 //! conditioning on every path.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headroom_mem::{MemoryStats, Phase};
@@ -21,77 +21,11 @@ use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::{DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
+use crate::loop_io::{LatentSink, NoiseSource};
 use crate::text::Prompts;
 
 /// Latent frames per autoregressive block.
 pub const BLOCK_FRAMES: usize = 3;
-
-/// Where a session's noise comes from.
-#[derive(Debug, Clone, Default)]
-pub enum NoiseSource {
-    /// The session's seeded counter-based generator (`SessionRequest::seed`).
-    #[default]
-    Generator,
-    /// Every tensor the loop draws, f32 `[blocks, steps, C, 3, h, w]`, in draw order
-    /// (per block: the initial noise, then each re-noise), e.g. from a reference rollout.
-    Supplied(Tensor),
-}
-
-/// Receives each block's clean latents `[1, C, 3, h, w]` as they go to the decoder.
-pub trait LatentSink: Send + Sync + std::fmt::Debug {
-    /// Called once per block, in block order, before the block is decoded.
-    fn accept(&self, block: usize, latents: &Tensor) -> Result<()>;
-}
-
-/// A [`LatentSink`] that keeps every block's latents as host f32 values.
-#[derive(Debug, Default)]
-pub struct LatentRecorder {
-    blocks: Mutex<Vec<(Vec<usize>, Vec<f32>)>>,
-}
-
-impl LatentRecorder {
-    /// Blocks recorded so far.
-    pub fn len(&self) -> usize {
-        self.blocks.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    /// Whether no block was recorded.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Block `i`'s latents as f32 values in `[C, 3, h, w]` order.
-    pub fn block(&self, i: usize) -> Option<Vec<f32>> {
-        let blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
-        blocks.get(i).map(|(_, v)| v.clone())
-    }
-
-    /// Every block's latents stacked as f32 `[blocks, C, 3, h, w]` on `device`.
-    pub fn stacked(&self, device: &Device) -> Result<Tensor> {
-        let blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((shape, _)) = blocks.first() else {
-            return Err(EngineError::request("latents", "no block was generated"));
-        };
-        let mut dims = vec![blocks.len()];
-        dims.extend_from_slice(&shape[1..]);
-        let values: Vec<f32> = blocks.iter().flat_map(|(_, v)| v.iter().copied()).collect();
-        Ok(Tensor::from_slice(&values, &dims, device)?)
-    }
-}
-
-impl LatentSink for LatentRecorder {
-    fn accept(&self, block: usize, latents: &Tensor) -> Result<()> {
-        let mut blocks = self.blocks.lock().unwrap_or_else(|p| p.into_inner());
-        if block != blocks.len() {
-            return Err(EngineError::request(
-                "latents",
-                format!("block {block} arrived after {} blocks", blocks.len()),
-            ));
-        }
-        blocks.push((latents.shape().to_vec(), latents.to_f32_vec()?));
-        Ok(())
-    }
-}
 
 /// What a client asks for.
 #[derive(Debug, Clone)]
@@ -253,26 +187,14 @@ impl Session {
         blocks: usize,
     ) -> Result<Self> {
         let s = vae.config().spatial_factor();
-        if let NoiseSource::Supplied(noise) = &request.noise {
-            let expected = [
-                blocks,
-                request.steps,
-                dit.config().out_channels(),
-                BLOCK_FRAMES,
-                request.height / s,
-                request.width / s,
-            ];
-            if noise.shape() != expected || noise.dtype() != DType::F32 {
-                return Err(EngineError::request(
-                    "noise",
-                    format!(
-                        "must be f32 [blocks, steps, C, 3, h, w] = {expected:?} for this request, got {:?} {:?}",
-                        noise.dtype(),
-                        noise.shape()
-                    ),
-                ));
-            }
-        }
+        request.noise.check([
+            blocks,
+            request.steps,
+            dit.config().out_channels(),
+            BLOCK_FRAMES,
+            request.height / s,
+            request.width / s,
+        ])?;
         Ok(Self {
             decode_state: StreamingDecodeState::new(&id)?,
             id,
@@ -370,38 +292,20 @@ impl Session {
         (text + self.cond.as_ref().map_or(0, Tensor::storage_bytes)) as u64
     }
 
-    /// The next noise tensor the loop draws: from the generator, or the supplied
-    /// tensor of (block, draw) = (draws / steps, draws % steps).
+    /// The next noise tensor the loop draws: supplied, or from the session's generator.
     fn noise(&mut self, shape: &[usize]) -> Result<Tensor> {
-        let t = match &self.noise_source {
-            NoiseSource::Generator => {
-                let t = Tensor::randn(
-                    shape,
-                    self.seed,
-                    self.noise_counter,
-                    DType::F32,
-                    &self.device,
-                )?;
-                self.noise_counter += t.numel() as u64;
-                t
-            }
-            NoiseSource::Supplied(all) => {
-                let steps = all.shape()[1];
-                let (block, draw) = (self.draws / steps, self.draws % steps);
-                if block >= all.shape()[0] {
-                    return Err(EngineError::request(
-                        "noise",
-                        format!("the supplied noise holds {} blocks only", all.shape()[0]),
-                    ));
-                }
-                all.narrow(0, block, 1)?
-                    .narrow(1, draw, 1)?
-                    .contiguous()?
-                    .reshape(shape)?
-                    .to_device(&self.device)?
-            }
-        };
-        self.draws += 1;
+        if let Some(t) = self.noise_source.draw(self.draws, shape, &self.device)? {
+            self.draws += 1;
+            return Ok(t);
+        }
+        let t = Tensor::randn(
+            shape,
+            self.seed,
+            self.noise_counter,
+            DType::F32,
+            &self.device,
+        )?;
+        self.noise_counter += t.numel() as u64;
         Ok(t)
     }
 
