@@ -385,38 +385,21 @@ impl Engine {
         Ok(session.with_prompts(Arc::clone(&self.prompts)))
     }
 
-    /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed (padding rows
-    /// take part in cross-attention, so they change the output).
+    /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed.
     fn padded_text(&self, text: Option<&Tensor>) -> Result<Option<Tensor>> {
-        const TOKENS: usize = 512;
-        let Some(text) = text else { return Ok(None) };
-        let dim = self.dit.config().text_dim;
-        match *text.shape() {
-            [l, d] if d == dim && (1..=TOKENS).contains(&l) => {
-                if l == TOKENS {
-                    return Ok(Some(text.to_device(&self.device)?));
-                }
-                let text = text.to_device(&self.device)?.to_dtype(DType::F32)?;
-                let pad = Tensor::zeros(&[TOKENS - l, dim], DType::F32, &self.device)?;
-                Ok(Some(Tensor::cat(&[&text, &pad], 0)?))
-            }
-            _ => Err(EngineError::request(
-                "text_embeds",
-                format!(
-                    "must be [L, {dim}] with 1 ≤ L ≤ {TOKENS}, got {:?}",
-                    text.shape()
-                ),
-            )),
-        }
+        pad_text(text, self.dit.config().text_dim, &self.device)
     }
 
     /// `[mask (4) | normalised image latent (16)]` for every latent frame: the VAE mean
-    /// of `[image, black, …]` over the session's horizon, mask 1 at frame 0 only.
+    /// of `[image, 0, 0, …]` over the session's horizon, mask 1 at frame 0 only. The
+    /// later pixel frames are zeros in the [−1, 1] range (mid-grey), as LingBot's
+    /// `image2video_fast.py` (`torch.zeros`) and vllm-omni's `_prepare_condition`
+    /// (`new_zeros`) build them; black (−1) frames condition a real checkpoint on a
+    /// video it was never trained on.
     fn image_condition(&self, r: &SessionRequest, latent_frames: usize) -> Result<Tensor> {
         let frames = 1 + 4 * (latent_frames - 1);
-        let black = Tensor::full(
+        let rest = Tensor::zeros(
             &[1, 3, frames - 1, r.height, r.width],
-            -1.0,
             DType::F32,
             &self.device,
         )?;
@@ -432,8 +415,8 @@ impl Engine {
                 &self.device,
             )?,
         };
-        let video = Tensor::cat(&[&first, &black], 2)?;
-        drop(black);
+        let video = Tensor::cat(&[&first, &rest], 2)?;
+        drop(rest);
         let latent = self.vae.normalize(&self.vae.encode(&video)?)?;
         drop(video);
         let [_, _, t, h, w] = *latent.shape() else {
@@ -443,5 +426,34 @@ impl Engine {
         let zeros = Tensor::zeros(&[1, 4, t - 1, h, w], DType::F32, &self.device)?;
         let mask = Tensor::cat(&[&ones, &zeros], 2)?;
         Ok(Tensor::cat(&[&mask, &latent], 1)?)
+    }
+}
+
+/// Text embeddings `[L, text_dim]` zero-padded to the 512 tokens the Wan pipelines feed
+/// (padding rows take part in cross-attention, so they change the output).
+pub(crate) fn pad_text(
+    text: Option<&Tensor>,
+    text_dim: usize,
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    const TOKENS: usize = 512;
+    let Some(text) = text else { return Ok(None) };
+    let dim = text_dim;
+    match *text.shape() {
+        [l, d] if d == dim && (1..=TOKENS).contains(&l) => {
+            if l == TOKENS {
+                return Ok(Some(text.to_device(device)?));
+            }
+            let text = text.to_device(device)?.to_dtype(DType::F32)?;
+            let pad = Tensor::zeros(&[TOKENS - l, dim], DType::F32, device)?;
+            Ok(Some(Tensor::cat(&[&text, &pad], 0)?))
+        }
+        _ => Err(EngineError::request(
+            "text_embeds",
+            format!(
+                "must be [L, {dim}] with 1 ≤ L ≤ {TOKENS}, got {:?}",
+                text.shape()
+            ),
+        )),
     }
 }

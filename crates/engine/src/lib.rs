@@ -5,6 +5,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod loop_io;
 pub mod mesh;
 pub mod preset;
 pub mod session;
@@ -12,6 +13,7 @@ mod text;
 
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};
+pub use loop_io::{LatentRecorder, LatentSink, NoiseSource};
 pub use mesh::Mesh;
 pub use preset::{ModelPreset, PRESETS};
 pub use session::{Chunk, ChunkTimings, Session, SessionRequest, BLOCK_FRAMES};

@@ -21,6 +21,7 @@ use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::{DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
+use crate::loop_io::{LatentSink, NoiseSource};
 use crate::text::Prompts;
 
 /// Latent frames per autoregressive block.
@@ -56,6 +57,10 @@ pub struct SessionRequest {
     /// Commit the last DMD step's keys/values instead of running the commit forward
     /// (one forward fewer per block; changes the output).
     pub reuse_last_step_kv: bool,
+    /// Where the loop's noise comes from (the seeded generator by default).
+    pub noise: NoiseSource,
+    /// Receives each block's clean latents before its decode, if set.
+    pub latent_sink: Option<Arc<dyn LatentSink>>,
 }
 
 impl SessionRequest {
@@ -75,6 +80,8 @@ impl SessionRequest {
             trajectory: None,
             overlap: false,
             reuse_last_step_kv: false,
+            noise: NoiseSource::Generator,
+            latent_sink: None,
         }
     }
 }
@@ -144,6 +151,10 @@ pub struct Session {
     schedule: DmdSchedule,
     seed: u64,
     noise_counter: u64,
+    noise_source: NoiseSource,
+    /// Noise tensors drawn so far (indexes supplied noise).
+    draws: usize,
+    latent_sink: Option<Arc<dyn LatentSink>>,
     next_block: usize,
     blocks: usize,
     latent_hw: [usize; 2],
@@ -176,6 +187,14 @@ impl Session {
         blocks: usize,
     ) -> Result<Self> {
         let s = vae.config().spatial_factor();
+        request.noise.check([
+            blocks,
+            request.steps,
+            dit.config().out_channels(),
+            BLOCK_FRAMES,
+            request.height / s,
+            request.width / s,
+        ])?;
         Ok(Self {
             decode_state: StreamingDecodeState::new(&id)?,
             id,
@@ -188,6 +207,9 @@ impl Session {
             schedule: DmdSchedule::shifted(request.steps, request.flow_shift)?,
             seed: request.seed,
             noise_counter: 0,
+            noise_source: request.noise.clone(),
+            draws: 0,
+            latent_sink: request.latent_sink.clone(),
             next_block: 0,
             blocks,
             latent_hw: [request.height / s, request.width / s],
@@ -235,6 +257,14 @@ impl Session {
         Ok(())
     }
 
+    /// Changes the text to embeddings `[L, text_dim]` (zero-padded to 512 tokens, as
+    /// at the start): like [`Session::set_prompt`], from the next block denoised on.
+    pub fn set_text_embeds(&mut self, embeds: &Tensor) -> Result<()> {
+        let text = crate::engine::pad_text(Some(embeds), self.dit.config().text_dim, &self.device)?;
+        self.pending_text = Some(self.dit.text_key_values(text.as_ref())?);
+        Ok(())
+    }
+
     /// The session id.
     pub fn id(&self) -> &str {
         &self.id
@@ -262,7 +292,12 @@ impl Session {
         (text + self.cond.as_ref().map_or(0, Tensor::storage_bytes)) as u64
     }
 
+    /// The next noise tensor the loop draws: supplied, or from the session's generator.
     fn noise(&mut self, shape: &[usize]) -> Result<Tensor> {
+        if let Some(t) = self.noise_source.draw(self.draws, shape, &self.device)? {
+            self.draws += 1;
+            return Ok(t);
+        }
         let t = Tensor::randn(
             shape,
             self.seed,
@@ -359,6 +394,9 @@ impl Session {
             }
         };
         let stats_denoise_end = platform.memory_stats();
+        if let Some(sink) = &self.latent_sink {
+            sink.accept(n, &block.x0)?;
+        }
         let (frames, decode) = if self.overlap && n + 1 < self.blocks {
             // Decode block n on a second thread while block n + 1 denoises here; the
             // decoder state moves to that thread and back.

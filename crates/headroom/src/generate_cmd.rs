@@ -8,11 +8,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::session_args::SessionShape;
-use headroom_engine::{Engine, EngineConfig, SessionRequest};
+use headroom_engine::{Engine, EngineConfig, LatentRecorder, NoiseSource, SessionRequest};
 use headroom_media::{png_frame_path, write_png, Mp4Writer, Y4mWriter};
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
 use headroom_model::camera::{Keys, Trajectory};
-use headroom_tensor::io::npy::read_npy;
+use headroom_tensor::io::npy::{read_npy, write_npy};
 use headroom_tensor::io::safetensors::SafetensorsFile;
 use headroom_tensor::{DType, Device, Tensor};
 use headroom_text::TextEncoderMode;
@@ -54,6 +54,15 @@ pub struct GenerateArgs {
     /// Commit the last DMD step's keys/values instead of running the commit forward.
     #[arg(long)]
     reuse_last_step_kv: bool,
+    /// Noise to use instead of the seeded generator: an f32 .npy `[blocks, steps, C, 3,
+    /// h, w]` holding every tensor the loop draws, in draw order (per block: the initial
+    /// noise, then each re-noise), e.g. from `tools/reference_rollout.py`.
+    #[arg(long)]
+    noise: Option<PathBuf>,
+    /// Write each block's clean latents, f32 `[blocks, C, 3, h, w]`, as they go to the
+    /// decoder, to this .npy file.
+    #[arg(long)]
+    dump_latents: Option<PathBuf>,
     /// Reclaim policy: never, before-decode, bounded[:…], fit[:slack=F], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
@@ -231,6 +240,17 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         .as_ref()
         .map(|p| load_image(p, args.shape.width, args.shape.height, &device))
         .transpose()?;
+    let noise = match &args.noise {
+        Some(path) => NoiseSource::Supplied(
+            read_npy(path, &device)
+                .with_context(|| format!("--noise {}: cannot read it as .npy", path.display()))?,
+        ),
+        None => NoiseSource::Generator,
+    };
+    let recorder = args
+        .dump_latents
+        .as_ref()
+        .map(|_| std::sync::Arc::new(LatentRecorder::default()));
     let request = SessionRequest {
         seed: args.shape.seed,
         steps: args.steps,
@@ -242,6 +262,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         trajectory,
         overlap: args.overlap,
         reuse_last_step_kv: args.reuse_last_step_kv,
+        noise,
+        latent_sink: recorder.clone().map(|r| r as _),
         ..SessionRequest::new(args.shape.width, args.shape.height, args.shape.frames)
     };
     platform.reset_peak_stats();
@@ -298,6 +320,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         return Err(e);
     }
     sink.finish()?;
+    if let (Some(path), Some(recorder)) = (&args.dump_latents, &recorder) {
+        write_npy(path, &recorder.stacked(&device)?)
+            .with_context(|| format!("--dump-latents {}: cannot write it", path.display()))?;
+    }
     if let Some(path) = &args.trace {
         std::fs::write(path, platform.allocator().snapshot().to_pickle())
             .with_context(|| format!("--trace {}: cannot write it", path.display()))?;
