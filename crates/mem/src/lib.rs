@@ -12,12 +12,14 @@ pub mod error;
 pub mod history;
 pub mod pickle;
 pub mod platform;
+pub mod pth;
 pub mod reclaim;
 pub mod replay;
 pub mod rss;
 pub mod size;
 pub mod snapshot;
 pub mod stats;
+pub mod zip;
 
 pub use allocator::{Allocation, AllocatorConfig, AllocatorPolicy, CachingAllocator, StreamId};
 #[cfg(feature = "cuda")]

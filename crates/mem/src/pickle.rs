@@ -21,6 +21,14 @@
 //! Opcodes that name or build arbitrary Python objects (GLOBAL, REDUCE, BUILD,
 //! STACK_GLOBAL, NEWOBJ, ...) are refused: snapshots never need them, and they
 //! are how a pickle runs code.
+//!
+//! [`from_pickle_restricted`] is the same reader for pickles that must name a few
+//! Python globals (PyTorch checkpoints, see [`crate::pth`]): GLOBAL and STACK_GLOBAL
+//! are accepted only for names on the caller's allow-list, and REDUCE, BUILD and
+//! BINPERSID are *recorded* as [`PickleValue::Call`] and [`PickleValue::Persistent`]
+//! values, never executed. The one call it interprets itself is
+//! `collections.OrderedDict()`, which becomes a plain dict so that SETITEMS can fill it;
+//! BUILD on a dict drops the state (attributes such as a state dict's `_metadata`).
 
 use std::collections::HashMap;
 
@@ -45,6 +53,22 @@ pub enum PickleValue {
     Tuple(Vec<PickleValue>),
     /// Python `dict`, in insertion order.
     Dict(Vec<(PickleValue, PickleValue)>),
+    /// A global `module.name` that the allow-list let the pickle name; never resolved.
+    Global {
+        /// The module, e.g. `torch._utils`.
+        module: String,
+        /// The name in it, e.g. `_rebuild_tensor_v2`.
+        name: String,
+    },
+    /// A call the pickle asks for (REDUCE), recorded and never made.
+    Call {
+        /// What would be called (a [`PickleValue::Global`] in well-formed files).
+        callable: Box<PickleValue>,
+        /// The argument tuple.
+        args: Box<PickleValue>,
+    },
+    /// A persistent id (BINPERSID) that the file's owner resolves (torch: a storage).
+    Persistent(Box<PickleValue>),
 }
 
 /// Errors reading a pickle.
@@ -99,6 +123,18 @@ pub enum PickleError {
         index: u64,
         /// Where the read is.
         offset: usize,
+    },
+    /// A GLOBAL naming something off the caller's allow-list (e.g. `os.system`).
+    #[error("pickle names the global {module}.{name} at byte {offset}, which is not allowed here; refusing it (only {allowed} may appear)")]
+    GlobalNotAllowed {
+        /// The module named.
+        module: String,
+        /// The name in the module.
+        name: String,
+        /// Where the GLOBAL is.
+        offset: usize,
+        /// The allow-list, for the message.
+        allowed: String,
     },
     /// The input ends before a STOP opcode.
     #[error("pickle ended without STOP at byte {offset}")]
@@ -292,6 +328,11 @@ const EMPTY_SET: u8 = 0x8f;
 const ADDITEMS: u8 = 0x90;
 const MEMOIZE: u8 = 0x94;
 const FRAME: u8 = 0x95;
+const GLOBAL: u8 = b'c';
+const STACK_GLOBAL: u8 = 0x93;
+const REDUCE: u8 = b'R';
+const BUILD: u8 = b'b';
+const BINPERSID: u8 = b'Q';
 
 /// CPython batches APPENDS/SETITEMS in groups of this size; so do we.
 const BATCH: usize = 1000;
@@ -350,6 +391,22 @@ fn write_value(value: &PickleValue, out: &mut Vec<u8>) {
                 out.push(SETITEMS);
             }
         }
+        PickleValue::Global { module, name } => {
+            out.push(GLOBAL);
+            for part in [module, name] {
+                out.extend_from_slice(part.as_bytes());
+                out.push(b'\n');
+            }
+        }
+        PickleValue::Call { callable, args } => {
+            write_value(callable, out);
+            write_value(args, out);
+            out.push(REDUCE);
+        }
+        PickleValue::Persistent(id) => {
+            write_value(id, out);
+            out.push(BINPERSID);
+        }
     }
 }
 
@@ -399,7 +456,19 @@ const MAX_DEPTH: usize = 512;
 
 /// Parse a pickle (protocols 2..=4, or binary opcodes without a PROTO header).
 pub fn from_pickle(bytes: &[u8]) -> PickleResult<PickleValue> {
+    read(bytes, None)
+}
+
+/// Parse a pickle that may name the globals in `allowed` (`(module, name)` pairs):
+/// REDUCE and BINPERSID become [`PickleValue::Call`] / [`PickleValue::Persistent`]
+/// records, nothing is ever called, and any other global is refused by name.
+pub fn from_pickle_restricted(bytes: &[u8], allowed: &[(&str, &str)]) -> PickleResult<PickleValue> {
+    read(bytes, Some(allowed))
+}
+
+fn read(bytes: &[u8], globals: Option<&[(&str, &str)]>) -> PickleResult<PickleValue> {
     let mut reader = Reader {
+        globals,
         bytes,
         pos: 0,
         op: 0,
@@ -426,6 +495,8 @@ enum Node {
     List(Vec<usize>),
     Tuple(Vec<usize>),
     Dict(Vec<(usize, usize)>),
+    Call(usize, usize),
+    Persistent(usize),
 }
 
 enum Slot {
@@ -434,6 +505,8 @@ enum Slot {
 }
 
 struct Reader<'a> {
+    /// The globals the pickle may name; `None` refuses every object opcode.
+    globals: Option<&'a [(&'a str, &'a str)]>,
     bytes: &'a [u8],
     pos: usize,
     /// The opcode being run and its offset, for error messages.
@@ -580,11 +653,97 @@ impl<'a> Reader<'a> {
                 self.stack.push(Slot::Value(id));
                 None
             }
+            GLOBAL | STACK_GLOBAL | REDUCE | BUILD | BINPERSID if self.globals.is_some() => {
+                self.object_step(op)?
+            }
             _ => {
                 let offset = self.op_at;
                 return Err(PickleError::UnsupportedOpcode { opcode: op, offset });
             }
         })
+    }
+
+    /// The object opcodes of a restricted read: names are checked against the
+    /// allow-list, calls and persistent ids are recorded, nothing runs.
+    fn object_step(&mut self, op: u8) -> PickleResult<Option<Node>> {
+        Ok(match op {
+            GLOBAL => {
+                let module = self.line()?;
+                let name = self.line()?;
+                Some(self.global(module, name)?)
+            }
+            STACK_GLOBAL => {
+                let name = self.pop_value()?;
+                let module = self.pop_value()?;
+                let text = |id: usize| match self.nodes.get(id) {
+                    Some(Node::Leaf(PickleValue::Str(s))) => Some(s.clone()),
+                    _ => None,
+                };
+                let (Some(module), Some(name)) = (text(module), text(name)) else {
+                    return Err(self.malformed("needs two strings (module, name)"));
+                };
+                Some(self.global(module, name)?)
+            }
+            REDUCE => {
+                let args = self.pop_value()?;
+                let callable = self.pop_value()?;
+                let ordered_dict = matches!(
+                    self.nodes.get(callable),
+                    Some(Node::Leaf(PickleValue::Global { module, name }))
+                        if module == "collections" && name == "OrderedDict"
+                );
+                let no_args =
+                    matches!(self.nodes.get(args), Some(Node::Tuple(items)) if items.is_empty());
+                if ordered_dict && no_args {
+                    // The only call interpreted: an empty OrderedDict is a dict that
+                    // SETITEMS then fills.
+                    Some(Node::Dict(Vec::new()))
+                } else {
+                    Some(Node::Call(callable, args))
+                }
+            }
+            BUILD => {
+                let _state = self.pop_value()?;
+                match self.top_value().map(|id| self.nodes.get(id)) {
+                    Ok(Some(Node::Dict(_))) => None,
+                    _ => return Err(self.malformed("sets state on something other than a dict")),
+                }
+            }
+            _ => {
+                let id = self.pop_value()?;
+                Some(Node::Persistent(id))
+            }
+        })
+    }
+
+    /// A GLOBAL node for `module.name` if the allow-list has it, else the refusal.
+    fn global(&self, module: String, name: String) -> PickleResult<Node> {
+        let allowed = self.globals.unwrap_or_default();
+        if allowed.iter().any(|&(m, n)| m == module && n == name) {
+            return Ok(Node::Leaf(PickleValue::Global { module, name }));
+        }
+        let list: Vec<String> = allowed.iter().map(|(m, n)| format!("{m}.{n}")).collect();
+        Err(PickleError::GlobalNotAllowed {
+            module,
+            name,
+            offset: self.op_at,
+            allowed: list.join(", "),
+        })
+    }
+
+    /// A GLOBAL argument: text up to a newline (at most 256 bytes).
+    fn line(&mut self) -> PickleResult<String> {
+        let rest = self.bytes.get(self.pos..).unwrap_or_default();
+        let Some(n) = rest.iter().take(256).position(|&b| b == b'\n') else {
+            return Err(PickleError::Truncated {
+                offset: self.bytes.len().min(self.pos + 256),
+                opcode: self.op,
+                opcode_offset: self.op_at,
+            });
+        };
+        let text = String::from_utf8_lossy(&rest[..n]).into_owned();
+        self.pos += n + 1;
+        Ok(text)
     }
 
     /// The next `n` bytes, or a truncation error.
@@ -713,6 +872,11 @@ impl<'a> Reader<'a> {
                     .map(|&(k, v)| Ok((child(k)?, child(v)?)))
                     .collect::<PickleResult<_>>()?,
             ),
+            Node::Call(callable, args) => PickleValue::Call {
+                callable: Box::new(child(*callable)?),
+                args: Box::new(child(*args)?),
+            },
+            Node::Persistent(id) => PickleValue::Persistent(Box::new(child(*id)?)),
         })
     }
 }
