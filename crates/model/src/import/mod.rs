@@ -141,10 +141,9 @@ pub fn open_transformer(
     } else if let Some(value) = folder_config {
         dit_config_from_json(&value)?
     } else {
-        let shaped = dit_config_from_shapes(&store)?;
         match &options.base {
-            Some(base) if same_shapes(base, &shaped) => base.clone(),
-            _ => shaped,
+            Some(base) if same_shapes(base, &shape_facts(&store)?) => base.clone(),
+            _ => dit_config_from_shapes(&store)?,
         }
     };
     Ok((config, store))
@@ -172,8 +171,28 @@ fn same_shapes(a: &DitConfig, b: &DitConfig) -> bool {
         && a.cross_attn_norm == b.cross_attn_norm
 }
 
-/// The transformer config implied by the tensor shapes of `store` (our names).
+/// The transformer config implied by the tensor shapes of `store` (our names), with
+/// `num_heads = dim / 128` as in every Wan model.
 pub fn dit_config_from_shapes(store: &WeightStore) -> Result<DitConfig> {
+    let facts = shape_facts(store)?;
+    let dim = facts.dim();
+    if !dim.is_multiple_of(128) {
+        return Err(ModelError::config(
+            "num_attention_heads",
+            format!("dim {dim} is not a multiple of 128, so the head count cannot be inferred (Wan heads are 128 wide); pass --config"),
+        ));
+    }
+    let config = DitConfig {
+        num_attention_heads: dim / 128,
+        attention_head_dim: 128,
+        ..facts
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// What the shapes say, with one head as wide as `dim` (not validated).
+fn shape_facts(store: &WeightStore) -> Result<DitConfig> {
     let need = |key: &str| -> Result<Vec<usize>> {
         store.shape_of(key).ok_or_else(|| {
             ModelError::config(
@@ -192,12 +211,6 @@ pub fn dit_config_from_shapes(store: &WeightStore) -> Result<DitConfig> {
             format!("must be 5-D [dim, in, pt, ph, pw], got {patch:?}"),
         ));
     };
-    if !dim.is_multiple_of(128) {
-        return Err(ModelError::config(
-            "num_attention_heads",
-            format!("dim {dim} is not a multiple of 128, so the head count cannot be inferred (Wan heads are 128 wide); pass --config"),
-        ));
-    }
     let keys = store.keys();
     let num_layers = keys
         .iter()
@@ -220,8 +233,8 @@ pub fn dit_config_from_shapes(store: &WeightStore) -> Result<DitConfig> {
         .any(|k| k.starts_with("condition_embedder.image_embedder."));
     let config = DitConfig {
         patch_size: [pt, ph, pw],
-        num_attention_heads: dim / 128,
-        attention_head_dim: 128,
+        num_attention_heads: 1,
+        attention_head_dim: dim,
         in_channels,
         out_channels: Some(out),
         text_dim,
@@ -233,7 +246,6 @@ pub fn dit_config_from_shapes(store: &WeightStore) -> Result<DitConfig> {
         image_dim: image.then(|| serde_json::json!(1280)),
         ..DitConfig::default()
     };
-    config.validate()?;
     Ok(config)
 }
 
