@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use headroom_model::WanTransformer;
+use headroom_model::import::{load_transformer, ImportOptions};
 use headroom_tensor::io::npy::{read_npy, write_npy};
 use headroom_tensor::{DType, Device, Tensor};
 
@@ -24,9 +24,15 @@ enum DitCommand {
 
 #[derive(Debug, Args)]
 struct ForwardArgs {
-    /// A diffusers WanTransformer3DModel folder.
+    /// The transformer in any layout: a diffusers pipeline or transformer folder, an
+    /// original Wan folder, or a checkpoint file (.safetensors, .pt, .pth; Self-Forcing
+    /// `generator_ema`, ComfyUI `model.diffusion_model.` wrappers included).
     #[arg(long)]
     model: PathBuf,
+    /// A config.json (diffusers or original Wan keys) overriding the checkpoint's own
+    /// or the one inferred from its shapes.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Latents .npy [1, C, F, H, W] f32.
     #[arg(long)]
     latents: PathBuf,
@@ -54,7 +60,11 @@ pub fn run(args: DitArgs) -> Result<()> {
 }
 
 fn forward(args: ForwardArgs, device: &Device) -> Result<()> {
-    let model = WanTransformer::load(&args.model, device, DType::F32)
+    let options = ImportOptions {
+        config: args.config.clone(),
+        base: None,
+    };
+    let model = load_transformer(&args.model, &options, device, DType::F32, None)
         .with_context(|| format!("loading the transformer from {}", args.model.display()))?;
     let mut x = read_npy(&args.latents, device)?;
     let channels = model.config().in_channels;

@@ -23,6 +23,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct GenerateArgs {
     #[command(flatten)]
     shape: SessionShape,
+    /// A transformer checkpoint over --model's VAE and text encoder (any layout: a
+    /// Self-Forcing .pt, a LingBot-World or original Wan folder, a ComfyUI file).
+    #[arg(long)]
+    transformer: Option<String>,
     /// DMD steps per block.
     #[arg(long, default_value_t = 4)]
     steps: usize,
@@ -207,6 +211,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let text_cache_bytes = parse_size(&args.text_cache).context("--text-cache")?;
     let engine = Engine::new(EngineConfig {
         model: args.shape.model.clone(),
+        transformer: args.transformer.clone(),
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
         kv_budget_bytes,
