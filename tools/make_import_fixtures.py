@@ -23,9 +23,13 @@ so the VAE inverse is also checked on a full-size VAE built on the meta device; 
 tiny fixture VAE (num_res_blocks = 1) is checked through its numbers in the Rust
 tests instead.
 
+With ``--t5`` it writes crates/text/tests/fixtures/wan_t5/ instead: the text
+fixtures' UMT5 encoder as Wan ships its T5 (``models_t5_umt5-xxl-enc-bf16.pth`` in
+Wan names, bf16, and the tokenizer under ``google/umt5-xxl/``).
+
 Needs the reference environment; CI never runs it:
 
-    ~/.headroom-reference/bin/python tools/make_import_fixtures.py
+    ~/.headroom-reference/bin/python tools/make_import_fixtures.py [--t5]
 """
 
 import json
@@ -227,5 +231,50 @@ def main():
           f" decoded {list(decoded.shape)}")
 
 
+# ---- Wan's own T5 checkpoint, for crates/text ----
+def t5_to_wan(name):
+    """transformers UMT5EncoderModel name -> Wan T5 name (wan/modules/t5.py)."""
+    if name == "shared.weight":
+        return "token_embedding.weight"
+    if name == "encoder.final_layer_norm.weight":
+        return "norm.weight"
+    m = re.match(r"encoder\.block\.(\d+)\.layer\.(\d)\.(.*)", name)
+    i, layer, rest = m.groups()
+    table = {
+        "0.layer_norm.weight": "norm1.weight",
+        "1.layer_norm.weight": "norm2.weight",
+        "0.SelfAttention.relative_attention_bias.weight": "pos_embedding.embedding.weight",
+        "1.DenseReluDense.wi_0.weight": "ffn.gate.0.weight",
+        "1.DenseReluDense.wi_1.weight": "ffn.fc1.weight",
+        "1.DenseReluDense.wo.weight": "ffn.fc2.weight",
+    }
+    key = f"{layer}.{rest}"
+    if key in table:
+        return f"blocks.{i}.{table[key]}"
+    proj = re.match(r"0\.SelfAttention\.([qkvo])\.weight", key).group(1)
+    return f"blocks.{i}.attn.{proj}.weight"
+
+
+def make_wan_t5():
+    """The text fixtures' UMT5 encoder as Wan ships its T5: bf16 .pth in Wan names, with
+    the tokenizer under google/umt5-xxl/."""
+    import shutil
+    from safetensors.torch import load_file
+    text = REPO_ROOT / "crates" / "text" / "tests" / "fixtures"
+    state = load_file(text / "text_encoder" / "model.safetensors")
+    state.pop("encoder.embed_tokens.weight", None)  # tied to shared.weight
+    wan = {t5_to_wan(k): v.to(torch.bfloat16).contiguous() for k, v in state.items()}
+    assert len(wan) == len(state)
+    out = text / "wan_t5"
+    (out / "google").mkdir(parents=True, exist_ok=True)
+    torch.save(wan, out / "models_t5_umt5-xxl-enc-bf16.pth")
+    shutil.copytree(text / "tokenizer", out / "google" / "umt5-xxl", dirs_exist_ok=True)
+    print(f"Wan T5: {len(wan)} tensors (bf16) -> {out}")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+    if "--t5" in sys.argv:
+        make_wan_t5()
+    else:
+        main()
