@@ -7,6 +7,10 @@
 
 use std::path::{Path, PathBuf};
 
+use headroom_tensor::io::npy::read_npy;
+use headroom_tensor::Device;
+
+use crate::camera::{Pose, Trajectory};
 use crate::error::{ModelError, Result};
 
 /// Whether `key` (wrappers stripped) belongs to the camera adapter.
@@ -39,9 +43,85 @@ pub fn transformer_dir(dir: &Path) -> Result<Option<PathBuf>> {
     Ok(None)
 }
 
+/// LingBot-World's camera input: `dir/poses.npy` `[F, 4, 4]` (OpenCV camera-to-world)
+/// and `dir/intrinsics.npy` `[F, 4]` (`fx, fy, cx, cy`, in the 832×480 reference units
+/// of [`Trajectory`]), read through `device`.
+pub fn trajectory_from_dir(dir: &Path, device: &Device) -> Result<Trajectory> {
+    let read = |name: &str| -> Result<(Vec<usize>, Vec<f32>)> {
+        let path = dir.join(name);
+        let t = read_npy(&path, device).map_err(|e| ModelError::Io {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok((t.shape().to_vec(), t.to_f32_vec()?))
+    };
+    let (shape, poses) = read("poses.npy")?;
+    let frames = match shape[..] {
+        [f, 4, 4] if f > 0 => f,
+        _ => {
+            return Err(ModelError::input(
+                "camera poses",
+                format!(
+                    "{}/poses.npy must be [F, 4, 4], got {shape:?}",
+                    dir.display()
+                ),
+            ))
+        }
+    };
+    let (ishape, intr) = read("intrinsics.npy")?;
+    if ishape != [frames, 4] {
+        return Err(ModelError::input(
+            "camera intrinsics",
+            format!(
+                "{}/intrinsics.npy must be [F = {frames}, 4], got {ishape:?}",
+                dir.display()
+            ),
+        ));
+    }
+    let poses: Vec<Pose> = poses
+        .chunks_exact(16)
+        .map(|m| std::array::from_fn(|r| std::array::from_fn(|c| f64::from(m[4 * r + c]))))
+        .collect();
+    let intrinsics = intr
+        .chunks_exact(4)
+        .map(|k| std::array::from_fn(|i| f64::from(k[i])))
+        .collect();
+    Trajectory::new(poses, intrinsics)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn poses_and_intrinsics_npy_become_a_trajectory_with_shapes_checked() {
+        use headroom_tensor::io::npy::write_npy;
+        use headroom_tensor::Tensor;
+        let dev = Device::cpu().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut poses = Vec::new();
+        for f in 0..3 {
+            let mut m = [0f32; 16];
+            (0..4).for_each(|i| m[5 * i] = 1.0);
+            m[3] = f as f32; // x translation
+            poses.extend(m);
+        }
+        let p = Tensor::from_slice(&poses, &[3, 4, 4], &dev).unwrap();
+        write_npy(dir.path().join("poses.npy"), &p).unwrap();
+        let k =
+            Tensor::from_slice(&[500f32, 500.0, 416.0, 240.0].repeat(3), &[3, 4], &dev).unwrap();
+        write_npy(dir.path().join("intrinsics.npy"), &k).unwrap();
+        let t = trajectory_from_dir(dir.path(), &dev).unwrap();
+        assert_eq!(t.poses.len(), 3);
+        assert_eq!(t.poses[2][0][3], 2.0);
+        assert_eq!(t.intrinsics[1], [500.0, 500.0, 416.0, 240.0]);
+        let k2 = Tensor::from_slice(&[1f32; 8], &[2, 4], &dev).unwrap();
+        write_npy(dir.path().join("intrinsics.npy"), &k2).unwrap();
+        let err = trajectory_from_dir(dir.path(), &dev)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("intrinsics.npy must be [F = 3, 4]"), "{err}");
+    }
 
     #[test]
     fn camera_adapter_keys_are_recognised() {
