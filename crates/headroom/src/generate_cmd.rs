@@ -49,9 +49,9 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "64MiB")]
     text_cache: String,
     /// Camera keys, one character per latent frame: w/a/s/d move, i/k pitch, j/l yaw,
-    /// - none (e.g. `wwwwwwddd`); or a JSON pose file `{"poses": [[4x4]…],
-    /// "intrinsics": [[fx, fy, cx, cy]…]}` (one pose per pixel frame, 832×480 units); or
-    /// a LingBot-World folder with poses.npy [F, 4, 4] and intrinsics.npy [F, 4].
+    /// `-` none (e.g. `wwwwwwddd`); or a JSON pose file `{"poses": [[4x4]…],
+    /// "intrinsics": [[fx, fy, cx, cy]…]}` (one pose per pixel frame, 832×480 units); or a
+    /// LingBot-World folder with poses.npy [F, 4, 4] and intrinsics.npy [F, 4].
     #[arg(long, default_value = "")]
     actions: String,
     /// Decode each chunk on a second thread while the next one denoises (same output).
