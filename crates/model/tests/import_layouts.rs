@@ -162,3 +162,65 @@ fn truncated_checkpoints_are_refused_naming_the_file() {
         assert!(err.contains(&path.display().to_string()), "{err}");
     }
 }
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn lingbot_folders_are_found_and_v1_experts_must_be_chosen() {
+    let dev = Device::cpu().unwrap();
+    let expected = read_npy(fixture("dit_out.npy"), &dev).unwrap();
+    let v2 = tempfile::tempdir().unwrap();
+    copy_dir(&fixture("wan"), &v2.path().join("transformers"));
+    assert_close(
+        &dit_forward(v2.path(), &ImportOptions::default()),
+        &expected,
+        "LingBot v2 transformers/",
+    );
+    let v1 = tempfile::tempdir().unwrap();
+    copy_dir(&fixture("wan"), &v1.path().join("high_noise_model"));
+    copy_dir(&fixture("wan"), &v1.path().join("low_noise_model"));
+    let err = load_error(v1.path(), &ImportOptions::default());
+    assert!(
+        err.contains("high_noise_model") && err.contains("--transformer"),
+        "{err}"
+    );
+    let low = v1.path().join("low_noise_model");
+    assert_close(
+        &dit_forward(&low, &ImportOptions::default()),
+        &expected,
+        "LingBot v1 expert",
+    );
+}
+
+#[test]
+fn a_vae_safetensors_in_original_names_reads_like_the_pth() {
+    use headroom_tensor::io::pth::PthFile;
+    let dev = Device::cpu().unwrap();
+    let pth = PthFile::open(fixture("wan/Wan2.1_VAE.pth")).unwrap();
+    let tensors: Vec<(String, Tensor)> = pth
+        .names()
+        .into_iter()
+        .map(|n| {
+            let t = pth.load(&n, &dev, None).unwrap();
+            (n, t)
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wan_2.1_vae.safetensors");
+    let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    save_safetensors(&path, &list).unwrap();
+    let z = read_npy(fixture("vae_latents.npy"), &dev).unwrap();
+    let expected = read_npy(fixture("vae_decoded.npy"), &dev).unwrap();
+    let vae = load_vae(&path, &ImportOptions::default(), &dev, DType::F32).unwrap();
+    assert_close(
+        &vae.decode(&z).unwrap(),
+        &expected,
+        "ComfyUI-style VAE safetensors",
+    );
+}
