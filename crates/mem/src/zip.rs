@@ -272,6 +272,67 @@ pub(crate) mod tests {
         assert_eq!(&zip[entries[1].data.clone()], b"0123");
     }
 
+    /// One stored entry written the zip64 way (as torch does past 4 GiB): saturated
+    /// 32-bit fields, the real values in a zip64 extra field, a zip64 end record and
+    /// its locator before the classic end record.
+    fn zip64_zip(name: &str, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&LOCAL.to_le_bytes());
+        out.extend_from_slice(&[45, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        out.extend_from_slice(&[0xff; 8]);
+        out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        out.extend_from_slice(&20u16.to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&1u16.to_le_bytes());
+        out.extend_from_slice(&16u16.to_le_bytes());
+        out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        out.extend_from_slice(data);
+        let cd_offset = out.len() as u64;
+        let mut central = Vec::new();
+        central.extend_from_slice(&CENTRAL.to_le_bytes());
+        central.extend_from_slice(&[45, 0, 45, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        central.extend_from_slice(&[0xff; 8]);
+        central.extend_from_slice(&(name.len() as u16).to_le_bytes());
+        central.extend_from_slice(&28u16.to_le_bytes());
+        central.extend_from_slice(&[0; 10]);
+        central.extend_from_slice(&[0xff; 4]);
+        central.extend_from_slice(name.as_bytes());
+        central.extend_from_slice(&1u16.to_le_bytes());
+        central.extend_from_slice(&24u16.to_le_bytes());
+        central.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        central.extend_from_slice(&(data.len() as u64).to_le_bytes());
+        central.extend_from_slice(&0u64.to_le_bytes());
+        out.extend_from_slice(&central);
+        let record = out.len() as u64;
+        out.extend_from_slice(&ZIP64_EOCD.to_le_bytes());
+        out.extend_from_slice(&44u64.to_le_bytes());
+        out.extend_from_slice(&[45, 0, 45, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        out.extend_from_slice(&1u64.to_le_bytes());
+        out.extend_from_slice(&1u64.to_le_bytes());
+        out.extend_from_slice(&(central.len() as u64).to_le_bytes());
+        out.extend_from_slice(&cd_offset.to_le_bytes());
+        out.extend_from_slice(&ZIP64_LOCATOR.to_le_bytes());
+        out.extend_from_slice(&0u32.to_le_bytes());
+        out.extend_from_slice(&record.to_le_bytes());
+        out.extend_from_slice(&1u32.to_le_bytes());
+        out.extend_from_slice(&EOCD.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&[0xff; 4]);
+        out.extend_from_slice(&[0xff; 8]);
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn zip64_records_and_extra_fields_are_followed() {
+        let zip = zip64_zip("big/data/0", b"0123456789");
+        let entries = stored_entries(&zip).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].name, "big/data/0");
+        assert_eq!(&zip[entries[0].data.clone()], b"0123456789");
+    }
+
     #[test]
     fn a_compressed_entry_is_refused_by_name() {
         let zip = stored_zip(&[("a/data.pkl", b"xyz")], 8);
