@@ -30,6 +30,8 @@ pub enum PlanPlatform {
 pub struct PlanConfig {
     /// Built-in model name or a diffusers pipeline folder.
     pub model: String,
+    /// A transformer checkpoint over `model` (any supported layout).
+    pub transformer: Option<String>,
     /// Video height.
     pub height: usize,
     /// Video width.
@@ -140,6 +142,7 @@ pub fn run_plan(config: &PlanConfig) -> Result<Vec<RankPlan>> {
 fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPlan>> {
     let engine_config = EngineConfig {
         model: config.model.clone(),
+        transformer: config.transformer.clone(),
         allocator: config.allocator.clone(),
         reclaim: policy,
         kv_fraction: config.kv_fraction,

@@ -14,6 +14,7 @@ fn config(
 ) -> PlanConfig {
     PlanConfig {
         model: model.to_string(),
+        transformer: None,
         height: 64,
         width: 64,
         frames: 21,

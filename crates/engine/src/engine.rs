@@ -1,11 +1,13 @@
 //! `Engine`: loads (or seeds) a model once on a platform, owns the KV page pool, and
 //! admits sessions only when their pages, decoder state and conditioning fit.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy};
 use headroom_model::dit::Sharding;
+use headroom_model::import::{self, ImportOptions};
 use headroom_model::kv::{KvPool, PageLayout, SessionKv};
 use headroom_model::{StreamingDecoder, WanTransformer, WanVae};
 use headroom_tensor::{DType, Device, Tensor};
@@ -19,8 +21,12 @@ use crate::text::Prompts;
 /// How an engine is set up.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Built-in model name.
+    /// Built-in model name, a diffusers pipeline folder, or an original Wan repo folder
+    /// (config.json + DiT safetensors + `Wan2.1_VAE.pth` [+ T5 `.pth` + tokenizer]).
     pub model: String,
+    /// A transformer checkpoint (file or folder, any supported layout) that replaces the
+    /// model's own DiT: a Self-Forcing `.pt` or a LingBot-World folder over a Wan folder.
+    pub transformer: Option<String>,
     /// Seed of the built-in model's weights.
     pub weight_seed: u64,
     /// Allocator settings of the `cpu` platform.
@@ -55,6 +61,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             model: "small".to_string(),
+            transformer: None,
             weight_seed: 0,
             allocator: AllocatorConfig::default(),
             reclaim: ReclaimPolicy::Never,
@@ -107,22 +114,43 @@ impl Engine {
         let device = Device::new(platform);
         let dtype = config.weight_dtype;
         let folder = std::path::Path::new(&config.model);
-        let (dit, vae) = if folder.join("transformer").is_dir() && folder.join("vae").is_dir() {
-            // A diffusers pipeline folder: real weights.
-            (
-                WanTransformer::load_sharded(&folder.join("transformer"), &device, dtype, shard)?,
-                WanVae::load(&folder.join("vae"), &device, dtype)?,
-            )
+        let pipeline = folder.join("transformer").is_dir() && folder.join("vae").is_dir();
+        let (dit, vae) = if pipeline || import::is_wan_repo(folder) {
+            // Real weights: a diffusers pipeline or an original Wan repo folder.
+            let plain = ImportOptions::default();
+            let vae = import::load_vae(folder, &plain, &device, dtype)?;
+            let dit = match &config.transformer {
+                Some(path) => {
+                    let base = import::open_transformer(folder, &plain, &device, dtype)?.0;
+                    let options = ImportOptions {
+                        base: Some(base),
+                        ..plain
+                    };
+                    import::load_transformer(Path::new(path), &options, &device, dtype, shard)?
+                }
+                None => import::load_transformer(folder, &plain, &device, dtype, shard)?,
+            };
+            (dit, vae)
         } else {
             let preset = ModelPreset::named(&config.model)?;
-            (
-                WanTransformer::seeded_sharded(
+            let dit = match &config.transformer {
+                Some(path) => {
+                    let options = ImportOptions {
+                        base: Some(preset.dit.clone()),
+                        ..ImportOptions::default()
+                    };
+                    import::load_transformer(Path::new(path), &options, &device, dtype, shard)?
+                }
+                None => WanTransformer::seeded_sharded(
                     preset.dit,
                     config.weight_seed,
                     &device,
                     dtype,
                     shard,
                 )?,
+            };
+            (
+                dit,
                 WanVae::seeded(
                     preset.vae,
                     config.weight_seed.wrapping_add(1),
@@ -131,6 +159,8 @@ impl Engine {
                 )?,
             )
         };
+        // Every session (de)normalises latents: refuse now, naming the field.
+        vae.config().validate_latent_stats()?;
         let (z, c) = (vae.config().z_dim, dit.config());
         if c.out_channels() != z || (c.in_channels != z && c.in_channels != z + 20) {
             return Err(EngineError::request(

@@ -1,5 +1,5 @@
 //! Prompts for an engine: the text encoder of a pipeline folder (`text_encoder/` +
-//! `tokenizer/`, picked up automatically), or a seeded built-in one for the `tiny` and
+//! `tokenizer/`, or a Wan repo's T5 `.pth` + `google/umt5-xxl/`, picked up automatically), or a seeded built-in one for the `tiny` and
 //! `small` presets, created at the first prompt so sessions without prompts never pay
 //! for it. Engines without either refuse non-empty prompts, naming the missing folder.
 
@@ -49,7 +49,8 @@ impl Prompts {
         let folder = Path::new(model);
         let mut encoder = None;
         let mut builtin = None;
-        if folder.join("text_encoder").is_dir() {
+        let wan_repo = headroom_text::wan_t5::wan_files(folder).is_some();
+        if folder.join("text_encoder").is_dir() || wan_repo {
             let loaded = TextEncoder::load(folder, device, dtype, mode, cache_bytes)?;
             if loaded.d_model() != text_dim {
                 return Err(EngineError::request(

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use headroom_mem::{format_bytes, process_peak_rss_bytes};
+use headroom_model::import::{load_transformer, open_transformer, ImportOptions};
 use headroom_model::WanTransformer;
 use headroom_tensor::io::npy::{read_npy, write_npy};
 use headroom_tensor::{Device, Tensor};
@@ -20,13 +22,35 @@ pub struct DitArgs {
 enum DitCommand {
     /// One full-sequence forward: latents → velocity.
     Forward(ForwardArgs),
+    /// Load a transformer checkpoint (any layout) and report its layout, config, weight
+    /// bytes and the process's peak resident memory while loading.
+    Load(LoadArgs),
+}
+
+#[derive(Debug, Args)]
+struct LoadArgs {
+    /// The transformer in any layout (as for `dit forward`).
+    #[arg(long)]
+    model: PathBuf,
+    /// A config.json overriding the checkpoint's own or the one inferred from shapes.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Storage dtype of the loaded weights: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
 }
 
 #[derive(Debug, Args)]
 struct ForwardArgs {
-    /// A diffusers WanTransformer3DModel folder.
+    /// The transformer in any layout: a diffusers pipeline or transformer folder, an
+    /// original Wan folder, or a checkpoint file (.safetensors, .pt, .pth; Self-Forcing
+    /// `generator_ema`, ComfyUI `model.diffusion_model.` wrappers included).
     #[arg(long)]
     model: PathBuf,
+    /// A config.json (diffusers or original Wan keys) overriding the checkpoint's own
+    /// or the one inferred from its shapes.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Latents .npy [1, C, F, H, W] f32.
     #[arg(long)]
     latents: PathBuf,
@@ -53,11 +77,62 @@ pub fn run(args: DitArgs) -> Result<()> {
     let device = Device::cpu()?;
     match args.command {
         DitCommand::Forward(a) => forward(a, &device),
+        DitCommand::Load(a) => load(a, &device),
     }
 }
 
+fn load(args: LoadArgs, device: &Device) -> Result<()> {
+    let dtype = match args.dtype.as_str() {
+        "f32" => DType::F32,
+        "bf16" => DType::BF16,
+        other => bail!("--dtype must be f32 or bf16, got {other:?}"),
+    };
+    let options = ImportOptions {
+        config: args.config.clone(),
+        base: None,
+    };
+    let before = process_peak_rss_bytes().unwrap_or(0);
+    let start = std::time::Instant::now();
+    let (config, store) = open_transformer(&args.model, &options, device, dtype)
+        .with_context(|| format!("opening {}", args.model.display()))?;
+    let layout = store.layout().to_string();
+    let model = WanTransformer::from_store(config, &store)?;
+    let secs = start.elapsed().as_secs_f64();
+    let weights = device
+        .platform()
+        .memory_stats()
+        .allocated_bytes
+        .all()
+        .current
+        .max(0) as u64;
+    let peak = process_peak_rss_bytes().unwrap_or(0);
+    let c = model.config();
+    println!(
+        "{}: layout {layout}; {} layers, dim {}, {} heads, ffn {}, in {} / out {}",
+        args.model.display(),
+        c.num_layers,
+        c.dim(),
+        c.num_attention_heads,
+        c.ffn_dim,
+        c.in_channels,
+        c.out_channels()
+    );
+    println!(
+        "loaded in {secs:.1} s: weights {} ({weights} B); peak resident (VmHWM) {} ({peak} B) = {:.3}× the weights (before loading: {})",
+        format_bytes(weights),
+        format_bytes(peak),
+        peak as f64 / weights.max(1) as f64,
+        format_bytes(before)
+    );
+    Ok(())
+}
+
 fn forward(args: ForwardArgs, device: &Device) -> Result<()> {
-    let model = WanTransformer::load(&args.model, device, args.dtype.dtype())
+    let options = ImportOptions {
+        config: args.config.clone(),
+        base: None,
+    };
+    let model = load_transformer(&args.model, &options, device, args.dtype.dtype(), None)
         .with_context(|| format!("loading the transformer from {}", args.model.display()))?;
     let mut x = read_npy(&args.latents, device)?;
     let channels = model.config().in_channels;

@@ -12,6 +12,7 @@ use headroom_engine::{Engine, EngineConfig, LatentRecorder, NoiseSource, Session
 use headroom_media::{png_frame_path, write_png, Mp4Writer, Y4mWriter};
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
 use headroom_model::camera::{Keys, Trajectory};
+use headroom_model::import::lingbot::trajectory_from_dir;
 use headroom_tensor::io::npy::{read_npy, write_npy};
 use headroom_tensor::io::safetensors::SafetensorsFile;
 use headroom_tensor::{DType, Device, Tensor};
@@ -23,6 +24,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct GenerateArgs {
     #[command(flatten)]
     shape: SessionShape,
+    /// A transformer checkpoint over --model's VAE and text encoder (any layout: a
+    /// Self-Forcing .pt, a LingBot-World or original Wan folder, a ComfyUI file).
+    #[arg(long)]
+    transformer: Option<String>,
     /// DMD steps per block.
     #[arg(long, default_value_t = 4)]
     steps: usize,
@@ -44,8 +49,9 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "64MiB")]
     text_cache: String,
     /// Camera keys, one character per latent frame: w/a/s/d move, i/k pitch, j/l yaw,
-    /// - none (e.g. `wwwwwwddd`); or a JSON pose file `{"poses": [[4x4]…],
-    /// "intrinsics": [[fx, fy, cx, cy]…]}` (one pose per pixel frame, 832×480 units).
+    /// `-` none (e.g. `wwwwwwddd`); or a JSON pose file `{"poses": [[4x4]…],
+    /// "intrinsics": [[fx, fy, cx, cy]…]}` (one pose per pixel frame, 832×480 units); or a
+    /// LingBot-World folder with poses.npy [F, 4, 4] and intrinsics.npy [F, 4].
     #[arg(long, default_value = "")]
     actions: String,
     /// Decode each chunk on a second thread while the next one denoises (same output).
@@ -205,7 +211,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         "auto" => None,
         size => Some(parse_size(size).context("--kv-budget")?),
     };
-    let (actions, trajectory) = if args.actions.ends_with(".json") {
+    let (actions, trajectory) = if Path::new(&args.actions).is_dir() {
+        // LingBot-World's camera input: poses.npy + intrinsics.npy.
+        let device = Device::cpu()?;
+        let dir = Path::new(&args.actions);
+        (Vec::new(), Some(trajectory_from_dir(dir, &device)?))
+    } else if args.actions.ends_with(".json") {
         let text = std::fs::read_to_string(&args.actions)
             .with_context(|| format!("--actions {}: cannot read it", args.actions))?;
         (Vec::new(), Some(Trajectory::from_json(&text)?))
@@ -216,6 +227,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let text_cache_bytes = parse_size(&args.text_cache).context("--text-cache")?;
     let engine = Engine::new(EngineConfig {
         model: args.shape.model.clone(),
+        transformer: args.transformer.clone(),
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
         kv_budget_bytes,

@@ -16,10 +16,13 @@ const HISTORY_EVENTS: usize = 400_000;
 /// Options of `headroom plan`.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// Built-in model (tiny, small, wan2.1-t2v-1.3b, lingbot-world-v2-14b) or a diffusers
-    /// pipeline folder (only the safetensors headers and configs are read).
+    /// Built-in model (tiny, small, wan2.1-t2v-1.3b, lingbot-world-v2-14b), a diffusers
+    /// pipeline folder or an original Wan repo folder (only headers and configs are read).
     #[arg(long, default_value = "lingbot-world-v2-14b")]
     model: String,
+    /// A transformer checkpoint over --model (Self-Forcing .pt, LingBot-World folder, …).
+    #[arg(long)]
+    transformer: Option<String>,
     /// Video height in pixels.
     #[arg(long, default_value_t = 480)]
     height: usize,
@@ -95,6 +98,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let keep_history = args.plot.is_some() || args.trace.is_some();
     let config = PlanConfig {
         model: args.model.clone(),
+        transformer: args.transformer.clone(),
         height: args.height,
         width: args.width,
         frames: args.frames,

@@ -18,12 +18,16 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Built-in model (tiny, small, …) or a diffusers pipeline folder with transformer/ and vae/.
+    /// Built-in model (tiny, small, …), a diffusers pipeline folder with transformer/ and
+    /// vae/, or an original Wan repo folder.
     #[arg(long, default_value = "small")]
     model: String,
     /// What the model's weights are held and computed in.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: crate::dtype_arg::DtypeArg,
+    /// A transformer checkpoint over --model (Self-Forcing .pt, LingBot-World folder, …).
+    #[arg(long)]
+    transformer: Option<String>,
     /// Reclaim policy: never, before-decode, bounded[:…], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
@@ -131,6 +135,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let engine = EngineConfig {
         model: args.model.clone(),
+        transformer: args.transformer.clone(),
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
         kv_budget_bytes: kv_budget(&args.kv_budget, capacity)?,

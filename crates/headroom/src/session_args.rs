@@ -7,8 +7,9 @@ use headroom_mem::parse_size;
 /// Which model, how much video, and on how large a device.
 #[derive(Debug, Args)]
 pub struct SessionShape {
-    /// Built-in model (tiny, small, wan2.1-t2v-1.3b, lingbot-world-v2-14b) or a diffusers
-    /// pipeline folder with transformer/ and vae/.
+    /// Built-in model (tiny, small, wan2.1-t2v-1.3b, lingbot-world-v2-14b), a diffusers
+    /// pipeline folder with transformer/ and vae/, or an original Wan repo folder
+    /// (config.json, DiT safetensors, Wan2.1_VAE.pth, T5 .pth + google/umt5-xxl/).
     #[arg(long, default_value = "small")]
     pub model: String,
     /// Frames: 12·K − 3 for K chunks.

@@ -25,7 +25,8 @@ enum TextCommand {
 #[derive(Debug, Args)]
 struct EncodeArgs {
     /// A folder holding text_encoder/ (transformers UMT5EncoderModel) and tokenizer/
-    /// (a diffusers Wan pipeline folder works).
+    /// (a diffusers Wan pipeline folder works), or a Wan repo folder with
+    /// models_t5_umt5-xxl-enc-bf16.pth and google/umt5-xxl/.
     #[arg(long)]
     model: PathBuf,
     /// The prompt.

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use headroom_model::import::{load_vae, ImportOptions};
 use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder, WanVae};
 use headroom_tensor::io::npy::{read_npy, write_npy};
 use headroom_tensor::{DType, Device, Tensor};
@@ -27,9 +28,13 @@ enum VaeCommand {
 
 #[derive(Debug, Args)]
 struct DecodeArgs {
-    /// A diffusers VAE folder (config.json + diffusion_pytorch_model.safetensors).
+    /// The VAE in any layout: a diffusers pipeline or vae folder, an original Wan folder
+    /// (its Wan2.1_VAE.pth), or a checkpoint file in original names (.pth, .safetensors).
     #[arg(long)]
     model: PathBuf,
+    /// A diffusers vae config.json overriding the folder's or the one inferred from shapes.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Latents .npy, f32 [1, C, T, H, W], denormalised as diffusers' vae.decode takes them.
     #[arg(long)]
     latents: PathBuf,
@@ -49,9 +54,12 @@ struct DecodeArgs {
 
 #[derive(Debug, Args)]
 struct EncodeArgs {
-    /// A diffusers VAE folder.
+    /// The VAE in any layout (as for `vae decode`).
     #[arg(long)]
     model: PathBuf,
+    /// A diffusers vae config.json overriding the folder's or the one inferred from shapes.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// Video .npy, f32 [1, 3, T, H, W] in [-1, 1].
     #[arg(long)]
     video: PathBuf,
@@ -69,14 +77,23 @@ pub fn run(args: VaeArgs) -> Result<()> {
     }
 }
 
-fn load(model: &std::path::Path, device: &Device, dtype: DType) -> Result<WanVae> {
-    WanVae::load(model, device, dtype)
+fn load(
+    model: &std::path::Path,
+    config: Option<&PathBuf>,
+    device: &Device,
+    dtype: DType,
+) -> Result<WanVae> {
+    let options = ImportOptions {
+        config: config.cloned(),
+        base: None,
+    };
+    load_vae(model, &options, device, dtype)
         .with_context(|| format!("loading the VAE from {}", model.display()))
 }
 
 fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
     let format: OutputFormat = args.format.parse()?;
-    let vae = load(&args.model, device, args.dtype.dtype())?;
+    let vae = load(&args.model, args.config.as_ref(), device, args.dtype.dtype())?;
     let latents = read_npy(&args.latents, device)?;
     let t = latents.shape().get(2).copied().unwrap_or(0);
     let chunks = args.chunks.unwrap_or_else(|| vec![t]);
@@ -112,7 +129,7 @@ fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
 }
 
 fn encode(args: EncodeArgs, device: &Device) -> Result<()> {
-    let vae = load(&args.model, device, DType::F32)?;
+    let vae = load(&args.model, args.config.as_ref(), device, DType::F32)?;
     let video = read_npy(&args.video, device)?;
     let mean = vae.encode(&video)?;
     write_npy(&args.out, &mean)?;

@@ -12,12 +12,14 @@ pub mod error;
 pub mod history;
 pub mod pickle;
 pub mod platform;
+pub mod pth;
 pub mod reclaim;
 pub mod replay;
 pub mod rss;
 pub mod size;
 pub mod snapshot;
 pub mod stats;
+pub mod zip;
 
 pub use allocator::{Allocation, AllocatorConfig, AllocatorPolicy, CachingAllocator, StreamId};
 #[cfg(feature = "cuda")]
@@ -28,7 +30,7 @@ pub use history::{History, TraceAction, TraceEvent};
 pub use platform::{CachingPlatform, Platform, PlatformCall, PlatformKind, RecordingPlatform};
 pub use reclaim::{reclaim_at, Phase, Pressure, Reclaim, ReclaimPolicy};
 pub use replay::{parse_jsonl, parse_pytorch_snapshot, parse_trace, replay, ReplayReport, TraceOp};
-pub use rss::process_rss_bytes;
+pub use rss::{process_peak_rss_bytes, process_rss_bytes};
 pub use size::{format_bytes, parse_size, GIB, KIB, MIB};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
 pub use stats::{MemoryStats, Stat, StatArray, StatType};

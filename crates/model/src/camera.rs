@@ -304,6 +304,13 @@ impl Trajectory {
                 format!("not a {{poses, intrinsics}} JSON object: {e}"),
             )
         })?;
+        Self::new(t.poses, t.intrinsics)
+    }
+
+    /// A trajectory of `poses` and `intrinsics` (one per pose, or none for the
+    /// default), checked: at least one pose, matching counts, finite values.
+    pub fn new(poses: Vec<Pose>, intrinsics: Vec<[f64; 4]>) -> Result<Self> {
+        let t = Trajectory { poses, intrinsics };
         if t.poses.is_empty() {
             return Err(ModelError::input(
                 "camera trajectory",

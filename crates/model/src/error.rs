@@ -14,12 +14,15 @@ pub enum ModelError {
         rule: String,
     },
     /// A checkpoint lacks a tensor the network needs.
-    #[error("weights: missing tensor {key:?} (expected shape {expected:?})")]
+    #[error("weights: missing tensor {key:?} (expected shape {expected:?}){hint}")]
     MissingWeight {
         /// The diffusers key.
         key: String,
         /// The shape the network expects.
         expected: Vec<usize>,
+        /// The layout assumed and the first tensors the checkpoint has that were not
+        /// used (empty when there is nothing to add).
+        hint: String,
     },
     /// A checkpoint tensor has the wrong shape.
     #[error("weights: tensor {key:?} has shape {found:?}, the network expects {expected:?}")]

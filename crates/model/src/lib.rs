@@ -6,6 +6,7 @@ pub mod camera;
 pub mod dit;
 pub mod dmd;
 pub mod error;
+pub mod import;
 pub mod kv;
 pub mod vae;
 pub mod weights;

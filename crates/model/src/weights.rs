@@ -4,12 +4,15 @@
 //! so a missing or mis-shaped tensor is an error naming the key and both shapes.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use headroom_tensor::io::safetensors::SafetensorsFile;
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+
 use headroom_tensor::{DType, Device, Tensor};
 
 use crate::error::{ModelError, Result};
+use crate::import::files::{TensorFile, Tensors};
 
 /// How a seeded initialisation fills one tensor.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -24,8 +27,13 @@ pub enum Init {
 
 #[derive(Debug)]
 enum Source {
-    /// tensor name → file holding it.
-    Files(BTreeMap<String, usize>, Vec<SafetensorsFile>),
+    /// Our key → (file, stored name), the layout they were read as, and the keys taken.
+    Files {
+        names: BTreeMap<String, (usize, String)>,
+        files: Vec<TensorFile>,
+        layout: String,
+        taken: RefCell<BTreeSet<String>>,
+    },
     /// Seeded random tensors.
     Seeded(u64),
 }
@@ -48,9 +56,28 @@ fn io_err(path: &Path, reason: impl std::fmt::Display) -> ModelError {
 
 /// Reads a folder's `config.json` as JSON.
 pub fn read_config(dir: &Path) -> Result<serde_json::Value> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| io_err(&path, e))?;
-    serde_json::from_str(&text).map_err(|e| io_err(&path, format!("not valid JSON: {e}")))
+    read_json(&dir.join("config.json"))
+}
+
+/// Reads a JSON file.
+pub fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| io_err(path, e))?;
+    serde_json::from_str(&text).map_err(|e| io_err(path, format!("not valid JSON: {e}")))
+}
+
+/// The first `n` items, for error messages that list keys.
+pub(crate) fn first_few<'a>(keys: impl Iterator<Item = &'a String>, n: usize) -> String {
+    let keys: Vec<&String> = keys.collect();
+    let mut text = keys
+        .iter()
+        .take(n)
+        .map(|k| format!("{k:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if keys.len() > n {
+        text.push_str(&format!(" … ({} in all)", keys.len()));
+    }
+    text
 }
 
 impl WeightStore {
@@ -63,54 +90,102 @@ impl WeightStore {
     /// `{stem}.safetensors.index.json` (`diffusion_pytorch_model` for diffusers, `model`
     /// for transformers), converted to `dtype` on load, onto `device`.
     pub fn from_files(dir: &Path, stem: &str, device: &Device, dtype: DType) -> Result<Self> {
-        let single = dir.join(format!("{stem}.safetensors"));
-        let index = dir.join(format!("{stem}.safetensors.index.json"));
-        let (names, files) = if single.exists() {
-            let file = SafetensorsFile::open(&single)?;
-            let names = file.names()?.into_iter().map(|n| (n, 0)).collect();
-            (names, vec![file])
-        } else if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|e| io_err(&index, e))?;
-            let json: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| io_err(&index, format!("not valid JSON: {e}")))?;
-            let map = json
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .ok_or_else(|| io_err(&index, "no weight_map object"))?;
-            let mut shard_ids: BTreeMap<String, usize> = BTreeMap::new();
-            let mut files = Vec::new();
-            let mut names = BTreeMap::new();
-            for (name, shard) in map {
-                let shard = shard.as_str().ok_or_else(|| {
-                    io_err(
-                        &index,
-                        format!("weight_map entry {name:?} is not a file name"),
-                    )
-                })?;
-                let id = match shard_ids.get(shard) {
-                    Some(&id) => id,
-                    None => {
-                        let path: PathBuf = dir.join(shard);
-                        files.push(SafetensorsFile::open(&path)?);
-                        shard_ids.insert(shard.to_string(), files.len() - 1);
-                        files.len() - 1
-                    }
-                };
-                names.insert(name.clone(), id);
-            }
-            (names, files)
-        } else {
-            return Err(io_err(
-                dir,
-                format!("no {stem}.safetensors or {stem}.safetensors.index.json"),
-            ));
-        };
-        Ok(Self {
-            source: Source::Files(names, files),
+        let tensors = Tensors::stem(dir, stem)?;
+        Ok(Self::renamed(
+            tensors,
+            |k| Some(k.to_string()),
+            "diffusers",
+            device,
+            dtype,
+        ))
+    }
+
+    /// Weights of `tensors` under our names: `rename` maps each stored name to our key
+    /// (`None` drops it); `layout` names the layout assumed, for error messages.
+    pub fn renamed(
+        tensors: Tensors,
+        rename: impl Fn(&str) -> Option<String>,
+        layout: &str,
+        device: &Device,
+        dtype: DType,
+    ) -> Self {
+        let names = tensors
+            .names
+            .into_iter()
+            .filter_map(|(stored, file)| Some((rename(&stored)?, (file, stored))))
+            .collect();
+        Self {
+            source: Source::Files {
+                names,
+                files: tensors.files,
+                layout: layout.to_string(),
+                taken: RefCell::new(BTreeSet::new()),
+            },
             device: device.clone(),
             dtype,
             counter: std::cell::Cell::new(0),
-        })
+        }
+    }
+
+    /// Our keys the store holds (empty for a seeded store).
+    pub fn keys(&self) -> Vec<String> {
+        match &self.source {
+            Source::Files { names, .. } => names.keys().cloned().collect(),
+            Source::Seeded(_) => Vec::new(),
+        }
+    }
+
+    /// Shape of the tensor under our key `key`, if the store holds it.
+    pub fn shape_of(&self, key: &str) -> Option<Vec<usize>> {
+        match &self.source {
+            Source::Files { names, files, .. } => {
+                let (file, stored) = names.get(key)?;
+                files[*file].info(stored).ok().map(|(shape, _)| shape)
+            }
+            Source::Seeded(_) => None,
+        }
+    }
+
+    /// The layout the store's names were read as ("diffusers", "original Wan", …).
+    pub fn layout(&self) -> &str {
+        match &self.source {
+            Source::Files { layout, .. } => layout,
+            Source::Seeded(_) => "seeded",
+        }
+    }
+
+    /// Keys of the store that no `get` has asked for yet: after a network is built,
+    /// tensors the checkpoint has that the network does not know.
+    pub fn unused(&self) -> Vec<String> {
+        match &self.source {
+            Source::Files { names, taken, .. } => {
+                let taken = taken.borrow();
+                names
+                    .keys()
+                    .filter(|k| !taken.contains(*k))
+                    .cloned()
+                    .collect()
+            }
+            Source::Seeded(_) => Vec::new(),
+        }
+    }
+
+    /// Refuses a checkpoint with tensors the network did not use, listing the first few
+    /// and the layout assumed (a renaming that went wrong shows up here).
+    pub fn check_all_used(&self, what: &str) -> Result<()> {
+        let unused = self.unused();
+        if unused.is_empty() {
+            return Ok(());
+        }
+        Err(ModelError::input(
+            "weights",
+            format!(
+                "{what}: {} unknown tensors in a checkpoint read as the {} layout: {}",
+                unused.len(),
+                self.layout(),
+                first_few(unused.iter(), 5)
+            ),
+        ))
     }
 
     /// Seeded random weights (tests, the embedded default model).
@@ -136,7 +211,7 @@ impl WeightStore {
     /// Whether the store can provide `key` (a seeded store provides every key).
     pub fn has(&self, key: &str) -> bool {
         match &self.source {
-            Source::Files(names, _) => names.contains_key(key),
+            Source::Files { names, .. } => names.contains_key(key),
             Source::Seeded(_) => true,
         }
     }
@@ -172,20 +247,42 @@ impl WeightStore {
     /// diffusers keeps in f32).
     pub fn get_as(&self, key: &str, shape: &[usize], init: Init, dtype: DType) -> Result<Tensor> {
         match &self.source {
-            Source::Files(names, files) => {
-                let &file = names.get(key).ok_or_else(|| ModelError::MissingWeight {
-                    key: key.to_string(),
-                    expected: shape.to_vec(),
-                })?;
-                let (found, _) = files[file].info(key)?;
+            Source::Files {
+                names,
+                files,
+                layout,
+                taken,
+            } => {
+                let Some((file, stored)) = names.get(key) else {
+                    let unused = self.unused();
+                    let hint = if unused.is_empty() {
+                        format!(" (layout {layout})")
+                    } else {
+                        format!(
+                            " (layout {layout}; tensors not yet used: {})",
+                            first_few(unused.iter(), 4)
+                        )
+                    };
+                    return Err(ModelError::MissingWeight {
+                        key: key.to_string(),
+                        expected: shape.to_vec(),
+                        hint,
+                    });
+                };
+                let (found, _) = files[*file].info(stored)?;
                 if found != shape {
                     return Err(ModelError::WeightShape {
-                        key: key.to_string(),
+                        key: if stored == key {
+                            key.to_string()
+                        } else {
+                            format!("{key} (stored as {stored})")
+                        },
                         expected: shape.to_vec(),
                         found,
                     });
                 }
-                Ok(files[file].load(key, &self.device, Some(dtype))?)
+                taken.borrow_mut().insert(key.to_string());
+                files[*file].load(stored, &self.device, dtype)
             }
             Source::Seeded(seed) => {
                 // Each tensor draws from its own stretch of the seed's stream, in request

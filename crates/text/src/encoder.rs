@@ -77,6 +77,8 @@ impl FromStr for TextEncoderMode {
 enum WeightSource {
     /// A transformers `text_encoder/` folder.
     Dir(PathBuf),
+    /// Wan's own T5 `.pth`.
+    WanPth(PathBuf),
     /// Seeded random weights of a config.
     Seeded(Umt5Config, u64),
 }
@@ -144,6 +146,11 @@ impl TextEncoder {
         mode: TextEncoderMode,
         cache_budget_bytes: u64,
     ) -> Result<Self> {
+        if !dir.join("text_encoder").is_dir() {
+            if let Some((t5, tokenizer)) = crate::wan_t5::wan_files(dir) {
+                return Self::load_wan(&t5, &tokenizer, device, dtype, mode, cache_budget_bytes);
+            }
+        }
         let encoder_dir = dir.join("text_encoder");
         let tokenizer_dir = dir.join("tokenizer");
         for (folder, what) in [
@@ -174,6 +181,32 @@ impl TextEncoder {
             headroom_model::WeightStore::from_files(&encoder_dir, "model", device, dtype)?;
         }
         Ok(encoder)
+    }
+
+    /// The text encoder of a Wan repo folder: Wan's T5 `.pth` (`t5`) and the tokenizer
+    /// folder `google/umt5-xxl/` (`tokenizer_dir`); config from the checkpoint's shapes.
+    pub fn load_wan(
+        t5: &Path,
+        tokenizer_dir: &Path,
+        device: &Device,
+        dtype: DType,
+        mode: TextEncoderMode,
+        cache_budget_bytes: u64,
+    ) -> Result<Self> {
+        // Opening the file reads the archive index and the pickle, not the tensors.
+        let store = crate::wan_t5::open(t5, device, dtype)?;
+        let config = crate::wan_t5::config_from_shapes(&store, t5)?;
+        drop(store);
+        let tokenizer = TextTokenizer::from_dir(tokenizer_dir, MAX_LENGTH)?;
+        Self::new(
+            WeightSource::WanPth(t5.to_path_buf()),
+            config,
+            tokenizer,
+            device,
+            dtype,
+            mode,
+            cache_budget_bytes,
+        )
     }
 
     /// A seeded text encoder of width `d_model` with the built-in tiny tokenizer (the
@@ -295,6 +328,7 @@ impl TextEncoder {
                 }
                 Ok(weights)
             }
+            WeightSource::WanPth(path) => Umt5Encoder::load_wan(path, &self.device, self.dtype),
             WeightSource::Seeded(config, seed) => {
                 Umt5Encoder::seeded(config.clone(), *seed, &self.device, self.dtype)
             }

@@ -12,6 +12,7 @@ pub mod encoder;
 pub mod error;
 pub mod tokenizer;
 pub mod umt5;
+pub mod wan_t5;
 
 pub use cache::{CacheStats, EmbeddingCache};
 pub use clean::prompt_clean;

@@ -76,6 +76,16 @@ impl Umt5Encoder {
         Self::build(config, &store)
     }
 
+    /// The encoder of Wan's own T5 checkpoint (`models_t5_umt5-xxl-enc-bf16.pth`),
+    /// its config read from the shapes, weights stored as `dtype` on `device`.
+    pub fn load_wan(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        let store = crate::wan_t5::open(path, device, dtype)?;
+        let config = crate::wan_t5::config_from_shapes(&store, path)?;
+        let encoder = Self::build(config, &store)?;
+        store.check_all_used(&path.display().to_string())?;
+        Ok(encoder)
+    }
+
     /// Seeded random weights of `config` (the built-in presets, tests).
     pub fn seeded(config: Umt5Config, seed: u64, device: &Device, dtype: DType) -> Result<Self> {
         config.validate()?;

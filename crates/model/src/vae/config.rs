@@ -118,19 +118,30 @@ impl VaeConfig {
                 "decoder widths must be even (upsamplers halve them)".into(),
             );
         }
+        Ok(())
+    }
+
+    /// Checks the latent statistics, which only the pipeline's (de)normalisation uses:
+    /// a config whose `latents_mean` / `latents_std` do not match `z_dim` loads (as in
+    /// diffusers) and is refused here, naming the field, when normalisation is asked for.
+    pub fn validate_latent_stats(&self) -> Result<()> {
         for (field, v) in [
             ("latents_mean", &self.latents_mean),
             ("latents_std", &self.latents_std),
         ] {
             if v.len() != self.z_dim {
-                return rule(
+                return Err(ModelError::config(
                     field,
-                    format!("needs z_dim = {} values, got {}", self.z_dim, v.len()),
-                );
+                    format!(
+                        "latent (de)normalisation needs z_dim = {} values, got {}",
+                        self.z_dim,
+                        v.len()
+                    ),
+                ));
             }
         }
         if self.latents_std.contains(&0.0) {
-            return rule("latents_std", "values must be non-zero".into());
+            return Err(ModelError::config("latents_std", "values must be non-zero"));
         }
         Ok(())
     }

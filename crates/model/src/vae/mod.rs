@@ -213,6 +213,7 @@ impl WanVae {
     }
 
     fn latent_stats(&self, device: &Device) -> Result<(Tensor, Tensor)> {
+        self.config.validate_latent_stats()?;
         let z = self.config.z_dim;
         let inv: Vec<f32> = self.config.latents_std.iter().map(|s| 1.0 / s).collect();
         Ok((

@@ -1,5 +1,6 @@
 //! Safetensors files, memory-mapped: a tensor's bytes are copied once into a block of
-//! the device's allocator, converted to the requested dtype on the way.
+//! the device's allocator, converted to the requested dtype on the way, and the mapped
+//! pages are dropped right after (peak resident ≈ the weights, not weights + file).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,6 +11,7 @@ use safetensors::{Dtype as StDtype, SafeTensors};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::io::release_mapped;
 use crate::tensor::Tensor;
 
 /// An open, memory-mapped safetensors file.
@@ -117,6 +119,7 @@ impl SafetensorsFile {
                 .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
                 .collect();
             let t = Tensor::from_slice(&values, &shape, device)?;
+            self.release(view.data());
             return match dtype {
                 Some(d) => t.to_dtype(d),
                 None => Ok(t),
@@ -128,8 +131,20 @@ impl SafetensorsFile {
                 format!("tensor {name:?} has unsupported dtype {:?}", view.dtype()),
             )
         })?;
-        // One copy from the map into one allocator block, converting on the way.
-        Tensor::from_bytes_as(view.data(), &shape, stored, dtype.unwrap_or(stored), device)
+        // One copy from the map into one allocator block, converting on the way; then
+        // the mapped pages go, so the file and its copy are never resident together.
+        let data = view.data();
+        let t = Tensor::from_bytes_as(data, &shape, stored, dtype.unwrap_or(stored), device)?;
+        self.release(data);
+        Ok(t)
+    }
+
+    /// Drops the mapped pages under `data` (a slice of this file's map).
+    fn release(&self, data: &[u8]) {
+        let start = (data.as_ptr() as usize).wrapping_sub(self.mmap.as_ptr() as usize);
+        if start <= self.mmap.len() {
+            release_mapped(&self.mmap, start..start + data.len());
+        }
     }
 
     /// Loads every tensor.
