@@ -9,7 +9,7 @@ use headroom_mem::{format_bytes, process_peak_rss_bytes};
 use headroom_model::import::{load_transformer, open_transformer, ImportOptions};
 use headroom_model::WanTransformer;
 use headroom_tensor::io::npy::{read_npy, write_npy};
-use headroom_tensor::{Device, Tensor};
+use headroom_tensor::{DType, Device, Tensor};
 
 /// Arguments of `headroom dit`.
 #[derive(Debug, Args)]

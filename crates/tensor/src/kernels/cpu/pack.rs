@@ -419,7 +419,9 @@ mod tests {
 
     #[test]
     fn bf16_rounding_is_nearest_even_like_half() {
-        for x in [0.0f32, -0.0, 1.0, 1.00390625, 1.01171875, -3.5e-20, 3.0e38, f32::INFINITY] {
+        // 0x3f808000 and 0x3f818000 sit exactly halfway between two bf16 values.
+        let ties = [f32::from_bits(0x3f80_8000), f32::from_bits(0x3f81_8000)];
+        for x in [0.0f32, -0.0, 1.0, ties[0], ties[1], -3.5e-20, 3.0e38, f32::INFINITY] {
             assert_eq!(bf16_bits(x), bf16::from_f32(x).to_bits(), "{x}");
         }
         assert_eq!(bf16_bits(f32::NAN), 0x7fc0);
