@@ -19,7 +19,11 @@ pub mod size;
 pub mod snapshot;
 pub mod stats;
 
-pub use allocator::{Allocation, AllocatorConfig, AllocatorPolicy, CachingAllocator, StreamId};
+pub use allocator::planner::{PlacementOrder, Plan, PlanEntry, PlanRequest, Slot};
+pub use allocator::{
+    Allocation, AllocatorConfig, AllocatorPolicy, CachingAllocator, PlanBook, PlannedOptions,
+    SpanStart, StreamId, MISS_LIMIT, POISON_BYTE,
+};
 #[cfg(feature = "cuda")]
 pub use device::{cuda_device_count, nvml_used_bytes, CudaMemory};
 pub use device::{DeviceMemory, HostMemory, ModelledMemory};

@@ -22,7 +22,7 @@ impl State {
     pub(crate) fn fit_before_growth(&mut self, size: u64) {
         let Some(slack) = self.fit_slack else { return };
         let growth = match self.config.policy {
-            AllocatorPolicy::Pytorch => segment_size_for(size),
+            AllocatorPolicy::Pytorch | AllocatorPolicy::Planned => segment_size_for(size),
             AllocatorPolicy::Expandable => size,
         };
         let allocated = self.stats.allocated_bytes.all();

@@ -25,6 +25,7 @@ impl State {
             allocated: false,
             mapped: true,
             expandable: false,
+            arena: false,
             segment: addr,
             prev: None,
             next: None,
