@@ -6,6 +6,7 @@
 pub mod engine;
 pub mod error;
 pub mod mesh;
+mod planned;
 pub mod preset;
 pub mod session;
 mod text;
