@@ -57,7 +57,7 @@ pub struct GenerateArgs {
     /// Reclaim policy: never, before-decode, bounded[:…], fit[:slack=F], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
-    /// Allocator: pytorch or expandable.
+    /// Allocator: pytorch, expandable or planned.
     #[arg(long, default_value = "pytorch")]
     allocator: String,
     /// KV page budget (B, KiB, MiB, GiB); `auto` sizes it for this one session.

@@ -24,7 +24,7 @@ pub struct ServeArgs {
     /// Reclaim policy: never, before-decode, bounded[:…], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
-    /// Allocator: pytorch or expandable.
+    /// Allocator: pytorch, expandable or planned.
     #[arg(long, default_value = "pytorch")]
     allocator: String,
     /// Sessions generating at once, at most.

@@ -31,7 +31,9 @@ pub use error::{MemError, Result};
 pub use history::{History, TraceAction, TraceEvent};
 pub use platform::{CachingPlatform, Platform, PlatformCall, PlatformKind, RecordingPlatform};
 pub use reclaim::{reclaim_at, Phase, Pressure, Reclaim, ReclaimPolicy};
-pub use replay::{parse_jsonl, parse_pytorch_snapshot, parse_trace, replay, ReplayReport, TraceOp};
+pub use replay::{
+    parse_jsonl, parse_pytorch_snapshot, parse_trace, replay, replay_planned, ReplayReport, TraceOp,
+};
 pub use rss::process_rss_bytes;
 pub use size::{format_bytes, parse_size, GIB, KIB, MIB};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
