@@ -22,8 +22,8 @@ impl State {
     pub(crate) fn fit_before_growth(&mut self, size: u64) {
         let Some(slack) = self.fit_slack else { return };
         let growth = match self.config.policy {
-            AllocatorPolicy::Pytorch | AllocatorPolicy::Planned => segment_size_for(size),
-            AllocatorPolicy::Expandable => size,
+            AllocatorPolicy::Pytorch => segment_size_for(size),
+            AllocatorPolicy::Expandable | AllocatorPolicy::Planned => size,
         };
         let allocated = self.stats.allocated_bytes.all();
         let peak = (allocated.peak as u64).max(allocated.current as u64 + size);

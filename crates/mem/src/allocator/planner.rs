@@ -113,6 +113,8 @@ pub struct Plan {
     pub live_peak_bytes: u64,
     /// Bytes of the requests left to the caching allocator (they outlive the span).
     pub fallback_bytes: u64,
+    /// The recorded requests the plan was made from (for re-planning and inspection).
+    pub requests: Vec<PlanRequest>,
 }
 
 impl Plan {
@@ -178,6 +180,7 @@ pub fn plan(requests: &[PlanRequest], only: Option<PlacementOrder>) -> Option<Pl
         order,
         live_peak_bytes: live_peak(requests),
         fallback_bytes,
+        requests: requests.to_vec(),
     };
     sweep(requests, &plan).ok()?;
     Some(plan)
@@ -300,6 +303,19 @@ fn place(requests: &[PlanRequest], items: &[usize], order: PlacementOrder, offse
             })
         }
     }
+    place_sorted(requests, &sorted, offsets)
+}
+
+/// Places requests in exactly the order `sorted` (best fit); returns the arena size.
+pub fn place_sorted(requests: &[PlanRequest], sorted: &[usize], offsets: &mut [u64]) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let span = |i: usize| {
+        let r = &requests[i];
+        (r.start, r.end.unwrap_or(r.start + 1))
+    };
+    let items = sorted;
     let horizon = items.iter().map(|&i| span(i).1).max().unwrap_or(1);
     let width = (horizon / 4096).max(32);
     let buckets = (horizon / width + 1) as usize;
