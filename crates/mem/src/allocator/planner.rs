@@ -70,6 +70,10 @@ pub enum PlacementOrder {
     Conflicts,
     /// In allocation order (what an online allocator would see, with best fit).
     Start,
+    /// Requests living longer than this many clock ticks first, in allocation order
+    /// (they stack like a bump allocator's), then the rest largest first. The planner
+    /// tries thresholds at quantiles of the span's lifetimes.
+    Tiered(u64),
 }
 
 impl PlacementOrder {
@@ -90,14 +94,49 @@ impl PlacementOrder {
             PlacementOrder::Lifetime => "lifetime",
             PlacementOrder::Conflicts => "conflicts",
             PlacementOrder::Start => "start",
+            PlacementOrder::Tiered(_) => "tiered",
         }
     }
 }
 
 impl fmt::Display for PlacementOrder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            PlacementOrder::Tiered(ticks) => write!(f, "tiered:{ticks}"),
+            other => f.write_str(other.name()),
+        }
     }
+}
+
+/// Tiered orders tried at most (a span of `n` requests tries fewer when `n` is large,
+/// so that planning stays within about a second).
+const MAX_TIERS: usize = 96;
+/// Requests × tiers budget of one plan.
+const TIER_BUDGET: usize = 2_000_000;
+
+/// The tiered orders worth trying for `requests`: thresholds at the distinct lifetimes
+/// of the requests placed in an arena, evenly sampled when there are many.
+fn tiered_orders(requests: &[PlanRequest]) -> Vec<PlacementOrder> {
+    let mut lifetimes: Vec<u64> = requests
+        .iter()
+        .filter_map(|r| r.end.map(|e| e - r.start))
+        .collect();
+    lifetimes.sort_unstable();
+    lifetimes.dedup();
+    if lifetimes.is_empty() {
+        return Vec::new();
+    }
+    let tiers = (TIER_BUDGET / requests.len().max(1)).clamp(8, MAX_TIERS);
+    let picked: Vec<u64> = if lifetimes.len() <= tiers {
+        lifetimes
+    } else {
+        let mut picked: Vec<u64> = (0..tiers)
+            .map(|k| lifetimes[k * (lifetimes.len() - 1) / (tiers - 1)])
+            .collect();
+        picked.dedup();
+        picked
+    };
+    picked.into_iter().map(PlacementOrder::Tiered).collect()
 }
 
 /// A checked placement of one span.
@@ -138,7 +177,10 @@ pub fn plan(requests: &[PlanRequest], only: Option<PlacementOrder>) -> Option<Pl
     streams.dedup();
     let orders: Vec<PlacementOrder> = match only {
         Some(order) => vec![order],
-        None => PlacementOrder::ALL.to_vec(),
+        None => PlacementOrder::ALL
+            .into_iter()
+            .chain(tiered_orders(requests))
+            .collect(),
     };
     let mut best: Option<(u64, PlacementOrder, Vec<u64>, Vec<(u32, u64)>)> = None;
     for &order in &orders {
@@ -292,6 +334,13 @@ fn place(requests: &[PlanRequest], items: &[usize], order: PlacementOrder, offse
             )
         }),
         PlacementOrder::Start => sorted.sort_by_key(|&i| requests[i].start),
+        PlacementOrder::Tiered(ticks) => sorted.sort_by_key(|&i| {
+            if life(i) > ticks {
+                (0, 0, requests[i].start)
+            } else {
+                (1, u64::MAX - requests[i].size, requests[i].start)
+            }
+        }),
         PlacementOrder::Conflicts => {
             let conflicts = conflict_bytes(requests, items);
             sorted.sort_by_key(|&i| {
@@ -307,7 +356,7 @@ fn place(requests: &[PlanRequest], items: &[usize], order: PlacementOrder, offse
 }
 
 /// Places requests in exactly the order `sorted` (best fit); returns the arena size.
-pub fn place_sorted(requests: &[PlanRequest], sorted: &[usize], offsets: &mut [u64]) -> u64 {
+fn place_sorted(requests: &[PlanRequest], sorted: &[usize], offsets: &mut [u64]) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
