@@ -433,10 +433,13 @@ impl Engine {
         if allocator.policy() != headroom_mem::AllocatorPolicy::Planned {
             return Ok(());
         }
-        let rank = self
-            .dit
-            .sharding()
-            .map(|s| (s.tp.size(), s.sp.size(), s.sp.rank() * s.tp.size() + s.tp.rank()));
+        let rank = self.dit.sharding().map(|s| {
+            (
+                s.tp.size(),
+                s.sp.size(),
+                s.sp.rank() * s.tp.size() + s.tp.rank(),
+            )
+        });
         let key = crate::planned::span_key(&self.config, rank, request);
         if let Some(meta) = &self.meta {
             if allocator.wants_plan(&key) {
@@ -447,8 +450,8 @@ impl Engine {
         if let Some(peak) = allocator.planned_peak(&key) {
             let (free, capacity) = self.platform().mem_info();
             let stats = self.platform().memory_stats();
-            let cached =
-                (stats.reserved_bytes.all().current - stats.allocated_bytes.all().current).max(0) as u64;
+            let cached = (stats.reserved_bytes.all().current - stats.allocated_bytes.all().current)
+                .max(0) as u64;
             if peak > free + cached {
                 return Err(EngineError::Admission(format!(
                     "the session's planned peak of {} does not fit: {} of the {} capacity is free                      ({} reserved by what is already live); lower the resolution or frames, or raise --capacity",

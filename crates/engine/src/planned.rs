@@ -18,7 +18,11 @@ use crate::session::SessionRequest;
 
 /// The key of a session's plan: everything that changes the sizes or the order of its
 /// allocations.
-pub(crate) fn span_key(config: &EngineConfig, rank: Option<(usize, usize, usize)>, r: &SessionRequest) -> String {
+pub(crate) fn span_key(
+    config: &EngineConfig,
+    rank: Option<(usize, usize, usize)>,
+    r: &SessionRequest,
+) -> String {
     let text = match (&r.text_embeds, &r.prompt) {
         (Some(t), _) => format!("embeds{:?}", t.shape()),
         (None, Some(p)) if !p.trim().is_empty() => "prompt".to_string(),
@@ -78,7 +82,10 @@ impl MetaTwin {
             *slot = Some(Box::new(twin));
         }
         let Some(twin) = slot.as_ref() else {
-            return Err(EngineError::request("allocator", "the meta twin was not created"));
+            return Err(EngineError::request(
+                "allocator",
+                "the meta twin was not created",
+            ));
         };
         let mut session = twin.open_session(request.clone())?;
         for _ in 0..session.chunks_total() {

@@ -44,7 +44,12 @@ fn allocated(engine: &Engine) -> i64 {
 }
 
 fn reserved(engine: &Engine) -> i64 {
-    engine.platform().memory_stats().reserved_bytes.all().current
+    engine
+        .platform()
+        .memory_stats()
+        .reserved_bytes
+        .all()
+        .current
 }
 
 #[test]
@@ -91,7 +96,10 @@ fn planned_sessions_give_the_caching_policies_bytes_at_the_live_peak() {
 fn a_mismatch_mid_chunk_falls_back_and_the_session_completes_with_the_same_bytes() {
     let reference = run(&engine(AllocatorPolicy::Pytorch, None), request(9));
     let planned = engine(AllocatorPolicy::Planned, None);
-    planned.platform().allocator().inject_plan_miss_after(Some(500));
+    planned
+        .platform()
+        .allocator()
+        .inject_plan_miss_after(Some(500));
     assert_eq!(run(&planned, request(9)), reference);
     let stats = planned.platform().memory_stats();
     assert_eq!(stats.planned_misses, 1);
@@ -126,11 +134,17 @@ fn a_session_whose_planned_peak_exceeds_free_memory_is_refused_before_its_first_
     run(&probe, request(1));
     let peak = probe.platform().memory_stats().reserved_bytes.all().peak as u64;
     let weights = allocated(&probe) as u64;
-    let tight = engine(AllocatorPolicy::Planned, Some(weights + (peak - weights) / 2));
+    let tight = engine(
+        AllocatorPolicy::Planned,
+        Some(weights + (peak - weights) / 2),
+    );
     let err = tight.open_session(request(1)).unwrap_err();
     assert!(matches!(err, EngineError::Admission(_)), "{err}");
     let message = err.to_string();
-    assert!(message.contains("planned peak") && message.contains("capacity"), "{message}");
+    assert!(
+        message.contains("planned peak") && message.contains("capacity"),
+        "{message}"
+    );
     assert_eq!(tight.platform().allocator().arena_bytes(), 0);
     // With 6 % over the peak it runs.
     let roomy = engine(AllocatorPolicy::Planned, Some(peak + peak / 16 + MIB));

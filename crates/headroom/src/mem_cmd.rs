@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use headroom_mem::{
-    format_bytes, parse_size, parse_trace, replay, replay_planned, AllocatorConfig, AllocatorPolicy,
-    CachingPlatform, MemoryStats, Platform, ReclaimPolicy,
+    format_bytes, parse_size, parse_trace, replay, replay_planned, AllocatorConfig,
+    AllocatorPolicy, CachingPlatform, MemoryStats, Platform, ReclaimPolicy,
 };
 
 /// Arguments of `headroom mem`.

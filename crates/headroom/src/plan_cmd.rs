@@ -87,7 +87,12 @@ pub fn run(args: PlanArgs) -> Result<()> {
         "f32" => DType::F32,
         // The real model shapes are deployed in bf16; everything `generate` runs here
         // (the small built-ins, pipeline folders) runs in f32.
-        "auto" if matches!(args.model.as_str(), "wan2.1-t2v-1.3b" | "lingbot-world-v2-14b") => {
+        "auto"
+            if matches!(
+                args.model.as_str(),
+                "wan2.1-t2v-1.3b" | "lingbot-world-v2-14b"
+            ) =>
+        {
             DType::BF16
         }
         "auto" => DType::F32,

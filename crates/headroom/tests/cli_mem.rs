@@ -22,7 +22,14 @@ const MIB: i64 = 1 << 20;
 fn the_devlog_example_reserves_256mib_under_pytorch_and_140mib_under_expandable() {
     let trace = repo_file("examples/traces/devlog.jsonl");
     let pytorch = replay_json(&["mem", "replay", &trace, "--allocator", "pytorch", "--json"]);
-    let expandable = replay_json(&["mem", "replay", &trace, "--allocator", "expandable", "--json"]);
+    let expandable = replay_json(&[
+        "mem",
+        "replay",
+        &trace,
+        "--allocator",
+        "expandable",
+        "--json",
+    ]);
     assert_eq!(pytorch["reserved_bytes.all.peak"], 256 * MIB);
     assert_eq!(expandable["reserved_bytes.all.peak"], 140 * MIB);
     // Planned: the trace is recorded, planned and replayed at the bound.
@@ -48,7 +55,14 @@ fn the_devlog_example_reserves_256mib_under_pytorch_and_140mib_under_expandable(
 #[test]
 fn a_pytorch_snapshot_pickle_replays_like_its_json_lines_twin() {
     let pickle = repo_file("crates/mem/tests/fixtures/torch_snapshot_small.pickle");
-    let report = replay_json(&["mem", "replay", &pickle, "--allocator", "expandable", "--json"]);
+    let report = replay_json(&[
+        "mem",
+        "replay",
+        &pickle,
+        "--allocator",
+        "expandable",
+        "--json",
+    ]);
     assert_eq!(report["reserved_bytes.all.peak"], 140 * MIB);
 }
 

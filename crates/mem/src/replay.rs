@@ -263,8 +263,14 @@ pub fn replay(platform: &dyn Platform, ops: &[TraceOp]) -> ReplayReport {
 /// Replays `ops` under the `planned` allocator as it is meant to run: a first pass on
 /// `recorder` records every span and plans it, then the plans are installed in
 /// `platform` and the trace is replayed there; the report is the second pass's.
-pub fn replay_planned(recorder: &dyn Platform, platform: &dyn Platform, ops: &[TraceOp]) -> ReplayReport {
+pub fn replay_planned(
+    recorder: &dyn Platform,
+    platform: &dyn Platform,
+    ops: &[TraceOp],
+) -> ReplayReport {
     replay(recorder, ops);
-    platform.allocator().install_plans(&recorder.allocator().plans());
+    platform
+        .allocator()
+        .install_plans(&recorder.allocator().plans());
     replay(platform, ops)
 }

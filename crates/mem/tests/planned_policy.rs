@@ -4,7 +4,7 @@
 
 use headroom_mem::{
     Allocation, AllocatorConfig, AllocatorPolicy, CachingAllocator, CachingPlatform, MemError,
-    PlacementOrder, Platform, PlannedOptions, ReclaimPolicy, SpanStart, MIB, POISON_BYTE,
+    PlacementOrder, PlannedOptions, Platform, ReclaimPolicy, SpanStart, MIB, POISON_BYTE,
 };
 
 fn platform(capacity: u64) -> CachingPlatform {
@@ -58,7 +58,10 @@ fn session(a: &CachingAllocator, chunks: usize, extra_at: Option<usize>) {
             // Free the older half: lifetimes overlap across steps.
             while live.len() > 5 {
                 let (block, t) = live.remove(0);
-                assert!(holds(&block, t), "chunk {chunk} step {step}: a block was overwritten");
+                assert!(
+                    holds(&block, t),
+                    "chunk {chunk} step {step}: a block was overwritten"
+                );
             }
         }
         let new_state = a.allocate(8 * MIB, 0).unwrap();
@@ -213,7 +216,10 @@ fn shifted_arenas_and_forced_orders_keep_every_block_intact() {
         a.begin_span("s").unwrap();
         session(a, 2, None);
         a.end_span();
-        assert_eq!(a.plans().get("s").unwrap().order, order.unwrap_or(a.plans().get("s").unwrap().order));
+        assert_eq!(
+            a.plans().get("s").unwrap().order,
+            order.unwrap_or(a.plans().get("s").unwrap().order)
+        );
         a.begin_span("s").unwrap();
         session(a, 2, None);
         a.end_span();
@@ -248,5 +254,8 @@ fn the_plan_counters_use_their_names() {
         AllocatorPolicy::Planned
     );
     let err = "plan".parse::<AllocatorPolicy>().unwrap_err().to_string();
-    assert!(err.contains("allocator") && err.contains("planned"), "{err}");
+    assert!(
+        err.contains("allocator") && err.contains("planned"),
+        "{err}"
+    );
 }

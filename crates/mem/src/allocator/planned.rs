@@ -560,7 +560,8 @@ impl State {
     /// and releases a retiring arena once it is empty.
     pub(crate) fn arena_free(&mut self, id: BlockId) {
         let b = self.blocks.get(id);
-        let (addr, size, requested, stream, base) = (b.addr, b.size, b.requested, b.stream, b.segment);
+        let (addr, size, requested, stream, base) =
+            (b.addr, b.size, b.requested, b.stream, b.segment);
         self.history.record(TraceAction::Free, addr, size, stream);
         if self.planned.options.poison {
             if let Some(ptr) = self.device.host_ptr(addr) {

@@ -169,6 +169,14 @@ impl Plan {
     }
 }
 
+/// One order's placement: arena bytes in all, offsets per request, arenas per stream.
+struct Placement {
+    total: u64,
+    order: PlacementOrder,
+    offsets: Vec<u64>,
+    arenas: Vec<(u32, u64)>,
+}
+
 /// Plans `requests` with every order and keeps the smallest arena (or with `only`).
 /// `None` only if the best placement fails its sweep, which would be a bug.
 pub fn plan(requests: &[PlanRequest], only: Option<PlacementOrder>) -> Option<Plan> {
@@ -182,7 +190,7 @@ pub fn plan(requests: &[PlanRequest], only: Option<PlacementOrder>) -> Option<Pl
             .chain(tiered_orders(requests))
             .collect(),
     };
-    let mut best: Option<(u64, PlacementOrder, Vec<u64>, Vec<(u32, u64)>)> = None;
+    let mut best: Option<Placement> = None;
     for &order in &orders {
         let mut offsets = vec![0u64; requests.len()];
         let mut arenas = Vec::new();
@@ -194,11 +202,21 @@ pub fn plan(requests: &[PlanRequest], only: Option<PlacementOrder>) -> Option<Pl
             arenas.push((stream, size));
         }
         let total: u64 = arenas.iter().map(|a| a.1).sum();
-        if best.as_ref().is_none_or(|b| total < b.0) {
-            best = Some((total, order, offsets, arenas));
+        if best.as_ref().is_none_or(|b| total < b.total) {
+            best = Some(Placement {
+                total,
+                order,
+                offsets,
+                arenas,
+            });
         }
     }
-    let (_, order, offsets, arenas) = best?;
+    let Placement {
+        order,
+        offsets,
+        arenas,
+        ..
+    } = best?;
     let entries: Vec<PlanEntry> = requests
         .iter()
         .zip(&offsets)
@@ -303,7 +321,12 @@ pub fn sweep(requests: &[PlanRequest], plan: &Plan) -> Result<(), String> {
 
 /// Places `items` (arena requests of one stream) in `order`; writes their offsets and
 /// returns the arena size.
-fn place(requests: &[PlanRequest], items: &[usize], order: PlacementOrder, offsets: &mut [u64]) -> u64 {
+fn place(
+    requests: &[PlanRequest],
+    items: &[usize],
+    order: PlacementOrder,
+    offsets: &mut [u64],
+) -> u64 {
     if items.is_empty() {
         return 0;
     }
@@ -413,7 +436,10 @@ fn place_sorted(requests: &[PlanRequest], sorted: &[usize], offsets: &mut [u64])
 }
 
 /// For each item, the highest sum of live bytes (of `items`) during its lifetime.
-fn conflict_bytes(requests: &[PlanRequest], items: &[usize]) -> std::collections::HashMap<usize, u64> {
+fn conflict_bytes(
+    requests: &[PlanRequest],
+    items: &[usize],
+) -> std::collections::HashMap<usize, u64> {
     // Live bytes after each event, on a compressed clock; a sparse table answers range
     // maxima.
     let mut events: Vec<(u64, i64)> = Vec::with_capacity(items.len() * 2);
@@ -455,7 +481,10 @@ fn conflict_bytes(requests: &[PlanRequest], items: &[usize]) -> std::collections
             let r = &requests[i];
             let end = r.end.unwrap_or(r.start + 1);
             let lo = times.partition_point(|&t| t < r.start);
-            let hi = times.partition_point(|&t| t < end).saturating_sub(1).max(lo);
+            let hi = times
+                .partition_point(|&t| t < end)
+                .saturating_sub(1)
+                .max(lo);
             (i, range_max(lo, hi))
         })
         .collect()
