@@ -233,7 +233,7 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
 fn meta_plans(config: &PlanConfig, engine_config: &EngineConfig) -> Result<Vec<PlanBook>> {
     let platform = |_rank: usize| -> headroom_engine::Result<Arc<dyn Platform>> {
         Ok(Arc::new(CachingPlatform::sim(
-            config.capacity.max(1 << 50),
+            config.capacity,
             AllocatorConfig::with_policy(AllocatorPolicy::Planned),
             ReclaimPolicy::Never,
         )?))

@@ -443,7 +443,8 @@ impl Engine {
         let key = crate::planned::span_key(&self.config, rank, request);
         if let Some(meta) = &self.meta {
             if allocator.wants_plan(&key) {
-                let book = meta.plans_for(&self.config, request)?;
+                let (_, total) = self.platform().mem_info();
+                let book = meta.plans_for(&self.config, total, request)?;
                 allocator.install_plans(&book);
             }
         }

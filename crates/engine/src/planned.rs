@@ -53,9 +53,6 @@ pub(crate) fn span_key(
     )
 }
 
-/// Capacity of the twin's modelled device.
-const TWIN_CAPACITY: u64 = 1 << 50;
-
 /// The sim twin that meta-executes sessions for plans; created on first use.
 #[derive(Debug, Default)]
 pub(crate) struct MetaTwin {
@@ -67,14 +64,16 @@ impl MetaTwin {
     pub(crate) fn plans_for(
         &self,
         config: &EngineConfig,
+        capacity: u64,
         request: &SessionRequest,
     ) -> Result<headroom_mem::PlanBook> {
         let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
-            // The twin never runs out of memory: it measures the plan; admission then
-            // compares the plan with the real device.
+            // The twin models the real device: the KV pool (sized from free memory with
+            // `kv_fraction`) comes out the same, and a session that cannot fit runs out
+            // of memory here, before the real one starts.
             let platform = CachingPlatform::sim(
-                TWIN_CAPACITY,
+                capacity,
                 AllocatorConfig::with_policy(AllocatorPolicy::Planned),
                 ReclaimPolicy::Never,
             )?;
@@ -87,9 +86,26 @@ impl MetaTwin {
                 "the meta twin was not created",
             ));
         };
-        let mut session = twin.open_session(request.clone())?;
+        let refused = |e: EngineError| match e {
+            EngineError::Model(_) | EngineError::Tensor(_) | EngineError::Mem(_)
+                if e.to_string().contains("out of memory") =>
+            {
+                let stats = twin.platform().memory_stats();
+                EngineError::Admission(format!(
+                    "the session's planned peak does not fit the {} capacity: its meta execution \
+                     ran out of memory with {} reserved ({} allocated); lower the resolution or \
+                     frames, or raise --capacity",
+                    headroom_mem::format_bytes(capacity),
+                    headroom_mem::format_bytes(stats.reserved_bytes.all().peak.max(0) as u64),
+                    headroom_mem::format_bytes(stats.allocated_bytes.all().peak.max(0) as u64),
+                ))
+            }
+            other => other,
+        };
+        twin.platform().reset_peak_stats();
+        let mut session = twin.open_session(request.clone()).map_err(refused)?;
         for _ in 0..session.chunks_total() {
-            session.next_chunk()?;
+            session.next_chunk().map_err(refused)?;
         }
         drop(session);
         Ok(twin.platform().allocator().plans())
