@@ -443,8 +443,10 @@ impl Engine {
         let key = crate::planned::span_key(&self.config, rank, request);
         if let Some(meta) = &self.meta {
             if allocator.wants_plan(&key) {
-                let (_, total) = self.platform().mem_info();
-                let book = meta.plans_for(&self.config, total, request)?;
+                let pool_bytes = self
+                    .kv_pool()
+                    .map(|p| p.total_pages() as u64 * p.layout().bytes());
+                let book = meta.plans_for(&self.config, pool_bytes, request)?;
                 allocator.install_plans(&book);
             }
         }

@@ -34,7 +34,7 @@ pub(crate) fn span_key(
         format!("keys{}", r.actions.len())
     };
     format!(
-        "{} {:?} {}x{} f{} steps{} shift{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} threads{} rank{:?} kv{:?}/{}/{}",
+        "{} {:?} {}x{} f{} steps{} shift{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} threads{} rank{:?} kv{}/{}",
         config.model,
         config.weight_dtype,
         r.width,
@@ -47,11 +47,13 @@ pub(crate) fn span_key(
         r.reuse_last_step_kv,
         headroom_tensor::parallel::num_threads(),
         rank,
-        config.kv_budget_bytes,
         config.sink_frames,
         config.window_frames,
     )
 }
+
+/// Capacity of the twin's modelled device: it only counts, so it may be huge.
+const TWIN_CAPACITY: u64 = 1 << 50;
 
 /// The sim twin that meta-executes sessions for plans; created on first use.
 #[derive(Debug, Default)]
@@ -64,20 +66,26 @@ impl MetaTwin {
     pub(crate) fn plans_for(
         &self,
         config: &EngineConfig,
-        capacity: u64,
+        kv_pool_bytes: Option<u64>,
         request: &SessionRequest,
     ) -> Result<headroom_mem::PlanBook> {
         let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
-            // The twin models the real device: the KV pool (sized from free memory with
-            // `kv_fraction`) comes out the same, and a session that cannot fit runs out
-            // of memory here, before the real one starts.
+            // The twin records without a plan, so it must not run out of memory where
+            // the planned session would not: its device is as large as needed, and its
+            // KV pool is the real pool's size (not a fraction of that device).
             let platform = CachingPlatform::sim(
-                capacity,
+                TWIN_CAPACITY,
                 AllocatorConfig::with_policy(AllocatorPolicy::Planned),
                 ReclaimPolicy::Never,
             )?;
-            let twin = Engine::twin(config.clone(), Arc::new(platform))?;
+            let twin_config = EngineConfig {
+                kv_fraction: None,
+                kv_budget_bytes: kv_pool_bytes.or(config.kv_budget_bytes),
+                capacity: Some(TWIN_CAPACITY),
+                ..config.clone()
+            };
+            let twin = Engine::twin(twin_config, Arc::new(platform))?;
             *slot = Some(Box::new(twin));
         }
         let Some(twin) = slot.as_ref() else {
@@ -95,7 +103,7 @@ impl MetaTwin {
                     "the session's planned peak does not fit the {} capacity: its meta execution \
                      ran out of memory with {} reserved ({} allocated); lower the resolution or \
                      frames, or raise --capacity",
-                    headroom_mem::format_bytes(capacity),
+                    headroom_mem::format_bytes(TWIN_CAPACITY),
                     headroom_mem::format_bytes(stats.reserved_bytes.all().peak.max(0) as u64),
                     headroom_mem::format_bytes(stats.allocated_bytes.all().peak.max(0) as u64),
                 ))
