@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use headroom_engine::{EngineConfig, Mesh, SessionRequest};
 use headroom_mem::{
-    AllocatorConfig, CachingPlatform, MemoryStats, Platform, ReclaimPolicy, TraceAction, TraceEvent,
+    AllocatorConfig, AllocatorPolicy, CachingPlatform, MemoryStats, PlanBook, Platform,
+    ReclaimPolicy, TraceAction, TraceEvent,
 };
 use headroom_model::StreamingDecoder;
 use headroom_tensor::DType;
@@ -164,6 +165,20 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
         Ok(Arc::new(p))
     };
     let label = policy.to_string();
+    // Sharded ranks cannot meta-execute alone (their collectives need each other), so the
+    // planned allocator's plans come from a meta execution of the whole mesh first.
+    let books = if config.allocator.policy == AllocatorPolicy::Planned && config.mesh.ranks() > 1 {
+        Some(meta_plans(config, &engine_config)?)
+    } else {
+        None
+    };
+    let platform = |rank: usize| -> headroom_engine::Result<Arc<dyn Platform>> {
+        let p = platform(rank)?;
+        if let Some(book) = books.as_ref().and_then(|b| b.get(rank)) {
+            p.allocator().install_plans(book);
+        }
+        Ok(p)
+    };
     config
         .mesh
         .run(&engine_config, platform, |rank, engine| {
@@ -212,6 +227,34 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
                 final_bytes,
                 snapshot_pickle: (config.history > 0).then(|| allocator.snapshot().to_pickle()),
             })
+        })
+        .map_err(engine_err)
+}
+
+/// Runs the session once as meta execution on every rank under the planned allocator
+/// (recording) and returns each rank's plans.
+fn meta_plans(config: &PlanConfig, engine_config: &EngineConfig) -> Result<Vec<PlanBook>> {
+    let platform = |_rank: usize| -> headroom_engine::Result<Arc<dyn Platform>> {
+        Ok(Arc::new(CachingPlatform::sim(
+            config.capacity,
+            AllocatorConfig::with_policy(AllocatorPolicy::Planned),
+            ReclaimPolicy::Never,
+        )?))
+    };
+    config
+        .mesh
+        .run(engine_config, platform, |_rank, engine| {
+            let request = SessionRequest::new(config.width, config.height, config.frames);
+            let mut session = engine.open_session(request)?;
+            let chunks = config
+                .chunks
+                .unwrap_or(usize::MAX)
+                .min(session.chunks_total());
+            for _ in 0..chunks {
+                session.next_chunk()?;
+            }
+            drop(session);
+            Ok(engine.platform().allocator().plans())
         })
         .map_err(engine_err)
 }

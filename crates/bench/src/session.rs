@@ -27,8 +27,8 @@ pub struct SessionBenchConfig {
     pub model: String,
     /// Policies compared.
     pub policies: Vec<ReclaimPolicy>,
-    /// Allocator policy of every run.
-    pub allocator: AllocatorPolicy,
+    /// Allocator policies compared (each with every reclaim policy).
+    pub allocators: Vec<AllocatorPolicy>,
     /// PyTorch's `max_split_size` for every run (`None`: unlimited).
     pub max_split_size: Option<u64>,
     /// Sequential sessions per run.
@@ -131,6 +131,7 @@ struct Run {
     reserved_peak: u64,
     sampled_peak: u64,
     reserved_after_session: Vec<u64>,
+    allocated_after_session: Vec<u64>,
     session_s: Vec<f64>,
     ttfc_s: Vec<f64>,
     chunk_s: Vec<f64>,
@@ -141,10 +142,12 @@ struct Run {
     recording: Recording,
 }
 
-/// One policy's medians across repetitions.
+/// One (allocator, policy) pair's medians across repetitions.
 #[derive(Debug, Clone, Serialize)]
 pub struct PolicyRow {
-    /// Policy.
+    /// Allocator policy.
+    pub allocator: String,
+    /// Reclaim policy.
     pub policy: String,
     /// Allocator's exact allocated peak (median over reps).
     pub allocated_peak_bytes: f64,
@@ -154,6 +157,8 @@ pub struct PolicyRow {
     pub sampled_peak_bytes: f64,
     /// Reserved bytes after each session closed.
     pub reserved_after_session_bytes: Vec<f64>,
+    /// Allocated (live) bytes after each session closed: the bound for the row above.
+    pub allocated_after_session_bytes: Vec<f64>,
     /// Median session time.
     pub e2e_s: f64,
     /// Median time to first chunk.
@@ -181,7 +186,7 @@ pub struct PolicyRow {
 pub struct SessionBenchSummary {
     /// Model.
     pub model: String,
-    /// Allocator policy.
+    /// Allocator policies, comma-separated.
     pub allocator: String,
     /// Sessions per run.
     pub sessions: usize,
@@ -203,12 +208,16 @@ fn io_err(path: &std::path::Path, e: impl std::fmt::Display) -> BenchError {
 }
 
 /// Runs one engine through `sessions` sessions, sampling memory in the background.
-fn run_once(config: &SessionBenchConfig, policy: ReclaimPolicy, rep: usize) -> Result<Run> {
+fn run_once(
+    config: &SessionBenchConfig,
+    (allocator, policy): (AllocatorPolicy, ReclaimPolicy),
+    rep: usize,
+) -> Result<Run> {
     let engine = Engine::new(EngineConfig {
         model: config.model.clone(),
         allocator: AllocatorConfig {
             max_split_size: config.max_split_size,
-            ..AllocatorConfig::with_policy(config.allocator)
+            ..AllocatorConfig::with_policy(allocator)
         },
         reclaim: policy,
         capacity: config.capacity,
@@ -232,6 +241,7 @@ fn run_once(config: &SessionBenchConfig, policy: ReclaimPolicy, rep: usize) -> R
         reserved_peak: 0,
         sampled_peak: 0,
         reserved_after_session: Vec::new(),
+        allocated_after_session: Vec::new(),
         session_s: Vec::new(),
         ttfc_s: Vec::new(),
         chunk_s: Vec::new(),
@@ -316,8 +326,11 @@ fn run_once(config: &SessionBenchConfig, policy: ReclaimPolicy, rep: usize) -> R
                 };
                 drop(session);
                 run.session_s.push(session_start.elapsed().as_secs_f64());
+                let after = platform.memory_stats();
                 run.reserved_after_session
-                    .push(platform.memory_stats().reserved_bytes.all().current.max(0) as u64);
+                    .push(after.reserved_bytes.all().current.max(0) as u64);
+                run.allocated_after_session
+                    .push(after.allocated_bytes.all().current.max(0) as u64);
                 run.sha256.push(
                     hasher
                         .finalize()
@@ -348,7 +361,7 @@ fn run_once(config: &SessionBenchConfig, policy: ReclaimPolicy, rep: usize) -> R
     Ok(run)
 }
 
-fn row(label: &str, runs: &[Run]) -> PolicyRow {
+fn row((allocator, label): (&str, &str), runs: &[Run]) -> PolicyRow {
     let med = |f: &dyn Fn(&Run) -> f64| {
         crate::stats::median(&runs.iter().map(f).collect::<Vec<_>>()).unwrap_or(0.0)
     };
@@ -362,12 +375,16 @@ fn row(label: &str, runs: &[Run]) -> PolicyRow {
     let reserved = med(&|r| r.reserved_peak as f64);
     let reclaim_s = med(&|r| r.reclaim_s);
     PolicyRow {
+        allocator: allocator.to_string(),
         policy: label.to_string(),
         allocated_peak_bytes: allocated,
         reserved_peak_bytes: reserved,
         sampled_peak_bytes: med(&|r| r.sampled_peak as f64),
         reserved_after_session_bytes: (0..sessions)
             .map(|i| med(&|r| r.reserved_after_session[i] as f64))
+            .collect(),
+        allocated_after_session_bytes: (0..sessions)
+            .map(|i| med(&|r| r.allocated_after_session[i] as f64))
             .collect(),
         e2e_s: crate::stats::median(
             &runs
@@ -415,35 +432,68 @@ fn row(label: &str, runs: &[Run]) -> PolicyRow {
 /// Runs the benchmark and writes `samples.csv`, `summary.json`, `summary.md` and
 /// `memory.png` to `out`.
 pub fn run_session_bench(config: &SessionBenchConfig) -> Result<SessionBenchSummary> {
-    if config.policies.is_empty() || config.sessions == 0 || config.reps == 0 {
+    if config.policies.is_empty()
+        || config.allocators.is_empty()
+        || config.sessions == 0
+        || config.reps == 0
+    {
         return Err(BenchError::InvalidConfig {
-            field: "policies / sessions / reps",
-            rule: "need at least one policy, one session and one rep".to_string(),
+            field: "allocators / policies / sessions / reps",
+            rule: "need at least one allocator, one policy, one session and one rep".to_string(),
         });
     }
     std::fs::create_dir_all(&config.out).map_err(|e| io_err(&config.out, e))?;
-    let labels: Vec<String> = config.policies.iter().map(ToString::to_string).collect();
+    let pairs: Vec<(AllocatorPolicy, ReclaimPolicy)> = config
+        .allocators
+        .iter()
+        .flat_map(|&a| config.policies.iter().map(move |&p| (a, p)))
+        .collect();
+    let names: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(a, p)| (a.to_string(), p.to_string()))
+        .collect();
+    // One label per pair for the samples and the plot: the policy alone when there is
+    // one allocator, as before.
+    let labels: Vec<String> = names
+        .iter()
+        .map(|(a, p)| {
+            if config.allocators.len() > 1 {
+                format!("{a} {p}")
+            } else {
+                p.clone()
+            }
+        })
+        .collect();
     for _ in 0..config.warmup {
-        for policy in &config.policies {
-            run_once(config, *policy, 0)?;
+        for &pair in &pairs {
+            run_once(config, pair, 0)?;
         }
     }
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); config.policies.len()];
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); pairs.len()];
     for rep in 1..=config.reps {
-        for (policy, policy_runs) in config.policies.iter().zip(runs.iter_mut()) {
-            policy_runs.push(run_once(config, *policy, rep)?);
+        for (&pair, pair_runs) in pairs.iter().zip(runs.iter_mut()) {
+            pair_runs.push(run_once(config, pair, rep)?);
         }
     }
     let reference = &runs[0][0].sha256;
     let hashes_match = runs.iter().flatten().all(|r| &r.sha256 == reference);
     let summary = SessionBenchSummary {
         model: config.model.clone(),
-        allocator: config.allocator.to_string(),
+        allocator: config
+            .allocators
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         sessions: config.sessions,
         warmup: config.warmup,
         reps: config.reps,
         hashes_match,
-        policies: labels.iter().zip(&runs).map(|(l, r)| row(l, r)).collect(),
+        policies: names
+            .iter()
+            .zip(&runs)
+            .map(|((a, p), r)| row((a, p), r))
+            .collect(),
     };
     let write = |name: &str, text: String| {
         let path = config.out.join(name);
@@ -482,8 +532,8 @@ pub fn markdown(s: &SessionBenchSummary) -> String {
         "# bench session: {} ({} allocator), {} sessions × {} reps after {} warm-up\n\n",
         s.model, s.allocator, s.sessions, s.reps, s.warmup
     );
-    out.push_str("| policy | allocated peak MiB | reserved peak MiB | sampled peak MiB | reserved after session 1 / N MiB | session s | TTFC s | chunk p50 / p95 s | reclaims | reclaim share | reserved over allocated |\n");
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| allocator | policy | allocated peak MiB | reserved peak MiB | sampled peak MiB | reserved after session 1 / N MiB | allocated after session N MiB | session s | TTFC s | chunk p50 / p95 s | reclaims | reclaim share | reserved over allocated |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for p in &s.policies {
         let first = p
             .reserved_after_session_bytes
@@ -495,15 +545,22 @@ pub fn markdown(s: &SessionBenchSummary) -> String {
             .last()
             .copied()
             .unwrap_or(0.0);
+        let live = p
+            .allocated_after_session_bytes
+            .last()
+            .copied()
+            .unwrap_or(0.0);
         let _ = writeln!(
             out,
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {:.2} | {:.2} | {:.2} / {:.2} | {:.0} | {:.3} % | {:+.1} % |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {:.1} | {:.2} | {:.2} | {:.2} / {:.2} | {:.0} | {:.3} % | {:+.1} % |",
+            p.allocator,
             p.policy,
             mib(p.allocated_peak_bytes),
             mib(p.reserved_peak_bytes),
             mib(p.sampled_peak_bytes),
             mib(first),
             mib(last),
+            mib(live),
             p.e2e_s,
             p.ttfc_s,
             p.chunk_p50_s,
@@ -523,7 +580,8 @@ pub fn markdown(s: &SessionBenchSummary) -> String {
         let meets = p.reserved_over_allocated <= 0.05 && p.reclaim_share < 0.01;
         let _ = writeln!(
             out,
-            "- {}: reserved {:+.1} % over allocated, reclaim {:.3} % of chunk time → {}",
+            "- {} {}: reserved {:+.1} % over allocated, reclaim {:.3} % of chunk time → {}",
+            p.allocator,
             p.policy,
             100.0 * p.reserved_over_allocated,
             100.0 * p.reclaim_share,
@@ -584,6 +642,7 @@ mod tests {
             reserved_peak: reserved,
             sampled_peak: reserved,
             reserved_after_session: vec![reserved / 2, reserved / 2],
+            allocated_after_session: vec![alloc / 2, alloc / 2],
             session_s: vec![2.0, 2.0],
             ttfc_s: vec![1.0, 1.0],
             chunk_s: vec![1.0, 1.0, 1.0, 1.0],
@@ -593,7 +652,7 @@ mod tests {
             recording: Recording::default(),
         };
         let r = row(
-            "fit",
+            ("pytorch", "fit"),
             &[
                 run(100, 104, 0.01),
                 run(100, 110, 0.02),
@@ -604,6 +663,9 @@ mod tests {
         assert!((r.reserved_over_allocated - 0.04).abs() < 1e-12);
         assert!((r.reclaim_share - 0.02 / 4.0).abs() < 1e-12);
         assert_eq!(r.reserved_after_session_bytes, vec![52.0, 52.0]);
+        assert_eq!(r.allocated_after_session_bytes, vec![50.0, 50.0]);
+        let row_json = serde_json::to_value(&r).unwrap();
+        assert_eq!(row_json["allocator"], "pytorch");
         let summary = SessionBenchSummary {
             model: "tiny".into(),
             allocator: "pytorch".into(),
@@ -614,7 +676,7 @@ mod tests {
             policies: vec![r],
         };
         let md = markdown(&summary);
-        assert!(md.contains("- fit: reserved +4.0 % over allocated, reclaim 0.500 % of chunk time → meets the goal"), "{md}");
+        assert!(md.contains("- pytorch fit: reserved +4.0 % over allocated, reclaim 0.500 % of chunk time → meets the goal"), "{md}");
         let json: serde_json::Value = serde_json::to_value(&summary).unwrap();
         for key in [
             "model",

@@ -39,6 +39,9 @@ fn planned_peaks_equal_measured_peaks() {
         ("tiny", Mesh { tp: 2, sp: 1 }, AllocatorPolicy::Pytorch),
         ("tiny", Mesh { tp: 1, sp: 2 }, AllocatorPolicy::Pytorch),
         ("tiny", Mesh { tp: 2, sp: 2 }, AllocatorPolicy::Pytorch),
+        ("tiny", Mesh::SINGLE, AllocatorPolicy::Planned),
+        ("small", Mesh::SINGLE, AllocatorPolicy::Planned),
+        ("tiny", Mesh { tp: 2, sp: 1 }, AllocatorPolicy::Planned),
     ] {
         let planned = run_plan(&config(model, mesh, allocator, PlanPlatform::Sim)).unwrap();
         let measured = run_plan(&config(model, mesh, allocator, PlanPlatform::Cpu)).unwrap();

@@ -88,6 +88,9 @@ pub struct Engine {
     pool: Mutex<Option<Arc<KvPool>>>,
     next_id: AtomicU64,
     prompts: Arc<Prompts>,
+    /// The sim twin that meta-executes sessions for the planned allocator (none on a
+    /// twin itself and on sharded ranks, which record instead).
+    meta: Option<crate::planned::MetaTwin>,
 }
 
 impl Engine {
@@ -107,6 +110,22 @@ impl Engine {
     /// and of the KV cache, and decodes every chunk itself (replicated decode). Every
     /// rank of the mesh must run the same sessions with the same requests.
     pub fn on_rank(
+        config: EngineConfig,
+        platform: Arc<dyn Platform>,
+        shard: Option<Sharding>,
+    ) -> Result<Self> {
+        let meta = shard.is_none().then(crate::planned::MetaTwin::default);
+        let mut engine = Self::build(config, platform, shard)?;
+        engine.meta = meta;
+        Ok(engine)
+    }
+
+    /// The sim twin of an engine: same config, no twin of its own.
+    pub(crate) fn twin(config: EngineConfig, platform: Arc<dyn Platform>) -> Result<Self> {
+        Self::build(config, platform, None)
+    }
+
+    fn build(
         config: EngineConfig,
         platform: Arc<dyn Platform>,
         shard: Option<Sharding>,
@@ -189,6 +208,7 @@ impl Engine {
             vae: Arc::new(vae),
             pool: Mutex::new(None),
             next_id: AtomicU64::new(1),
+            meta: None,
         })
     }
 
@@ -392,6 +412,26 @@ impl Engine {
             Some(prompt) => self.prompts.encode(prompt)?,
             None => request.text_embeds.clone(),
         };
+        // The planned span starts after the prompt is encoded: whether it came from the
+        // cache changes the allocations, not the session's.
+        self.begin_planned_span(&request)?;
+        let opened = self.open_planned(request, kv, embeds, blocks, latent_frames);
+        if opened.is_err() {
+            self.platform().allocator().end_span();
+        }
+        opened
+    }
+
+    /// The rest of `open_session`, inside the planned span.
+    fn open_planned(
+        &self,
+        request: SessionRequest,
+        kv: SessionKv,
+        embeds: Option<Tensor>,
+        blocks: usize,
+        latent_frames: usize,
+    ) -> Result<Session> {
+        let c = self.dit.config();
         let text = self
             .dit
             .text_key_values(self.padded_text(embeds.as_ref())?.as_ref())?;
@@ -413,6 +453,52 @@ impl Engine {
             blocks,
         )?;
         Ok(session.with_prompts(Arc::clone(&self.prompts)))
+    }
+
+    /// Under the planned allocator: makes the session's plan (meta execution on the sim
+    /// twin) if there is none, refuses the session when the plan's peak exceeds the
+    /// free memory, and starts its span.
+    fn begin_planned_span(&self, request: &SessionRequest) -> Result<()> {
+        let allocator = self.platform().allocator();
+        if allocator.policy() != headroom_mem::AllocatorPolicy::Planned {
+            return Ok(());
+        }
+        let rank = self.dit.sharding().map(|s| {
+            (
+                s.tp.size(),
+                s.sp.size(),
+                s.sp.rank() * s.tp.size() + s.tp.rank(),
+            )
+        });
+        let key = crate::planned::span_key(&self.config, rank, request);
+        if let Some(meta) = &self.meta {
+            if allocator.wants_plan(&key) {
+                let pool_bytes = self
+                    .kv_pool()
+                    .map(|p| p.total_pages() as u64 * p.layout().bytes());
+                let book = meta.plans_for(&self.config, pool_bytes, request)?;
+                allocator.install_plans(&book);
+            }
+        }
+        if let Some(peak) = allocator.planned_peak(&key) {
+            let (free, capacity) = self.platform().mem_info();
+            let stats = self.platform().memory_stats();
+            let cached = (stats.reserved_bytes.all().current - stats.allocated_bytes.all().current)
+                .max(0) as u64;
+            if peak > free + cached {
+                return Err(EngineError::Admission(format!(
+                    "the session's planned peak of {} does not fit: {} of the {} capacity is free                      ({} reserved by what is already live); lower the resolution or frames, or raise --capacity",
+                    headroom_mem::format_bytes(peak),
+                    headroom_mem::format_bytes(free + cached),
+                    headroom_mem::format_bytes(capacity),
+                    headroom_mem::format_bytes(stats.allocated_bytes.all().current.max(0) as u64),
+                )));
+            }
+        }
+        allocator
+            .begin_span(&key)
+            .map_err(|e| EngineError::Admission(e.to_string()))?;
+        Ok(())
     }
 
     /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed.

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod error;
 pub mod loop_io;
 pub mod mesh;
+mod planned;
 pub mod preset;
 pub mod session;
 mod text;

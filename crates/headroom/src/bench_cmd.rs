@@ -101,9 +101,9 @@ struct SessionArgs {
         default_value = "never,before-decode,bounded,fit,always"
     )]
     policies: Vec<String>,
-    /// Allocator: pytorch or expandable.
-    #[arg(long, default_value = "pytorch")]
-    allocator: String,
+    /// Allocators to compare, comma-separated: pytorch, expandable, planned.
+    #[arg(long, value_delimiter = ',', default_value = "pytorch")]
+    allocator: Vec<String>,
     /// PyTorch's max_split_size (B, KiB, MiB, GiB; > 20 MiB): blocks this large are never
     /// split. Unlimited by default, as in PyTorch.
     #[arg(long)]
@@ -172,7 +172,7 @@ struct AllocArgs {
     /// Interleaved rounds; the median counts.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
-    /// headroom's allocator policy: pytorch or expandable.
+    /// headroom's allocator: pytorch, expandable or planned.
     #[arg(long, default_value = "pytorch")]
     policy: String,
     /// Print JSON instead of a table.
@@ -236,7 +236,11 @@ fn session(args: SessionArgs) -> Result<()> {
     let config = SessionBenchConfig {
         model: args.shape.model.clone(),
         policies,
-        allocator: args.allocator.parse()?,
+        allocators: args
+            .allocator
+            .iter()
+            .map(|a| a.parse::<headroom_mem::AllocatorPolicy>())
+            .collect::<std::result::Result<Vec<_>, _>>()?,
         max_split_size: args
             .max_split_size
             .as_deref()

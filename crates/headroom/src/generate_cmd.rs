@@ -72,8 +72,9 @@ pub struct GenerateArgs {
     /// Reclaim policy: never, before-decode, bounded[:…], fit[:slack=F], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
-    /// Allocator: pytorch or expandable.
-    #[arg(long, default_value = "pytorch")]
+    /// Allocator: planned (default: sessions replay a plan at the live peak), pytorch or
+    /// expandable.
+    #[arg(long, default_value = "planned")]
     allocator: String,
     /// KV page budget (B, KiB, MiB, GiB); `auto` sizes it for this one session.
     #[arg(long, default_value = "auto")]

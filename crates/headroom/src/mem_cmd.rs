@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use headroom_mem::{
-    format_bytes, parse_size, parse_trace, replay, AllocatorConfig, AllocatorPolicy,
-    CachingPlatform, MemoryStats, Platform, ReclaimPolicy,
+    format_bytes, parse_size, parse_trace, replay, replay_planned, AllocatorConfig,
+    AllocatorPolicy, CachingPlatform, MemoryStats, Platform, ReclaimPolicy,
 };
 
 /// Arguments of `headroom mem`.
@@ -27,9 +27,10 @@ struct ReplayArgs {
     /// Trace file: JSON lines ({"op":"alloc","id":7,"size":1048576}) or a PyTorch
     /// snapshot pickle (torch.cuda.memory._dump_snapshot).
     trace: PathBuf,
-    /// Allocator policy: pytorch or expandable.
-    #[arg(long, default_value = "pytorch", value_parser = parse_policy)]
-    policy: AllocatorPolicy,
+    /// Allocator: pytorch, expandable or planned (each stretch between session_end lines
+    /// recorded once, planned, then replayed at its planned offsets).
+    #[arg(long, default_value = "pytorch", value_parser = parse_allocator)]
+    allocator: AllocatorPolicy,
     /// Device capacity (B, KiB, MiB, GiB).
     #[arg(long, default_value = "64GiB", value_parser = parse_bytes)]
     capacity: u64,
@@ -38,7 +39,7 @@ struct ReplayArgs {
     max_split_size: Option<u64>,
     /// Reclaim policy at phase lines: never, before-decode, bounded[:max_cached=F,min_free=F], fit[:slack=F], always.
     #[arg(long, default_value = "never", value_parser = parse_reclaim)]
-    reclaim: ReclaimPolicy,
+    policy: ReclaimPolicy,
     /// Write the final snapshot: a PyTorch pickle for pytorch.org/memory_viz, or JSON if
     /// the name ends in .json.
     #[arg(long)]
@@ -52,7 +53,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
 
-fn parse_policy(s: &str) -> Result<AllocatorPolicy, String> {
+fn parse_allocator(s: &str) -> Result<AllocatorPolicy, String> {
     s.parse().map_err(|e: headroom_mem::MemError| e.to_string())
 }
 
@@ -75,7 +76,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<()> {
         .with_context(|| format!("cannot read trace {}", args.trace.display()))?;
     let ops = parse_trace(&bytes).with_context(|| format!("in {}", args.trace.display()))?;
     let config = AllocatorConfig {
-        policy: args.policy,
+        policy: args.allocator,
         max_split_size: args.max_split_size,
         history: if args.snapshot.is_some() {
             SNAPSHOT_HISTORY
@@ -83,8 +84,27 @@ fn replay_cmd(args: ReplayArgs) -> Result<()> {
             0
         },
     };
-    let platform = CachingPlatform::sim(args.capacity, config, args.reclaim)?;
-    let report = replay(&platform, &ops);
+    let platform = CachingPlatform::sim(args.capacity, config.clone(), args.policy)?;
+    let report = if args.allocator == AllocatorPolicy::Planned {
+        let recorder = CachingPlatform::sim(
+            args.capacity,
+            AllocatorConfig {
+                history: 0,
+                ..config
+            },
+            args.policy,
+        )?;
+        replay_planned(&recorder, &platform, &ops)
+    } else {
+        replay(&platform, &ops)
+    };
+    let allocated_peak = report.stats.allocated_bytes.all().peak.max(0) as u64;
+    let reserved_peak = report.stats.reserved_bytes.all().peak.max(0) as u64;
+    let over_bound = if allocated_peak > 0 {
+        reserved_peak as f64 / allocated_peak as f64
+    } else {
+        1.0
+    };
     if let Some(path) = &args.snapshot {
         let snapshot = platform.allocator().snapshot();
         let out = if path.extension().is_some_and(|e| e == "json") {
@@ -104,20 +124,34 @@ fn replay_cmd(args: ReplayArgs) -> Result<()> {
         object.insert("ops".into(), report.ops.into());
         object.insert("failed_allocs".into(), report.failed_allocs.into());
         object.insert("ignored_frees".into(), report.ignored_frees.into());
-        object.insert("policy".into(), args.policy.name().into());
-        object.insert("reclaim".into(), args.reclaim.to_string().into());
+        object.insert("allocator".into(), args.allocator.name().into());
+        object.insert("policy".into(), args.policy.to_string().into());
+        object.insert("reserved_over_allocated_peak".into(), over_bound.into());
         object.insert("capacity".into(), args.capacity.into());
         println!("{}", serde_json::Value::Object(object));
     } else {
         println!(
-            "replayed {} ops from {} on a {} device · allocator {} · reclaim {}",
+            "replayed {} ops from {} on a {} device · allocator {} · policy {}",
             report.ops,
             args.trace.display(),
             format_bytes(args.capacity),
-            args.policy,
-            args.reclaim
+            args.allocator,
+            args.policy
         );
         print_table(&report.stats);
+        println!(
+            "reserved peak {} = {over_bound:.3} × the allocated peak {} (the bound)",
+            format_bytes(reserved_peak),
+            format_bytes(allocated_peak)
+        );
+        if args.allocator == AllocatorPolicy::Planned {
+            println!(
+                "planned: {} hits, {} misses, {} served by the caching path",
+                report.stats.planned_hits,
+                report.stats.planned_misses,
+                format_bytes(report.stats.fallback_bytes)
+            );
+        }
         println!(
             "alloc retries {} · OOMs {} (failed allocs {}, ignored frees {}) · device allocs {} · device frees {}",
             report.stats.num_alloc_retries,

@@ -45,7 +45,7 @@ pub struct PlanArgs {
     /// memory as the driver reports it replaces --capacity; needs --features cuda).
     #[arg(long, default_value = "cpu")]
     device: crate::device_arg::DeviceArg,
-    /// Allocator: pytorch or expandable.
+    /// Allocator: pytorch, expandable or planned.
     #[arg(long, default_value = "pytorch")]
     allocator: String,
     /// Reclaim policies to plan, comma-separated.
@@ -58,8 +58,10 @@ pub struct PlanArgs {
     /// Chunks to run (default: the whole session).
     #[arg(long)]
     chunks: Option<usize>,
-    /// Weight dtype: bf16 or f32 (activations are f32).
-    #[arg(long, default_value = "bf16")]
+    /// Weight dtype: bf16, f32, or auto (what the model runs in: f32 for the tiny and
+    /// small built-ins and pipeline folders, as `generate` runs them; bf16 for the real
+    /// model shapes, as they are deployed).
+    #[arg(long, default_value = "auto")]
     dtype: String,
     /// Run on the host (`cpu`) instead of meta execution: measures what the plan
     /// predicts (small models only).
@@ -86,7 +88,18 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let weight_dtype = match args.dtype.as_str() {
         "bf16" => DType::BF16,
         "f32" => DType::F32,
-        other => anyhow::bail!("--dtype must be bf16 or f32, got {other:?}"),
+        // The real model shapes are deployed in bf16; everything `generate` runs here
+        // (the small built-ins, pipeline folders) runs in f32.
+        "auto"
+            if matches!(
+                args.model.as_str(),
+                "wan2.1-t2v-1.3b" | "lingbot-world-v2-14b"
+            ) =>
+        {
+            DType::BF16
+        }
+        "auto" => DType::F32,
+        other => anyhow::bail!("--dtype must be auto, bf16 or f32, got {other:?}"),
     };
     if args.measure {
         args.device.require_engine_support()?;

@@ -31,8 +31,9 @@ pub struct ServeArgs {
     /// Reclaim policy: never, before-decode, bounded[:…], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
-    /// Allocator: pytorch or expandable.
-    #[arg(long, default_value = "pytorch")]
+    /// Allocator: planned (default: sessions replay a plan at the live peak), pytorch or
+    /// expandable.
+    #[arg(long, default_value = "planned")]
     allocator: String,
     /// Sessions generating at once, at most.
     #[arg(long, default_value_t = 1)]

@@ -55,6 +55,7 @@ fn generate_is_byte_identical_across_reclaim_policies_and_allocators() {
         ("never", "pytorch"),
         ("before-decode", "pytorch"),
         ("always", "expandable"),
+        ("never", "planned"),
     ] {
         let out = dir.path().join(format!("{policy}.mp4"));
         let res = generate_tiny("9", &out, &["--policy", policy, "--allocator", allocator]);
@@ -63,6 +64,7 @@ fn generate_is_byte_identical_across_reclaim_policies_and_allocators() {
     }
     assert_eq!(outputs[0], outputs[1]);
     assert_eq!(outputs[0], outputs[2]);
+    assert_eq!(outputs[0], outputs[3]);
 }
 
 #[test]
@@ -203,7 +205,9 @@ fn bench_session_writes_samples_and_a_summary_with_matching_hashes() {
         "--sample-ms",
         "5",
         "--policies",
-        "never,before-decode,fit",
+        "never,fit",
+        "--allocator",
+        "pytorch,planned",
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -216,8 +220,15 @@ fn bench_session_writes_samples_and_a_summary_with_matching_hashes() {
         (Some(2), Some(2))
     );
     let policies = summary["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 3);
+    assert_eq!(policies.len(), 4);
+    let allocators: Vec<&str> = policies
+        .iter()
+        .map(|p| p["allocator"].as_str().unwrap())
+        .collect();
+    assert_eq!(allocators, ["pytorch", "pytorch", "planned", "planned"]);
     for p in policies {
+        let live = p["allocated_after_session_bytes"].as_array().unwrap();
+        assert_eq!(live.len(), 2);
         for key in [
             "policy",
             "allocated_peak_bytes",
@@ -266,4 +277,44 @@ fn a_capacity_emulates_a_small_device_and_running_out_is_a_clean_error() {
     assert!(!out.exists());
     let res = generate_tiny("9", &out, &["--capacity", "256MiB", "--json"]);
     common::assert_ok(&res);
+}
+
+#[test]
+fn the_planned_allocator_runs_at_its_peak_and_refuses_what_its_plan_says_will_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("v.y4m");
+    let planned = ["--allocator", "planned", "--policy", "never", "--json"];
+    let res = generate_tiny("21", &out, &planned);
+    common::assert_ok(&res);
+    let report: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    let allocated = report["allocated_peak_bytes"].as_f64().unwrap();
+    let reserved = report["reserved_peak_bytes"].as_f64().unwrap();
+    assert!(
+        reserved <= allocated * 1.05,
+        "{reserved} reserved for {allocated}"
+    );
+    // 1.06 × the allocated peak is enough.
+    let roomy = format!("{}B", (allocated * 1.06) as u64);
+    let res = generate_tiny(
+        "21",
+        &out,
+        &[&planned[..], &["--capacity", &roomy]].concat(),
+    );
+    common::assert_ok(&res);
+    // Below the planned peak the session is refused before its first chunk.
+    std::fs::remove_file(&out).unwrap();
+    let tight = format!("{}B", (allocated * 0.8) as u64);
+    let res = generate_tiny(
+        "21",
+        &out,
+        &[&planned[..], &["--capacity", &tight]].concat(),
+    );
+    assert_eq!(res.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(
+        stderr.contains("planned peak") && stderr.contains("capacity"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("chunk 1/"), "{stderr}");
+    assert!(!out.exists());
 }

@@ -21,11 +21,23 @@ const MIB: i64 = 1 << 20;
 #[test]
 fn the_devlog_example_reserves_256mib_under_pytorch_and_140mib_under_expandable() {
     let trace = repo_file("examples/traces/devlog.jsonl");
-    let pytorch = replay_json(&["mem", "replay", &trace, "--policy", "pytorch", "--json"]);
-    let expandable = replay_json(&["mem", "replay", &trace, "--policy", "expandable", "--json"]);
+    let pytorch = replay_json(&["mem", "replay", &trace, "--allocator", "pytorch", "--json"]);
+    let expandable = replay_json(&[
+        "mem",
+        "replay",
+        &trace,
+        "--allocator",
+        "expandable",
+        "--json",
+    ]);
     assert_eq!(pytorch["reserved_bytes.all.peak"], 256 * MIB);
     assert_eq!(expandable["reserved_bytes.all.peak"], 140 * MIB);
-    for report in [&pytorch, &expandable] {
+    // Planned: the trace is recorded, planned and replayed at the bound.
+    let planned = replay_json(&["mem", "replay", &trace, "--allocator", "planned", "--json"]);
+    assert_eq!(planned["reserved_bytes.all.peak"], 128 * MIB);
+    assert_eq!(planned["reserved_over_allocated_peak"], 1.0);
+    assert_eq!(planned["planned_misses"], 0);
+    for report in [&pytorch, &expandable, &planned] {
         assert_eq!(report["allocated_bytes.all.peak"], 128 * MIB);
         assert_eq!(report["allocated_bytes.all.current"], 128 * MIB);
         for key in [
@@ -43,7 +55,14 @@ fn the_devlog_example_reserves_256mib_under_pytorch_and_140mib_under_expandable(
 #[test]
 fn a_pytorch_snapshot_pickle_replays_like_its_json_lines_twin() {
     let pickle = repo_file("crates/mem/tests/fixtures/torch_snapshot_small.pickle");
-    let report = replay_json(&["mem", "replay", &pickle, "--policy", "expandable", "--json"]);
+    let report = replay_json(&[
+        "mem",
+        "replay",
+        &pickle,
+        "--allocator",
+        "expandable",
+        "--json",
+    ]);
     assert_eq!(report["reserved_bytes.all.peak"], 140 * MIB);
 }
 
@@ -72,7 +91,7 @@ fn the_human_table_and_the_snapshot_file_are_written() {
         &trace,
         "--max-split-size",
         "128MiB",
-        "--reclaim",
+        "--policy",
         "before-decode",
         "--snapshot",
         snapshot.to_str().unwrap(),
@@ -108,11 +127,11 @@ fn bad_input_is_an_error_that_names_the_field_and_the_rule() {
             "unknown unit",
         ),
         (
-            &["mem", "replay", &trace, "--policy", "slab"],
-            "pytorch or expandable",
+            &["mem", "replay", &trace, "--allocator", "slab"],
+            "pytorch, expandable or planned",
         ),
         (
-            &["mem", "replay", &trace, "--reclaim", "sometimes"],
+            &["mem", "replay", &trace, "--policy", "sometimes"],
             "reclaim policy",
         ),
         (

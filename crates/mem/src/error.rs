@@ -86,7 +86,7 @@ fn oom_hint(reserved: u64, allocated: u64, capacity: u64) -> &'static str {
     let cached = reserved.saturating_sub(allocated);
     if capacity > 0 && cached.saturating_mul(10) >= capacity {
         "Reserved but unallocated memory is large: reclaim it at phase boundaries \
-         (--reclaim before-decode or bounded) or use --policy expandable to avoid fragmentation."
+         (--policy before-decode, bounded or fit) or use --allocator planned (or expandable) to avoid fragmentation."
     } else {
         "Live allocations fill the device: lower the resolution, frames or batch, \
          or run on a device with more memory."

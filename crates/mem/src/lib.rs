@@ -21,7 +21,11 @@ pub mod snapshot;
 pub mod stats;
 pub mod zip;
 
-pub use allocator::{Allocation, AllocatorConfig, AllocatorPolicy, CachingAllocator, StreamId};
+pub use allocator::planner::{PlacementOrder, Plan, PlanEntry, PlanRequest, Slot};
+pub use allocator::{
+    Allocation, AllocatorConfig, AllocatorPolicy, CachingAllocator, PlanBook, PlannedOptions,
+    SpanStart, StreamId, MISS_LIMIT, POISON_BYTE,
+};
 #[cfg(feature = "cuda")]
 pub use device::{cuda_device_count, nvml_used_bytes, CudaMemory};
 pub use device::{DeviceMemory, HostMemory, ModelledMemory};
@@ -29,7 +33,9 @@ pub use error::{MemError, Result};
 pub use history::{History, TraceAction, TraceEvent};
 pub use platform::{CachingPlatform, Platform, PlatformCall, PlatformKind, RecordingPlatform};
 pub use reclaim::{reclaim_at, Phase, Pressure, Reclaim, ReclaimPolicy};
-pub use replay::{parse_jsonl, parse_pytorch_snapshot, parse_trace, replay, ReplayReport, TraceOp};
+pub use replay::{
+    parse_jsonl, parse_pytorch_snapshot, parse_trace, replay, replay_planned, ReplayReport, TraceOp,
+};
 pub use rss::{process_peak_rss_bytes, process_rss_bytes};
 pub use size::{format_bytes, parse_size, GIB, KIB, MIB};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};

@@ -202,8 +202,19 @@ pub struct ReplayReport {
 /// Runs `ops` on `platform`. Allocations that fail are counted and the replay goes on;
 /// a later free of such an allocation is ignored. Allocations still live at the end are
 /// released after the statistics are taken.
+///
+/// Under the `planned` allocator each stretch between `session_end` / `error` lines is a
+/// span (`replay:0`, `replay:1`, …): recorded when the allocator has no plan for it,
+/// replayed when it has (see [`replay_planned`]).
 pub fn replay(platform: &dyn Platform, ops: &[TraceOp]) -> ReplayReport {
     let allocator = platform.allocator();
+    let mut spans = 0usize;
+    let mut begin_span = || {
+        // A span whose arenas do not fit is served by the caching path instead.
+        let _ = allocator.begin_span(&format!("replay:{spans}"));
+        spans += 1;
+    };
+    begin_span();
     // Ordered, so that what is still live at the end is released in a fixed order.
     let mut live: BTreeMap<u64, Allocation> = BTreeMap::new();
     let mut failed = HashSet::new();
@@ -236,9 +247,30 @@ pub fn replay(platform: &dyn Platform, ops: &[TraceOp]) -> ReplayReport {
                 if platform.phase(phase).is_some() {
                     report.reclaims += 1;
                 }
+                if matches!(phase, Phase::SessionEnd | Phase::Error) {
+                    begin_span();
+                }
             }
         }
     }
     report.stats = platform.memory_stats();
+    // What is live at the end is freed inside the span, so a recording plans it too.
+    drop(live);
+    allocator.end_span();
     report
+}
+
+/// Replays `ops` under the `planned` allocator as it is meant to run: a first pass on
+/// `recorder` records every span and plans it, then the plans are installed in
+/// `platform` and the trace is replayed there; the report is the second pass's.
+pub fn replay_planned(
+    recorder: &dyn Platform,
+    platform: &dyn Platform,
+    ops: &[TraceOp],
+) -> ReplayReport {
+    replay(recorder, ops);
+    platform
+        .allocator()
+        .install_plans(&recorder.allocator().plans());
+    replay(platform, ops)
 }

@@ -148,6 +148,13 @@ pub struct MemoryStats {
     pub reclaim_ns: u64,
     /// Total reserved bytes those reclaims gave back.
     pub reclaimed_bytes: u64,
+    /// Requests the planned policy served as its plan says.
+    pub planned_hits: u64,
+    /// Requests of a replayed plan that did not match it (served by the caching path).
+    pub planned_misses: u64,
+    /// Bytes the caching path served while a plan was replayed (misses and the tensors
+    /// the plan leaves there because they outlive its span).
+    pub fallback_bytes: u64,
 }
 
 impl MemoryStats {
@@ -201,6 +208,9 @@ impl MemoryStats {
             ("num_reclaims", self.num_reclaims),
             ("reclaim_ns", self.reclaim_ns),
             ("reclaimed_bytes", self.reclaimed_bytes),
+            ("planned_hits", self.planned_hits),
+            ("planned_misses", self.planned_misses),
+            ("fallback_bytes", self.fallback_bytes),
         ];
         for (name, value) in counters {
             map.insert(name.to_string(), value as i64);

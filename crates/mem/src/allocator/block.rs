@@ -82,6 +82,8 @@ pub(crate) struct Block {
     /// False only for unmapped address space of an expandable segment.
     pub mapped: bool,
     pub expandable: bool,
+    /// Whether the block lies in a planned arena (placed by the plan, never pooled).
+    pub arena: bool,
     /// Base address of the segment this block belongs to.
     pub segment: u64,
     pub prev: Option<BlockId>,

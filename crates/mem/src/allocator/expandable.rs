@@ -69,6 +69,7 @@ impl State {
             allocated: false,
             mapped: false,
             expandable: true,
+            arena: false,
             segment: base,
             prev: None,
             next: None,

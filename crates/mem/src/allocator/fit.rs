@@ -23,7 +23,7 @@ impl State {
         let Some(slack) = self.fit_slack else { return };
         let growth = match self.config.policy {
             AllocatorPolicy::Pytorch => segment_size_for(size),
-            AllocatorPolicy::Expandable => size,
+            AllocatorPolicy::Expandable | AllocatorPolicy::Planned => size,
         };
         let allocated = self.stats.allocated_bytes.all();
         let peak = (allocated.peak as u64).max(allocated.current as u64 + size);

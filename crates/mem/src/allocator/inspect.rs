@@ -100,6 +100,11 @@ impl State {
                 let pool = &self.pools[b.pool as usize];
                 if b.allocated {
                     allocated += b.size;
+                } else if b.arena {
+                    // Free arena space belongs to the plan, never to a pool.
+                    if pool.free.contains(&(b.stream, b.size, b.addr, id)) {
+                        return Err(format!("free arena block {id} is in a pool"));
+                    }
                 } else if b.mapped {
                     free_seen += 1;
                     if !pool.free.contains(&(b.stream, b.size, b.addr, id)) {

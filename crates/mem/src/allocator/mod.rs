@@ -14,6 +14,8 @@ mod block;
 mod expandable;
 mod fit;
 mod inspect;
+mod planned;
+pub mod planner;
 mod segments;
 mod state;
 
@@ -29,6 +31,7 @@ use crate::history::TraceEvent;
 use crate::snapshot::Snapshot;
 use crate::stats::MemoryStats;
 use block::BlockId;
+pub use planned::{PlanBook, PlannedOptions, SpanStart, MISS_LIMIT, POISON_BYTE};
 use state::State;
 
 /// How the allocator obtains and returns device memory.
@@ -40,6 +43,8 @@ pub enum AllocatorPolicy {
     Pytorch,
     /// PyTorch's expandable segments: one growing segment per (pool, stream).
     Expandable,
+    /// Recorded spans replayed at planned offsets in one arena; the rest as `pytorch`.
+    Planned,
 }
 
 impl AllocatorPolicy {
@@ -48,6 +53,7 @@ impl AllocatorPolicy {
         match self {
             AllocatorPolicy::Pytorch => "pytorch",
             AllocatorPolicy::Expandable => "expandable",
+            AllocatorPolicy::Planned => "planned",
         }
     }
 }
@@ -64,9 +70,10 @@ impl FromStr for AllocatorPolicy {
         match s {
             "pytorch" => Ok(AllocatorPolicy::Pytorch),
             "expandable" => Ok(AllocatorPolicy::Expandable),
+            "planned" => Ok(AllocatorPolicy::Planned),
             other => Err(MemError::InvalidConfig {
-                field: "allocator policy",
-                rule: format!("must be pytorch or expandable, got {other:?}"),
+                field: "allocator",
+                rule: format!("must be pytorch, expandable or planned, got {other:?}"),
             }),
         }
     }
@@ -186,7 +193,11 @@ impl CachingAllocator {
         {
             return Err(state.injected_oom(size, stream));
         }
-        let id = state.malloc(size, stream)?;
+        let id = if state.config.policy == AllocatorPolicy::Planned {
+            state.planned_malloc(size, stream)?
+        } else {
+            state.malloc(size, stream)?
+        };
         let b = state.blocks.get(id);
         // Resolved once here, so reading the bytes costs no lookup.
         let host = if self.shared.holds_bytes {
@@ -282,6 +293,9 @@ impl CachingAllocator {
     /// Marks a named phase in the history (a `phase` trace event).
     pub fn record_phase(&self, name: &str) {
         let mut state = self.shared.lock();
+        if state.config.policy == AllocatorPolicy::Planned {
+            state.planned_phase(name);
+        }
         state.phase_mark = (state.phase_mark.0 + 1, Some(name.to_string()));
         state.history.push(
             crate::history::TraceAction::Phase,
@@ -326,6 +340,76 @@ impl CachingAllocator {
     /// consistent, statistics matching the blocks); for tests and debugging.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.shared.lock().check_invariants()
+    }
+
+    /// Starts a planned span named `key` (a session's shape): replays its plan, reserving
+    /// the arenas now, or records it when there is none. A span ends at `session_end`,
+    /// `error` or [`CachingAllocator::end_span`]. Out of memory when the arenas do not
+    /// fit. Under other policies it does nothing and returns `Record`.
+    pub fn begin_span(&self, key: &str) -> Result<SpanStart> {
+        let mut state = self.shared.lock();
+        if state.config.policy != AllocatorPolicy::Planned {
+            return Ok(SpanStart::Record);
+        }
+        state.begin_span(key)
+    }
+
+    /// Ends the current span (a recording becomes a plan) and empties the cache.
+    pub fn end_span(&self) {
+        let mut state = self.shared.lock();
+        if state.planned.span_key().is_some() {
+            state.end_span();
+            state.release_cached_blocks();
+        }
+    }
+
+    /// The key of the span in progress, if any.
+    pub fn span_key(&self) -> Option<String> {
+        self.shared.lock().planned.span_key().map(str::to_string)
+    }
+
+    /// A copy of the plans made so far.
+    pub fn plans(&self) -> PlanBook {
+        self.shared.lock().planned.book().clone()
+    }
+
+    /// Adds plans made elsewhere (meta execution, another rank's recording).
+    pub fn install_plans(&self, book: &PlanBook) {
+        self.shared.lock().planned.install(book);
+    }
+
+    /// Whether a plan for `key` should be made elsewhere before its span: the planned
+    /// policy is on, no plan is stored, and no re-recording of the real run is due.
+    pub fn wants_plan(&self, key: &str) -> bool {
+        let state = self.shared.lock();
+        state.config.policy == AllocatorPolicy::Planned && state.planned.wants_plan(key)
+    }
+
+    /// Bytes the plan of `key` needs beyond what is live before its span (arenas plus
+    /// long-lived tensors), if there is a plan.
+    pub fn planned_peak(&self, key: &str) -> Option<u64> {
+        self.shared
+            .lock()
+            .planned
+            .book()
+            .get(key)
+            .map(planner::Plan::peak_bytes)
+    }
+
+    /// Bytes of planned arenas currently reserved.
+    pub fn arena_bytes(&self) -> u64 {
+        self.shared.lock().arena_bytes()
+    }
+
+    /// Sets the planned policy's debugging options (poison, arena shift, one order).
+    pub fn set_planned_options(&self, options: PlannedOptions) {
+        self.shared.lock().planned.options = options;
+    }
+
+    /// Makes the replayed request after the next `count` ones miss its plan, once
+    /// (`None` cancels): how tests reach the fallback path mid-span.
+    pub fn inject_plan_miss_after(&self, count: Option<u64>) {
+        self.shared.lock().planned.miss_after = count;
     }
 
     /// Segments, blocks and the recorded trace at this moment.

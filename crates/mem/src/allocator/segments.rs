@@ -14,7 +14,15 @@ impl State {
         stream: u32,
         size: u64,
     ) -> Option<BlockId> {
-        let segment_size = segment_size_for(size);
+        // The planned policy's caching path holds what no plan places: the weights and
+        // pools made before any session, tensors that outlive their session, and misses.
+        // Most of it is never freed, so a segment rounded up for reuse would stay partly
+        // empty for good: it gets exactly what it asked for.
+        let segment_size = if self.config.policy == super::AllocatorPolicy::Planned {
+            size
+        } else {
+            segment_size_for(size)
+        };
         let addr = self.device.alloc_segment(segment_size)?;
         let id = self.blocks.insert(Block {
             addr,
@@ -25,6 +33,7 @@ impl State {
             allocated: false,
             mapped: true,
             expandable: false,
+            arena: false,
             segment: addr,
             prev: None,
             next: None,

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::block::{round_size, Block, BlockId, Pool, PoolKind, Slab, MIN_BLOCK_SIZE, SMALL_SIZE};
+use super::planned::Planned;
 use super::{AllocatorConfig, AllocatorPolicy};
 use crate::device::DeviceMemory;
 use crate::error::{MemError, Result};
@@ -38,6 +39,8 @@ pub(crate) struct State {
     pub fit_slack: Option<f64>,
     /// Phase boundaries crossed so far, and the last one's name.
     pub phase_mark: (u64, Option<String>),
+    /// The planned policy's plans, span and arenas.
+    pub planned: Planned,
 }
 
 impl State {
@@ -56,6 +59,7 @@ impl State {
             stats,
             fit_slack: None,
             phase_mark: (0, None),
+            planned: Planned::default(),
         }
     }
 
@@ -281,6 +285,10 @@ impl State {
 
     /// Returns block `id` to its pool, merging it with free neighbours of its segment.
     pub(crate) fn free(&mut self, id: BlockId) {
+        if self.blocks.get(id).arena {
+            return self.arena_free(id);
+        }
+        self.planned_note_free(id);
         let b = self.blocks.get(id);
         let (addr, size, requested, stream, small, expandable) = (
             b.addr,
@@ -323,7 +331,7 @@ impl State {
 
     /// Counts a block of `size` bytes (`requested` asked for) becoming live or free in
     /// the allocation, active and requested statistics.
-    fn count_allocation(&mut self, small: bool, size: u64, requested: u64, live: bool) {
+    pub(crate) fn count_allocation(&mut self, small: bool, size: u64, requested: u64, live: bool) {
         let oversize = size >= self.max_split_size();
         let stats = &mut self.stats;
         let change = |array: &mut crate::stats::StatArray, amount: u64| {
@@ -391,7 +399,10 @@ impl State {
             self.stats.num_alloc_retries += 1;
         }
         match self.config.policy {
-            AllocatorPolicy::Pytorch => self.alloc_segment(pool, stream, size),
+            // The planned policy's caching path follows PyTorch's rules.
+            AllocatorPolicy::Pytorch | AllocatorPolicy::Planned => {
+                self.alloc_segment(pool, stream, size)
+            }
             AllocatorPolicy::Expandable => self.try_allocate_expandable_block(pool, stream, size),
         }
     }

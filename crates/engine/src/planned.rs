@@ -1,0 +1,121 @@
+//! The engine's side of the `planned` allocator: a session is one planned span, keyed by
+//! what shapes its allocations; the plan of a shape never seen comes from meta execution
+//! of the same session on a `sim` twin of the engine, so even the first session replays
+//! a plan, and admission compares the plan's peak with the free memory before the first
+//! chunk.
+//!
+//! Sharded ranks cannot meta-execute alone (their collectives need the other ranks), so
+//! they record their first session instead; `headroom plan` meta-executes the whole mesh
+//! and installs the plans (see `bench::plan`).
+
+use std::sync::{Arc, Mutex};
+
+use headroom_mem::{AllocatorConfig, AllocatorPolicy, CachingPlatform, ReclaimPolicy};
+
+use crate::engine::{Engine, EngineConfig};
+use crate::error::{EngineError, Result};
+use crate::session::SessionRequest;
+
+/// The key of a session's plan: everything that changes the sizes or the order of its
+/// allocations.
+pub(crate) fn span_key(
+    config: &EngineConfig,
+    rank: Option<(usize, usize, usize)>,
+    r: &SessionRequest,
+) -> String {
+    let text = match (&r.text_embeds, &r.prompt) {
+        (Some(t), _) => format!("embeds{:?}", t.shape()),
+        (None, Some(p)) if !p.trim().is_empty() => "prompt".to_string(),
+        _ => "none".to_string(),
+    };
+    let camera = if r.trajectory.is_some() {
+        "trajectory".to_string()
+    } else {
+        format!("keys{}", r.actions.len())
+    };
+    format!(
+        "{} {:?} {}x{} f{} steps{} shift{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} threads{} rank{:?} kv{}/{}",
+        config.model,
+        config.weight_dtype,
+        r.width,
+        r.height,
+        r.num_frames,
+        r.steps,
+        r.flow_shift,
+        r.image.is_some(),
+        r.overlap,
+        r.reuse_last_step_kv,
+        headroom_tensor::parallel::num_threads(),
+        rank,
+        config.sink_frames,
+        config.window_frames,
+    )
+}
+
+/// Capacity of the twin's modelled device: it only counts, so it may be huge.
+const TWIN_CAPACITY: u64 = 1 << 50;
+
+/// The sim twin that meta-executes sessions for plans; created on first use.
+#[derive(Debug, Default)]
+pub(crate) struct MetaTwin {
+    engine: Mutex<Option<Box<Engine>>>,
+}
+
+impl MetaTwin {
+    /// Runs `request` as meta execution on the twin and returns the plans it recorded.
+    pub(crate) fn plans_for(
+        &self,
+        config: &EngineConfig,
+        kv_pool_bytes: Option<u64>,
+        request: &SessionRequest,
+    ) -> Result<headroom_mem::PlanBook> {
+        let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            // The twin records without a plan, so it must not run out of memory where
+            // the planned session would not: its device is as large as needed, and its
+            // KV pool is the real pool's size (not a fraction of that device).
+            let platform = CachingPlatform::sim(
+                TWIN_CAPACITY,
+                AllocatorConfig::with_policy(AllocatorPolicy::Planned),
+                ReclaimPolicy::Never,
+            )?;
+            let twin_config = EngineConfig {
+                kv_fraction: None,
+                kv_budget_bytes: kv_pool_bytes.or(config.kv_budget_bytes),
+                capacity: Some(TWIN_CAPACITY),
+                ..config.clone()
+            };
+            let twin = Engine::twin(twin_config, Arc::new(platform))?;
+            *slot = Some(Box::new(twin));
+        }
+        let Some(twin) = slot.as_ref() else {
+            return Err(EngineError::request(
+                "allocator",
+                "the meta twin was not created",
+            ));
+        };
+        let refused = |e: EngineError| match e {
+            EngineError::Model(_) | EngineError::Tensor(_) | EngineError::Mem(_)
+                if e.to_string().contains("out of memory") =>
+            {
+                let stats = twin.platform().memory_stats();
+                EngineError::Admission(format!(
+                    "the session's planned peak does not fit the {} capacity: its meta execution \
+                     ran out of memory with {} reserved ({} allocated); lower the resolution or \
+                     frames, or raise --capacity",
+                    headroom_mem::format_bytes(TWIN_CAPACITY),
+                    headroom_mem::format_bytes(stats.reserved_bytes.all().peak.max(0) as u64),
+                    headroom_mem::format_bytes(stats.allocated_bytes.all().peak.max(0) as u64),
+                ))
+            }
+            other => other,
+        };
+        twin.platform().reset_peak_stats();
+        let mut session = twin.open_session(request.clone()).map_err(refused)?;
+        for _ in 0..session.chunks_total() {
+            session.next_chunk().map_err(refused)?;
+        }
+        drop(session);
+        Ok(twin.platform().allocator().plans())
+    }
+}

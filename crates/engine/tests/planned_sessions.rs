@@ -1,0 +1,152 @@
+//! Sessions under the `planned` allocator on the tiny model: the same bytes as the
+//! caching policies, reserved memory at the live peak from the first session on (the
+//! plan comes from meta execution), fallback on a mismatch, release on failure, and
+//! admission by the planned peak.
+
+use headroom_engine::{Engine, EngineConfig, EngineError, SessionRequest};
+use headroom_mem::{AllocatorConfig, AllocatorPolicy, PlannedOptions, ReclaimPolicy, MIB};
+
+fn engine(policy: AllocatorPolicy, capacity: Option<u64>) -> Engine {
+    Engine::new(EngineConfig {
+        model: "tiny".to_string(),
+        allocator: AllocatorConfig::with_policy(policy),
+        reclaim: ReclaimPolicy::Never,
+        kv_budget_bytes: Some(16 << 20),
+        capacity,
+        ..EngineConfig::default()
+    })
+    .unwrap()
+}
+
+fn request(seed: u64) -> SessionRequest {
+    SessionRequest {
+        seed,
+        ..SessionRequest::new(64, 48, 21)
+    }
+}
+
+fn run(engine: &Engine, request: SessionRequest) -> Vec<Vec<u8>> {
+    let mut session = engine.open_session(request).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..session.chunks_total() {
+        out.push(session.next_chunk().unwrap().frames.to_vec::<u8>().unwrap());
+    }
+    out
+}
+
+fn allocated(engine: &Engine) -> i64 {
+    engine
+        .platform()
+        .memory_stats()
+        .allocated_bytes
+        .all()
+        .current
+}
+
+fn reserved(engine: &Engine) -> i64 {
+    engine
+        .platform()
+        .memory_stats()
+        .reserved_bytes
+        .all()
+        .current
+}
+
+#[test]
+fn planned_sessions_give_the_caching_policies_bytes_at_the_live_peak() {
+    let pytorch = run(&engine(AllocatorPolicy::Pytorch, None), request(5));
+    let expandable = run(&engine(AllocatorPolicy::Expandable, None), request(5));
+    assert_eq!(pytorch, expandable);
+    let planned = engine(AllocatorPolicy::Planned, None);
+    // Poison every freed arena range: a tensor reading freed memory would turn to NaN
+    // and change the frames.
+    planned
+        .platform()
+        .allocator()
+        .set_planned_options(PlannedOptions {
+            poison: true,
+            ..PlannedOptions::default()
+        });
+    let mut after = Vec::new();
+    for session in 0..3 {
+        planned.platform().reset_peak_stats();
+        assert_eq!(run(&planned, request(5)), pytorch, "session {session}");
+        let stats = planned.platform().memory_stats();
+        let (reserved_peak, allocated_peak) = (
+            stats.reserved_bytes.all().peak as f64,
+            stats.allocated_bytes.all().peak as f64,
+        );
+        assert!(
+            reserved_peak <= allocated_peak * 1.05,
+            "session {session}: reserved peak {reserved_peak} for {allocated_peak} allocated"
+        );
+        // The arena and the session's cache are gone: what stays reserved is what the
+        // weights and the KV pool (placed before any session) hold.
+        assert_eq!(planned.platform().allocator().arena_bytes(), 0);
+        after.push((reserved(&planned), allocated(&planned)));
+    }
+    assert!(after.iter().all(|&a| a == after[0]), "{after:?}");
+    let stats = planned.platform().memory_stats();
+    assert_eq!(stats.planned_misses, 0);
+    assert!(stats.planned_hits > 0);
+    planned.platform().allocator().check_invariants().unwrap();
+}
+
+#[test]
+fn a_mismatch_mid_chunk_falls_back_and_the_session_completes_with_the_same_bytes() {
+    let reference = run(&engine(AllocatorPolicy::Pytorch, None), request(9));
+    let planned = engine(AllocatorPolicy::Planned, None);
+    planned
+        .platform()
+        .allocator()
+        .inject_plan_miss_after(Some(500));
+    assert_eq!(run(&planned, request(9)), reference);
+    let stats = planned.platform().memory_stats();
+    assert_eq!(stats.planned_misses, 1);
+    assert!(stats.fallback_bytes > 0);
+    planned.platform().allocator().check_invariants().unwrap();
+}
+
+#[test]
+fn an_out_of_memory_mid_session_releases_the_arena_and_the_cache() {
+    let planned = engine(AllocatorPolicy::Planned, None);
+    run(&planned, request(1));
+    let idle = allocated(&planned);
+    let idle_reserved = reserved(&planned);
+    let mut session = planned.open_session(request(2)).unwrap();
+    assert!(planned.platform().allocator().arena_bytes() > 0);
+    session.next_chunk().unwrap();
+    planned.platform().allocator().inject_oom_after(Some(300));
+    let err = session.next_chunk().unwrap_err();
+    assert!(err.to_string().contains("out of memory"), "{err}");
+    drop(session);
+    assert_eq!(allocated(&planned), idle);
+    assert_eq!(planned.platform().allocator().arena_bytes(), 0);
+    assert_eq!(reserved(&planned), idle_reserved);
+    assert_eq!(run(&planned, request(3)).len(), 2);
+}
+
+#[test]
+fn a_session_whose_planned_peak_exceeds_free_memory_is_refused_before_its_first_chunk() {
+    // Measure the peak once, then offer less than it.
+    let probe = engine(AllocatorPolicy::Planned, None);
+    probe.platform().reset_peak_stats();
+    run(&probe, request(1));
+    let peak = probe.platform().memory_stats().reserved_bytes.all().peak as u64;
+    let weights = allocated(&probe) as u64;
+    let tight = engine(
+        AllocatorPolicy::Planned,
+        Some(weights + (peak - weights) / 2),
+    );
+    let err = tight.open_session(request(1)).unwrap_err();
+    assert!(matches!(err, EngineError::Admission(_)), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("planned peak") && message.contains("capacity"),
+        "{message}"
+    );
+    assert_eq!(tight.platform().allocator().arena_bytes(), 0);
+    // With 6 % over the peak it runs.
+    let roomy = engine(AllocatorPolicy::Planned, Some(peak + peak / 16 + MIB));
+    assert_eq!(run(&roomy, request(1)).len(), 2);
+}
