@@ -15,6 +15,19 @@ pub fn video_start(request_id: &str, config: Value) -> Value {
     })
 }
 
+/// `session.queued`: the session waits for a free slot with `ahead` clients before it;
+/// sent on entering the queue and whenever that number changes. (headroom's own message:
+/// vLLM-Omni's clients skip types they do not know and just see `video.start` later.)
+pub fn session_queued(request_id: &str, ahead: usize, timeout_s: f64) -> Value {
+    json!({
+        "type": "session.queued",
+        "request_id": request_id,
+        "ahead": ahead,
+        "position": ahead + 1,
+        "queue_timeout_s": timeout_s,
+    })
+}
+
 /// `video.chunk_metadata` describing the binary message that follows it. Beyond
 /// vLLM-Omni's fields it carries the chunk's timings and the allocator's figures after
 /// its decode (clients ignore fields they do not know).

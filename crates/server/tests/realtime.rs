@@ -508,8 +508,13 @@ async fn start_and_stall_timeouts_end_the_socket_with_their_codes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_server_refuses_with_capacity_at_once_and_is_not_ready_until_a_slot_frees() {
-    let ts = TestServer::default().await;
+async fn without_a_queue_a_full_server_refuses_with_capacity_at_once_and_is_not_ready_until_a_slot_frees(
+) {
+    let config = ServerConfig {
+        max_queue: 0,
+        ..ServerConfig::default()
+    };
+    let ts = TestServer::start(config, None).await;
     assert_eq!(ts.get("/ready").await.0, 200);
     let (mut a, _) = open(&ts, 117, 1).await;
     let (status, body) = ts.get("/ready").await;
@@ -518,8 +523,9 @@ async fn a_full_server_refuses_with_capacity_at_once_and_is_not_ready_until_a_sl
     let mut b = ts.connect().await;
     send(&mut b, start_msg(9, 2)).await;
     let e = expect_error(&mut b, "capacity").await;
+    let message = e["message"].as_str().unwrap();
     assert!(
-        e["message"].as_str().unwrap().contains("--max-sessions"),
+        message.contains("--max-sessions") && message.contains("--max-queue"),
         "{e}"
     );
     send(&mut a, json!({"type": "session.stop"})).await;
@@ -537,12 +543,14 @@ async fn a_full_server_refuses_with_capacity_at_once_and_is_not_ready_until_a_sl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kv_pool_with_room_for_one_session_refuses_the_second_whatever_the_slots() {
+async fn without_a_queue_a_kv_pool_with_room_for_one_session_refuses_the_second_whatever_the_slots()
+{
     // tiny at 48×32: one page = 2 (K, V) · 2 layers · 6 tokens · 4 heads · 12 dims · 4 B;
     // a session takes the 18-frame window.
     let page = 2 * 2 * 6 * 4 * 12 * 4;
     let config = ServerConfig {
         max_sessions: 2,
+        max_queue: 0,
         ..ServerConfig::default()
     };
     let ts = TestServer::start(config, Some(page * 18 + page / 2)).await;
