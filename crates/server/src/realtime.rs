@@ -585,7 +585,8 @@ impl Connection {
                         return Outcome::Ended;
                     }
                 }
-                _ = sleep_until(stall_at), if phase == Phase::Running => {
+                // The clock runs from admission: opening the session is not a stall.
+                _ = sleep_until(stall_at), if phase == Phase::Running && opened => {
                     let secs = limits.stall_timeout.as_secs_f64();
                     self.send_error(&ServerError::StallTimeout(secs), None).await;
                     phase = Phase::Ending;
