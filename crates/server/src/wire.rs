@@ -30,7 +30,7 @@ pub fn session_queued(request_id: &str, ahead: usize, timeout_s: f64) -> Value {
 
 /// `video.chunk_metadata` describing the binary message that follows it. Beyond
 /// vLLM-Omni's fields it carries the chunk's timings and the allocator's figures after
-/// its decode (clients ignore fields they do not know).
+/// its denoise and its decode (clients ignore fields they do not know).
 pub fn chunk_metadata(request_id: &str, transport_index: u64, chunk: &EncodedChunk) -> Value {
     json!({
         "type": "video.chunk_metadata",
@@ -49,6 +49,8 @@ pub fn chunk_metadata(request_id: &str, transport_index: u64, chunk: &EncodedChu
         "decode_ms": chunk.phases[2] * 1e3,
         "allocated_bytes": chunk.allocated_bytes,
         "reserved_bytes": chunk.reserved_bytes,
+        "denoise_end_allocated_bytes": chunk.denoise_end_bytes[0],
+        "denoise_end_reserved_bytes": chunk.denoise_end_bytes[1],
     })
 }
 

@@ -51,6 +51,9 @@ pub struct EncodedChunk {
     pub allocated_bytes: i64,
     /// Allocator `reserved_bytes.all.current` after the decode.
     pub reserved_bytes: i64,
+    /// Allocator `allocated_bytes` and `reserved_bytes` (`.all.current`) at the end of
+    /// the denoise phase.
+    pub denoise_end_bytes: [i64; 2],
 }
 
 /// How a worker ended.
@@ -294,6 +297,10 @@ impl Stream<'_> {
                 ],
                 allocated_bytes: chunk.stats_decoded.allocated_bytes.all().current,
                 reserved_bytes: chunk.stats_decoded.reserved_bytes.all().current,
+                denoise_end_bytes: [
+                    chunk.stats_denoise_end.allocated_bytes.all().current,
+                    chunk.stats_denoise_end.reserved_bytes.all().current,
+                ],
             };
             drop(chunk);
             // A stop that came in during the chunk: the chunk is not sent.
