@@ -37,6 +37,10 @@ pub struct ServeBenchConfig {
     pub fps: f64,
     /// Output folder (`summary.json`).
     pub out: PathBuf,
+    /// Before the measured clients, one more client starts a session and hangs up this
+    /// many seconds after its `video.start` (mid-chunk); the measured clients start right
+    /// after the hang-up, so their TTFC shows what a hang-up costs the next client.
+    pub hang_up_after_s: Option<f64>,
 }
 
 /// One session as the client saw it.
@@ -92,6 +96,8 @@ pub struct ServeBenchSummary {
     pub frames: usize,
     /// Target playback rate.
     pub fps: f64,
+    /// Seconds after its `video.start` that a client hung up before the measured ones.
+    pub hang_up_after_s: Option<f64>,
     /// Median time to first chunk.
     pub ttfc_p50_s: f64,
     /// 95th percentile time to first chunk.
@@ -176,6 +182,31 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
     })
 }
 
+/// Starts a session and drops the connection `after_s` seconds after its `video.start`.
+async fn hang_up(config: &ServeBenchConfig, after_s: f64) -> Result<()> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(config.url.as_str())
+        .await
+        .map_err(ws_err)?;
+    let request = json!({"type": "session.start", "format": "m4s", "num_frames": config.frames,
+        "width": config.width, "height": config.height, "seed": 41, "fps": config.fps});
+    ws.send(Message::text(request.to_string()))
+        .await
+        .map_err(ws_err)?;
+    while let Some(message) = ws.next().await {
+        if let Message::Text(text) = message.map_err(ws_err)? {
+            let v: Value = serde_json::from_str(text.as_str()).map_err(ws_err)?;
+            match v["type"].as_str() {
+                Some("video.start") => break,
+                Some("error") => return Err(ws_err(v)),
+                _ => {}
+            }
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_secs_f64(after_s)).await;
+    drop(ws);
+    Ok(())
+}
+
 /// Playback starts when the first chunk arrives; chunk k is due when the frames before it
 /// have played at `fps`. Returns (chunks on time, chunks after the first).
 fn deadlines(s: &SessionTiming, fps: f64) -> (usize, usize) {
@@ -230,6 +261,7 @@ pub fn summarize(
         concurrency: config.concurrency,
         frames: config.frames,
         fps: config.fps,
+        hang_up_after_s: config.hang_up_after_s,
         ttfc_p50_s: p(&ttfc, 50.0),
         ttfc_p95_s: p(&ttfc, 95.0),
         interval_mean_s: if intervals.is_empty() {
@@ -254,6 +286,14 @@ pub fn summarize(
 
 /// Runs the benchmark against a running server and writes `summary.json`.
 pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
+    if let Some(after) = config.hang_up_after_s {
+        if !(after.is_finite() && after >= 0.0) {
+            return Err(BenchError::InvalidConfig {
+                field: "hang_up_after",
+                rule: format!("must be a non-negative number of seconds, got {after}"),
+            });
+        }
+    }
     if config.sessions == 0 || config.concurrency == 0 || config.fps.is_nan() || config.fps <= 0.0 {
         return Err(BenchError::InvalidConfig {
             field: "sessions / concurrency / fps",
@@ -269,6 +309,9 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
     // a refused or failed session is recorded, not fatal, so the report says who was
     // not served.
     let outcomes = runtime.block_on(async {
+        if let Some(after) = config.hang_up_after_s {
+            hang_up(config, after).await?;
+        }
         let workers = (0..config.concurrency.min(config.sessions)).map(|_| {
             let next = Arc::clone(&next);
             async move {
@@ -282,8 +325,8 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
                 }
             }
         });
-        futures_util::future::join_all(workers).await
-    });
+        Ok::<_, BenchError>(futures_util::future::join_all(workers).await)
+    })?;
     let mut outcomes: Vec<_> = outcomes.into_iter().flatten().collect();
     outcomes.sort_by_key(|(i, _)| *i);
     let (mut per_session, mut unserved) = (Vec::new(), Vec::new());
@@ -328,6 +371,7 @@ mod tests {
             height: 0,
             fps: 12.0,
             out: PathBuf::new(),
+            hang_up_after_s: None,
         };
         // 9 frames at 2 s, then 12-frame chunks 0.5 s and 2 s later: playback of the
         // first 9 frames lasts 0.75 s, so the second chunk is on time, the third late.

@@ -59,6 +59,10 @@ struct ServeArgs {
     /// Output folder (summary.json).
     #[arg(long, default_value = "bench-serve")]
     out: std::path::PathBuf,
+    /// First, one client starts a session and hangs up this many seconds after its
+    /// video.start (mid-chunk); the measured clients start right after.
+    #[arg(long)]
+    hang_up_after: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -172,11 +176,20 @@ fn serve(args: ServeArgs) -> Result<()> {
         height: args.height,
         fps: args.fps,
         out: args.out,
+        hang_up_after_s: args.hang_up_after,
     };
     let s = headroom_bench::serve::run_serve_bench(&config)?;
     println!(
-        "# bench serve: {} clients, concurrency {}, {} frames at {}x{}, target {} fps\n",
-        s.clients, s.concurrency, s.frames, config.width, config.height, s.fps
+        "# bench serve: {} clients, concurrency {}, {} frames at {}x{}, target {} fps{}\n",
+        s.clients,
+        s.concurrency,
+        s.frames,
+        config.width,
+        config.height,
+        s.fps,
+        s.hang_up_after_s
+            .map(|t| format!(", after a client hung up {t} s into its session"))
+            .unwrap_or_default()
     );
     println!("| served | queued | queue wait p50 / p95 / max s | TTFC p50 / p95 s | interval mean / p50 / p95 / p99 / max s | real-time factor | deadline attainment |");
     println!("|---|---|---|---|---|---|---|");
