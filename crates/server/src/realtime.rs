@@ -241,6 +241,7 @@ impl Connection {
                 slot,
                 request_id: request_id.clone(),
                 metrics: Arc::clone(&state.metrics),
+                held: std::mem::take(&mut self.held),
             };
             let limits = &state.config.limits;
             let worker =
@@ -437,12 +438,6 @@ impl Connection {
         let mut chunks_sent: u64 = 0;
         let mut last_progress = TokioInstant::now();
         let cancel = |worker: &WorkerHandle| worker.cancel.cancel();
-        // Interactions acknowledged while queued apply from the first chunk on.
-        for interaction in std::mem::take(&mut self.held) {
-            if worker.control.try_send(interaction).is_err() {
-                break;
-            }
-        }
         // A shutdown that began before this subscription is not a change: look once.
         if *shutdown.borrow_and_update() {
             shutdown_seen = true;

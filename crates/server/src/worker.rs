@@ -125,12 +125,22 @@ pub struct Job {
     pub request_id: String,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Interactions acknowledged while the client waited: they apply from the first chunk.
+    pub held: Vec<Interaction>,
 }
 
 /// Spawns the worker thread of `job`.
-pub fn spawn(job: Job, chunks_ahead: usize, pending_interactions: usize) -> Result<WorkerHandle> {
+pub fn spawn(
+    mut job: Job,
+    chunks_ahead: usize,
+    pending_interactions: usize,
+) -> Result<WorkerHandle> {
     let (event_tx, events) = mpsc::channel(chunks_ahead.max(1) + 2);
     let (control, control_rx) = std::sync::mpsc::sync_channel(pending_interactions.max(1));
+    for interaction in std::mem::take(&mut job.held) {
+        // The socket task held at most `pending_interactions`: they all fit.
+        let _ = control.try_send(interaction);
+    }
     let cancel = CancelToken::new();
     let flag = cancel.clone();
     std::thread::Builder::new()
@@ -157,6 +167,7 @@ fn run(
         mut slot,
         request_id,
         metrics,
+        held: _,
     } = job;
     let _span = tracing::info_span!("session", request_id = %request_id).entered();
     let opened = open(&engine, &request);
