@@ -46,8 +46,12 @@ pub struct ServeBenchConfig {
 /// One session as the client saw it.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionTiming {
-    /// Seconds from `session.start` to `video.start` (the wait in the admission queue).
+    /// Seconds the server kept the session in its admission queue (its `video.start`'s
+    /// `queue_wait_ms`; 0 from a server that does not say).
     pub queue_wait_s: f64,
+    /// Seconds from `session.start` to `video.start`: the queue wait plus opening the
+    /// session (KV pages, prompt and first-frame encode).
+    pub start_s: f64,
     /// Whether the server said `session.queued` before admitting it.
     pub queued: bool,
     /// Seconds from `session.start` to the first chunk's video bytes.
@@ -136,7 +140,7 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
         .await
         .map_err(ws_err)?;
     let start = Instant::now();
-    let (mut queue_wait_s, mut queued) = (None, false);
+    let (mut start_s, mut queue_wait_s, mut queued) = (None, 0.0, false);
     let request = json!({"type": "session.start", "format": "m4s", "num_frames": config.frames,
         "width": config.width, "height": config.height, "seed": seed, "fps": config.fps});
     ws.send(Message::text(request.to_string()))
@@ -153,7 +157,10 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
                 let v: Value = serde_json::from_str(text.as_str()).map_err(ws_err)?;
                 match v["type"].as_str() {
                     Some("session.queued") => queued = true,
-                    Some("video.start") => queue_wait_s = Some(start.elapsed().as_secs_f64()),
+                    Some("video.start") => {
+                        start_s = Some(start.elapsed().as_secs_f64());
+                        queue_wait_s = v["queue_wait_ms"].as_f64().unwrap_or(0.0) / 1e3;
+                    }
                     Some("video.chunk_metadata") => {
                         chunk_frames.push(v["num_frames"].as_u64().unwrap_or(0) as usize)
                     }
@@ -172,7 +179,8 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
         .first()
         .ok_or_else(|| ws_err("the session ended before its first chunk"))?;
     Ok(SessionTiming {
-        queue_wait_s: queue_wait_s.unwrap_or(0.0),
+        queue_wait_s,
+        start_s: start_s.unwrap_or(0.0),
         queued,
         ttfc_s,
         intervals_s: arrivals.windows(2).map(|w| w[1] - w[0]).collect(),
@@ -377,6 +385,7 @@ mod tests {
         // first 9 frames lasts 0.75 s, so the second chunk is on time, the third late.
         let s = SessionTiming {
             queue_wait_s: 0.5,
+            start_s: 0.7,
             queued: true,
             ttfc_s: 2.0,
             intervals_s: vec![0.5, 2.0],

@@ -212,8 +212,8 @@ fn serve(args: ServeArgs) -> Result<()> {
         s.realtime_factor,
         100.0 * s.deadline_attainment
     );
-    if s.clients > 1 {
-        println!("\n| client | queue wait s | TTFC s | interval p50 / max s |");
+    if s.clients > 1 || s.hang_up_after_s.is_some() {
+        println!("\n| client | queue wait s | video.start s | TTFC s | interval p50 / max s |");
         println!("|---|---|---|---|");
         for (i, c) in s.per_session.iter().enumerate() {
             let mut sorted = c.intervals_s.clone();
@@ -221,8 +221,8 @@ fn serve(args: ServeArgs) -> Result<()> {
             let p50 = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
             let max = sorted.last().copied().unwrap_or(0.0);
             println!(
-                "| {i} | {:.2} | {:.2} | {p50:.2} / {max:.2} |",
-                c.queue_wait_s, c.ttfc_s
+                "| {i} | {:.2} | {:.2} | {:.2} | {p50:.2} / {max:.2} |",
+                c.queue_wait_s, c.start_s, c.ttfc_s
             );
         }
     }

@@ -299,3 +299,65 @@ impl Drop for Slot {
         self.admission.bump();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use headroom_engine::EngineConfig;
+
+    fn admission(max_sessions: usize, max_queue: usize) -> Arc<Admission> {
+        let engine = Engine::new(EngineConfig {
+            model: "tiny".to_string(),
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        Admission::new(
+            Arc::new(engine),
+            Arc::new(Metrics::default()),
+            max_sessions,
+            max_queue,
+            18,
+        )
+    }
+
+    #[test]
+    fn only_the_head_is_admitted_and_not_while_another_session_is_opening() {
+        let a = admission(2, 4);
+        let mut first = a.try_enter().unwrap();
+        // The first is still opening: a newcomer queues even with a slot free.
+        assert!(matches!(a.try_enter(), Err(None)));
+        let one = a.join(false);
+        let two = a.join(false);
+        assert_eq!((one.ahead(), two.ahead()), (0, 1));
+        let two = two.try_admit().unwrap_err();
+        let one = one.try_admit().unwrap_err();
+        first.opened();
+        let _two = two.try_admit().unwrap_err();
+        let mut second = one.try_admit().unwrap();
+        assert_eq!((a.open(), a.waiting()), (2, 1));
+        second.opened();
+        drop(first);
+        assert_eq!(a.open(), 1);
+    }
+
+    #[test]
+    fn a_dropped_ticket_leaves_the_queue_and_a_full_queue_names_max_queue() {
+        let a = admission(1, 1);
+        let _slot = a.try_enter().unwrap();
+        let waiting = a.join(false);
+        let full = a.try_enter().unwrap_err().unwrap();
+        assert!(full.contains("--max-queue") && full.contains("--max-sessions"), "{full}");
+        drop(waiting);
+        assert_eq!(a.waiting(), 0);
+        assert!(matches!(a.try_enter(), Err(None)));
+    }
+
+    #[test]
+    fn a_client_sent_back_to_the_front_is_next_in_line() {
+        let a = admission(1, 4);
+        let _slot = a.try_enter().unwrap();
+        let later = a.join(false);
+        let back = a.join(true);
+        assert_eq!((back.ahead(), later.ahead()), (0, 1));
+    }
+}

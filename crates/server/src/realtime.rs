@@ -227,12 +227,14 @@ impl Connection {
         let config = request.config(&state.config.model_name);
         let deadline = TokioInstant::from_std(started_at) + state.config.queue_timeout;
         let mut requeued = false;
+        let mut waited = std::time::Duration::ZERO;
         loop {
             let Some(slot) = self.admit(requeued, deadline, &request_id).await else {
                 return;
             };
             if !requeued {
-                state.metrics.queue_wait.observe(started_at.elapsed());
+                waited = started_at.elapsed();
+                state.metrics.queue_wait.observe(waited);
             }
             let job = Job {
                 engine: Arc::clone(&state.engine),
@@ -249,7 +251,11 @@ impl Connection {
                     Ok(w) => w,
                     Err(e) => return self.send_error(&e, None).await,
                 };
-            match self.stream(worker, &request_id, config.clone()).await {
+            let wait_ms = waited.as_secs_f64() * 1e3;
+            match self
+                .stream(worker, &request_id, config.clone(), wait_ms)
+                .await
+            {
                 Outcome::Ended => return,
                 Outcome::Requeue => requeued = true,
             }
@@ -427,6 +433,7 @@ impl Connection {
         mut worker: WorkerHandle,
         request_id: &str,
         config: Value,
+        queue_wait_ms: f64,
     ) -> Outcome {
         let state = Arc::clone(&self.state);
         let limits = state.config.limits.clone();
@@ -468,7 +475,8 @@ impl Connection {
                         WorkerEvent::Opened { .. } => {
                             opened = true;
                             last_progress = TokioInstant::now();
-                            self.send_json(&wire::video_start(request_id, config.clone())).await;
+                            let start = wire::video_start(request_id, config.clone(), queue_wait_ms);
+                            self.send_json(&start).await;
                         }
                         WorkerEvent::Chunk(chunk) => {
                             if phase == Phase::Ending {

@@ -6,12 +6,15 @@ use crate::error::ServerError;
 use crate::worker::EncodedChunk;
 
 /// `video.start`: the session was admitted; `config` echoes the accepted request.
-pub fn video_start(request_id: &str, config: Value) -> Value {
+/// `queue_wait_ms` (headroom's, ignored by vLLM-Omni's clients) is the time from
+/// `session.start` to admission: 0 when a slot was free at once.
+pub fn video_start(request_id: &str, config: Value, queue_wait_ms: f64) -> Value {
     json!({
         "type": "video.start",
         "request_id": request_id,
         "format": "m4s",
         "config": config,
+        "queue_wait_ms": queue_wait_ms,
     })
 }
 

@@ -80,6 +80,7 @@ async fn two_clients_starting_together_against_one_slot_are_both_served_the_seco
     let start = recv_json(&mut second).await;
     assert_eq!(start["type"], "video.start", "{start}");
     assert_eq!(start["request_id"], queued["request_id"]);
+    assert!(start["queue_wait_ms"].as_f64().unwrap() > 0.0, "{start}");
     let out = stream_to_end(&mut second).await;
     assert_eq!(out.end.unwrap()["stopped"], false);
     assert_eq!(out.binaries.len(), 3);
