@@ -161,3 +161,38 @@ fn a_passed_deadline_stops_a_chunk_at_its_start_and_frees_the_pool() {
     let pool = engine.kv_pool().unwrap();
     assert_eq!(pool.free_pages(), pool.total_pages());
 }
+
+#[test]
+fn a_cancel_while_overlapped_decode_and_denoise_run_ends_both_and_releases_everything() {
+    let (engine, platform) = engine_on(Phase::DecodeStart);
+    let overlapped = || SessionRequest {
+        overlap: true,
+        ..request(3)
+    };
+    let reference: Vec<Vec<u8>> = {
+        let mut s = engine.open_session(overlapped()).unwrap();
+        (0..s.chunks_total())
+            .map(|_| s.next_chunk().unwrap().frames.to_vec::<u8>().unwrap())
+            .collect()
+    };
+    let floor = allocated(&engine);
+    let mut session = engine.open_session(overlapped()).unwrap();
+    let token = CancelToken::new();
+    session.set_cancel(token.clone());
+    // The first chunk's decode runs beside the second block's denoise; the platform
+    // cancels as that decode starts.
+    *platform.token.lock().unwrap() = Some(token);
+    assert!(matches!(
+        session.next_chunk(),
+        Err(EngineError::Cancelled { .. })
+    ));
+    let pool = engine.kv_pool().unwrap();
+    assert_eq!(pool.free_pages(), pool.total_pages());
+    assert_eq!(allocated(&engine), floor);
+    drop(session);
+    let mut again = engine.open_session(overlapped()).unwrap();
+    assert_eq!(
+        again.next_chunk().unwrap().frames.to_vec::<u8>().unwrap(),
+        reference[0]
+    );
+}

@@ -346,7 +346,10 @@ mod tests {
         let _slot = a.try_enter().unwrap();
         let waiting = a.join(false);
         let full = a.try_enter().unwrap_err().unwrap();
-        assert!(full.contains("--max-queue") && full.contains("--max-sessions"), "{full}");
+        assert!(
+            full.contains("--max-queue") && full.contains("--max-sessions"),
+            "{full}"
+        );
         drop(waiting);
         assert_eq!(a.waiting(), 0);
         assert!(matches!(a.try_enter(), Err(None)));
