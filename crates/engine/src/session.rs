@@ -115,7 +115,7 @@ struct Denoised {
 }
 
 /// Decodes clean block latents into u8 frames `[T, H, W, 3]` through the session's
-/// decoder state, looking at `cancel` before every latent frame after the first.
+/// decoder state, looking at `cancel` before it starts and between latent frames.
 fn decode_block(
     vae: &WanVae,
     state: &mut StreamingDecodeState,
@@ -123,6 +123,9 @@ fn decode_block(
     cancel: &CancelToken,
     id: &str,
 ) -> Result<(Tensor, Duration)> {
+    if let Some(e) = cancelled(cancel, id, Checkpoint::Decode) {
+        return Err(e);
+    }
     let start = Instant::now();
     let z = vae.denormalize(x0)?;
     let stopped_after = std::cell::Cell::new(None);
@@ -252,6 +255,22 @@ impl Session {
         self
     }
 
+    /// Makes `token` end this session's chunks at their next safe point (between DMD
+    /// steps, before the commit, before the decode, between decoded latent frames): the
+    /// chunk then returns [`EngineError::Cancelled`] and the session releases its KV
+    /// pages, decoder state and conditioning.
+    pub fn set_cancel(&mut self, token: CancelToken) {
+        self.cancel = token;
+    }
+
+    /// Fails with [`EngineError::Cancelled`] when the token says stop at `at`.
+    fn checkpoint(&self, at: Checkpoint) -> Result<()> {
+        match cancelled(&self.cancel, &self.id, at) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Changes the prompt: it is encoded now (errors surface here) and conditions every
     /// block from the next chunk boundary on. With `overlap`, the block already denoised
     /// ahead keeps the old prompt, so the change shows one chunk later.
@@ -267,22 +286,6 @@ impl Session {
         };
         self.pending_text = Some(self.dit.text_key_values(embeds.as_ref())?);
         Ok(())
-    }
-
-    /// Makes `token` end this session's chunks at their next safe point (between DMD
-    /// steps, before the commit, before the decode, between decoded latent frames): the
-    /// chunk then returns [`EngineError::Cancelled`] and the session releases its KV
-    /// pages, decoder state and conditioning.
-    pub fn set_cancel(&mut self, token: CancelToken) {
-        self.cancel = token;
-    }
-
-    /// Fails with [`EngineError::Cancelled`] when the token says stop at `at`.
-    fn checkpoint(&self, at: Checkpoint) -> Result<()> {
-        match cancelled(&self.cancel, &self.id, at) {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
     }
 
     /// The session id.
@@ -418,7 +421,6 @@ impl Session {
             }
         };
         let stats_denoise_end = platform.memory_stats();
-        self.checkpoint(Checkpoint::Decode)?;
         let (frames, decode) = if self.overlap && n + 1 < self.blocks {
             // Decode block n on a second thread while block n + 1 denoises here; the
             // decoder state moves to that thread and back.
