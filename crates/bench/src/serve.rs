@@ -1,7 +1,9 @@
 //! `headroom bench serve`: a realtime-video client that measures a running server the way
 //! vLLM-Omni's realtime benchmark does: time to first chunk, inter-chunk intervals, the
 //! real-time factor and deadline attainment at a target frame rate, over `sessions`
-//! sessions with `concurrency` of them open at a time.
+//! sessions with `concurrency` of them open at a time. With more clients than the server
+//! has slots, the extra ones wait in its admission queue: each client's queue wait
+//! (`session.start` → `video.start`) is reported, and whether every client was served.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,11 +37,23 @@ pub struct ServeBenchConfig {
     pub fps: f64,
     /// Output folder (`summary.json`).
     pub out: PathBuf,
+    /// Before the measured clients, one more client starts a session and hangs up this
+    /// many seconds after its `video.start` (mid-chunk); the measured clients start right
+    /// after the hang-up, so their TTFC shows what a hang-up costs the next client.
+    pub hang_up_after_s: Option<f64>,
 }
 
 /// One session as the client saw it.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionTiming {
+    /// Seconds the server kept the session in its admission queue (its `video.start`'s
+    /// `queue_wait_ms`; 0 from a server that does not say).
+    pub queue_wait_s: f64,
+    /// Seconds from `session.start` to `video.start`: the queue wait plus opening the
+    /// session (KV pages, prompt and first-frame encode).
+    pub start_s: f64,
+    /// Whether the server said `session.queued` before admitting it.
+    pub queued: bool,
     /// Seconds from `session.start` to the first chunk's video bytes.
     pub ttfc_s: f64,
     /// Seconds between consecutive chunks' video bytes.
@@ -52,19 +66,42 @@ pub struct SessionTiming {
     pub bytes: usize,
 }
 
+/// A client the server did not serve.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unserved {
+    /// The client's number from 0.
+    pub client: usize,
+    /// What went wrong (the server's `error`, or the connection's).
+    pub error: String,
+}
+
 /// The summary written to `summary.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServeBenchSummary {
     /// Server address.
     pub url: String,
-    /// Sessions completed.
+    /// Clients that ran.
+    pub clients: usize,
+    /// Sessions completed (served to their last chunk).
     pub sessions: usize,
+    /// Whether every client was served.
+    pub all_served: bool,
+    /// Clients that waited in the admission queue.
+    pub queued: usize,
+    /// Median queue wait.
+    pub queue_wait_p50_s: f64,
+    /// 95th percentile queue wait.
+    pub queue_wait_p95_s: f64,
+    /// Longest queue wait.
+    pub queue_wait_max_s: f64,
     /// Sessions open at a time.
     pub concurrency: usize,
     /// Frames per session.
     pub frames: usize,
     /// Target playback rate.
     pub fps: f64,
+    /// Seconds after its `video.start` that a client hung up before the measured ones.
+    pub hang_up_after_s: Option<f64>,
     /// Median time to first chunk.
     pub ttfc_p50_s: f64,
     /// 95th percentile time to first chunk.
@@ -84,8 +121,10 @@ pub struct ServeBenchSummary {
     /// Share of chunks that arrived before playback (started at the first chunk, at
     /// `fps`) needed them.
     pub deadline_attainment: f64,
-    /// Every session's timings.
+    /// Every served session's timings.
     pub per_session: Vec<SessionTiming>,
+    /// Clients that were not served, and why.
+    pub unserved: Vec<Unserved>,
 }
 
 fn ws_err(e: impl std::fmt::Display) -> BenchError {
@@ -101,6 +140,7 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
         .await
         .map_err(ws_err)?;
     let start = Instant::now();
+    let (mut start_s, mut queue_wait_s, mut queued) = (None, 0.0, false);
     let request = json!({"type": "session.start", "format": "m4s", "num_frames": config.frames,
         "width": config.width, "height": config.height, "seed": seed, "fps": config.fps});
     ws.send(Message::text(request.to_string()))
@@ -116,6 +156,11 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
             Message::Text(text) => {
                 let v: Value = serde_json::from_str(text.as_str()).map_err(ws_err)?;
                 match v["type"].as_str() {
+                    Some("session.queued") => queued = true,
+                    Some("video.start") => {
+                        start_s = Some(start.elapsed().as_secs_f64());
+                        queue_wait_s = v["queue_wait_ms"].as_f64().unwrap_or(0.0) / 1e3;
+                    }
                     Some("video.chunk_metadata") => {
                         chunk_frames.push(v["num_frames"].as_u64().unwrap_or(0) as usize)
                     }
@@ -134,12 +179,40 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
         .first()
         .ok_or_else(|| ws_err("the session ended before its first chunk"))?;
     Ok(SessionTiming {
+        queue_wait_s,
+        start_s: start_s.unwrap_or(0.0),
+        queued,
         ttfc_s,
         intervals_s: arrivals.windows(2).map(|w| w[1] - w[0]).collect(),
         chunk_frames,
         e2e_s,
         bytes,
     })
+}
+
+/// Starts a session and drops the connection `after_s` seconds after its `video.start`.
+async fn hang_up(config: &ServeBenchConfig, after_s: f64) -> Result<()> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(config.url.as_str())
+        .await
+        .map_err(ws_err)?;
+    let request = json!({"type": "session.start", "format": "m4s", "num_frames": config.frames,
+        "width": config.width, "height": config.height, "seed": 41, "fps": config.fps});
+    ws.send(Message::text(request.to_string()))
+        .await
+        .map_err(ws_err)?;
+    while let Some(message) = ws.next().await {
+        if let Message::Text(text) = message.map_err(ws_err)? {
+            let v: Value = serde_json::from_str(text.as_str()).map_err(ws_err)?;
+            match v["type"].as_str() {
+                Some("video.start") => break,
+                Some("error") => return Err(ws_err(v)),
+                _ => {}
+            }
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_secs_f64(after_s)).await;
+    drop(ws);
+    Ok(())
 }
 
 /// Playback starts when the first chunk arrives; chunk k is due when the frames before it
@@ -160,8 +233,13 @@ fn deadlines(s: &SessionTiming, fps: f64) -> (usize, usize) {
 }
 
 /// Summarises session timings.
-pub fn summarize(config: &ServeBenchConfig, per_session: Vec<SessionTiming>) -> ServeBenchSummary {
+pub fn summarize(
+    config: &ServeBenchConfig,
+    per_session: Vec<SessionTiming>,
+    unserved: Vec<Unserved>,
+) -> ServeBenchSummary {
     let ttfc: Vec<f64> = per_session.iter().map(|s| s.ttfc_s).collect();
+    let waits: Vec<f64> = per_session.iter().map(|s| s.queue_wait_s).collect();
     let intervals: Vec<f64> = per_session
         .iter()
         .flat_map(|s| s.intervals_s.iter().copied())
@@ -181,10 +259,17 @@ pub fn summarize(config: &ServeBenchConfig, per_session: Vec<SessionTiming>) -> 
     let p = |v: &[f64], q: f64| percentile(v, q).unwrap_or(0.0);
     ServeBenchSummary {
         url: config.url.clone(),
+        clients: per_session.len() + unserved.len(),
         sessions: per_session.len(),
+        all_served: unserved.is_empty(),
+        queued: per_session.iter().filter(|s| s.queued).count(),
+        queue_wait_p50_s: p(&waits, 50.0),
+        queue_wait_p95_s: p(&waits, 95.0),
+        queue_wait_max_s: waits.iter().copied().fold(0.0, f64::max),
         concurrency: config.concurrency,
         frames: config.frames,
         fps: config.fps,
+        hang_up_after_s: config.hang_up_after_s,
         ttfc_p50_s: p(&ttfc, 50.0),
         ttfc_p95_s: p(&ttfc, 95.0),
         interval_mean_s: if intervals.is_empty() {
@@ -203,11 +288,20 @@ pub fn summarize(config: &ServeBenchConfig, per_session: Vec<SessionTiming>) -> 
             1.0
         },
         per_session,
+        unserved,
     }
 }
 
 /// Runs the benchmark against a running server and writes `summary.json`.
 pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
+    if let Some(after) = config.hang_up_after_s {
+        if !(after.is_finite() && after >= 0.0) {
+            return Err(BenchError::InvalidConfig {
+                field: "hang_up_after",
+                rule: format!("must be a non-negative number of seconds, got {after}"),
+            });
+        }
+    }
     if config.sessions == 0 || config.concurrency == 0 || config.fps.is_nan() || config.fps <= 0.0 {
         return Err(BenchError::InvalidConfig {
             field: "sessions / concurrency / fps",
@@ -219,7 +313,13 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
         .build()
         .map_err(|e| ws_err(format!("no async runtime: {e}")))?;
     let next = Arc::new(AtomicUsize::new(0));
-    let per_session = runtime.block_on(async {
+    // Each of `concurrency` clients runs sessions one after another until `sessions` ran;
+    // a refused or failed session is recorded, not fatal, so the report says who was
+    // not served.
+    let outcomes = runtime.block_on(async {
+        if let Some(after) = config.hang_up_after_s {
+            hang_up(config, after).await?;
+        }
         let workers = (0..config.concurrency.min(config.sessions)).map(|_| {
             let next = Arc::clone(&next);
             async move {
@@ -227,19 +327,27 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= config.sessions {
-                        return Ok::<_, BenchError>(done);
+                        return done;
                     }
-                    done.push(one_session(config, 42 + i as u64).await?);
+                    done.push((i, one_session(config, 42 + i as u64).await));
                 }
             }
         });
-        let results = futures_util::future::join_all(workers).await;
-        results
-            .into_iter()
-            .collect::<Result<Vec<_>>>()
-            .map(|v| v.into_iter().flatten().collect::<Vec<_>>())
+        Ok::<_, BenchError>(futures_util::future::join_all(workers).await)
     })?;
-    let summary = summarize(config, per_session);
+    let mut outcomes: Vec<_> = outcomes.into_iter().flatten().collect();
+    outcomes.sort_by_key(|(i, _)| *i);
+    let (mut per_session, mut unserved) = (Vec::new(), Vec::new());
+    for (client, outcome) in outcomes {
+        match outcome {
+            Ok(timing) => per_session.push(timing),
+            Err(e) => unserved.push(Unserved {
+                client,
+                error: e.to_string(),
+            }),
+        }
+    }
+    let summary = summarize(config, per_session, unserved);
     std::fs::create_dir_all(&config.out).map_err(|e| BenchError::Io {
         path: config.out.clone(),
         message: e.to_string(),
@@ -271,10 +379,14 @@ mod tests {
             height: 0,
             fps: 12.0,
             out: PathBuf::new(),
+            hang_up_after_s: None,
         };
         // 9 frames at 2 s, then 12-frame chunks 0.5 s and 2 s later: playback of the
         // first 9 frames lasts 0.75 s, so the second chunk is on time, the third late.
         let s = SessionTiming {
+            queue_wait_s: 0.5,
+            start_s: 0.7,
+            queued: true,
             ttfc_s: 2.0,
             intervals_s: vec![0.5, 2.0],
             chunk_frames: vec![9, 12, 12],
@@ -282,7 +394,20 @@ mod tests {
             bytes: 0,
         };
         assert_eq!(deadlines(&s, 12.0), (1, 2));
-        let summary = summarize(&config, vec![s]);
+        let summary = summarize(
+            &config,
+            vec![s],
+            vec![Unserved {
+                client: 1,
+                error: "capacity".to_string(),
+            }],
+        );
+        assert!(!summary.all_served);
+        assert_eq!(
+            (summary.clients, summary.sessions, summary.queued),
+            (2, 1, 1)
+        );
+        assert_eq!(summary.queue_wait_max_s, 0.5);
         assert!((summary.realtime_factor - 24.0 / 12.0 / 2.5).abs() < 1e-12);
         assert_eq!(summary.deadline_attainment, 0.5);
         assert_eq!(summary.interval_max_s, 2.0);

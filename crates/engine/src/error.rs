@@ -17,6 +17,17 @@ pub enum EngineError {
     /// The session has produced every chunk it was asked for.
     #[error("session {0} is finished")]
     Finished(String),
+    /// The session's [`CancelToken`](crate::CancelToken) stopped a chunk at `at`; the
+    /// session has released its KV pages, decoder state and conditioning and is over.
+    #[error("session {session} stopped at {at}: {reason}")]
+    Cancelled {
+        /// The session.
+        session: String,
+        /// Where the chunk stopped.
+        at: crate::cancel::Checkpoint,
+        /// Why.
+        reason: crate::cancel::CancelReason,
+    },
     /// A model failed (shapes, weights, out of memory).
     #[error(transparent)]
     Model(#[from] headroom_model::ModelError),

@@ -3,6 +3,7 @@
 //! they fit, releasing everything on close, with reclaim at named phase boundaries.
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod cancel;
 pub mod engine;
 pub mod error;
 pub mod loop_io;
@@ -12,6 +13,7 @@ pub mod preset;
 pub mod session;
 mod text;
 
+pub use cancel::{CancelReason, CancelToken, Checkpoint};
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};
 pub use loop_io::{LatentRecorder, LatentSink, NoiseSource};

@@ -20,6 +20,7 @@ use headroom_model::{
 use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::{DType, Device, Tensor};
 
+use crate::cancel::{CancelToken, Checkpoint};
 use crate::error::{EngineError, Result};
 use crate::loop_io::{LatentSink, NoiseSource};
 use crate::text::Prompts;
@@ -121,21 +122,54 @@ struct Denoised {
 }
 
 /// Decodes clean block latents into u8 frames `[T, H, W, 3]` through the session's
-/// decoder state.
+/// decoder state, looking at `cancel` before it starts and between latent frames.
 fn decode_block(
     vae: &WanVae,
     state: &mut StreamingDecodeState,
     x0: &Tensor,
+    cancel: &CancelToken,
+    id: &str,
 ) -> Result<(Tensor, Duration)> {
+    if let Some(e) = cancelled(cancel, id, Checkpoint::Decode) {
+        return Err(e);
+    }
     let start = Instant::now();
     let z = vae.denormalize(x0)?;
-    let pixels = StreamingDecoder::new(vae, None)
-        .decode_chunk(&z, state, OutputFormat::PlanarUint8, true)?
-        .ok_or_else(|| EngineError::request("decode", "no frames produced"))?;
+    let stopped_after = std::cell::Cell::new(None);
+    let go_on = |frames| {
+        let stop = cancel.stop_reason().is_some();
+        if stop {
+            stopped_after.set(Some(frames));
+        }
+        !stop
+    };
+    let pixels = StreamingDecoder::new(vae, None).decode_chunk_until(
+        &z,
+        state,
+        OutputFormat::PlanarUint8,
+        true,
+        &go_on,
+    )?;
+    let Some(pixels) = pixels else {
+        let at = Checkpoint::DecodedFrames {
+            frames: stopped_after.get().unwrap_or(0),
+        };
+        return Err(cancelled(cancel, id, at)
+            .unwrap_or_else(|| EngineError::request("decode", "no frames produced")));
+    };
     Ok((
         pixels.permute(&[1, 2, 3, 0])?.contiguous()?,
         start.elapsed(),
     ))
+}
+
+/// The error that ends a chunk at `at` when `cancel` says stop.
+fn cancelled(cancel: &CancelToken, id: &str, at: Checkpoint) -> Option<EngineError> {
+    cancel.stop_reason().map(|reason| EngineError::Cancelled {
+        session: id.to_string(),
+        at,
+        reason,
+    })
 }
 
 /// A running session.
@@ -172,6 +206,8 @@ pub struct Session {
     prompts: Option<Arc<Prompts>>,
     /// Text keys/values of a new prompt, used from the next block denoised on.
     pending_text: Option<TextKeyValues>,
+    /// Checked at every safe point of a chunk.
+    cancel: CancelToken,
 }
 
 impl Session {
@@ -231,6 +267,7 @@ impl Session {
             pending: None,
             prompts: None,
             pending_text: None,
+            cancel: CancelToken::new(),
         })
     }
 
@@ -238,6 +275,22 @@ impl Session {
     pub(crate) fn with_prompts(mut self, prompts: Arc<Prompts>) -> Self {
         self.prompts = Some(prompts);
         self
+    }
+
+    /// Makes `token` end this session's chunks at their next safe point (between DMD
+    /// steps, before the commit, before the decode, between decoded latent frames): the
+    /// chunk then returns [`EngineError::Cancelled`] and the session releases its KV
+    /// pages, decoder state and conditioning.
+    pub fn set_cancel(&mut self, token: CancelToken) {
+        self.cancel = token;
+    }
+
+    /// Fails with [`EngineError::Cancelled`] when the token says stop at `at`.
+    fn checkpoint(&self, at: Checkpoint) -> Result<()> {
+        match cancelled(&self.cancel, &self.id, at) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     /// Changes the prompt: it is encoded now (errors surface here) and conditions every
@@ -371,10 +424,18 @@ impl Session {
     /// Generates, commits and decodes the next block: 9 frames first, then 12.
     pub fn next_chunk(&mut self) -> Result<Chunk> {
         let result = self.try_next_chunk();
-        if result.is_err() {
+        match &result {
+            Ok(_) | Err(EngineError::Finished(_)) => {}
+            // A cancelled chunk ends the session as a close does.
+            Err(EngineError::Cancelled { .. }) => {
+                self.release();
+                self.device.platform().phase(Phase::SessionEnd);
+            }
             // A failed chunk ends the session: give back what it held now.
-            self.release();
-            self.device.platform().phase(Phase::Error);
+            Err(_) => {
+                self.release();
+                self.device.platform().phase(Phase::Error);
+            }
         }
         result
     }
@@ -384,6 +445,7 @@ impl Session {
         if n >= self.blocks || self.kv.is_none() {
             return Err(EngineError::Finished(self.id.clone()));
         }
+        self.checkpoint(Checkpoint::ChunkStart)?;
         let platform = self.device.platform().clone();
         let block = match self.pending.take() {
             Some(block) => block,
@@ -404,9 +466,10 @@ impl Session {
             let mut state = std::mem::replace(&mut self.decode_state, placeholder);
             let vae = Arc::clone(&self.vae);
             let x0 = block.x0.clone();
+            let (cancel, id) = (self.cancel.clone(), self.id.clone());
             let (decoded, next) = std::thread::scope(|scope| {
                 let worker = scope.spawn(move || {
-                    let out = decode_block(&vae, &mut state, &x0);
+                    let out = decode_block(&vae, &mut state, &x0, &cancel, &id);
                     (out, state)
                 });
                 let next = self.denoise_block(n + 1);
@@ -419,7 +482,13 @@ impl Session {
             platform.phase(Phase::DenoiseEnd);
             decoded?
         } else {
-            decode_block(&self.vae, &mut self.decode_state, &block.x0)?
+            decode_block(
+                &self.vae,
+                &mut self.decode_state,
+                &block.x0,
+                &self.cancel,
+                &self.id,
+            )?
         };
         self.next_block += 1;
         Ok(Chunk {
@@ -483,6 +552,7 @@ impl Session {
         let mut x0 = x.clone();
         let mut last_own = None;
         for k in 0..steps {
+            self.checkpoint(Checkpoint::DenoiseStep { step: k })?;
             let t = self.schedule.timesteps[k];
             let (v, own, grid) =
                 self.block_forward(&x, first, t, past.as_deref(), camera.as_ref())?;
@@ -501,6 +571,7 @@ impl Session {
         let own = match last_own {
             Some(own) => own,
             None => {
+                self.checkpoint(Checkpoint::Commit)?;
                 self.block_forward(&x0, first, 0.0, past.as_deref(), camera.as_ref())?
                     .1
             }

@@ -70,7 +70,7 @@ struct ServeArgs {
     /// Sessions in all.
     #[arg(long, default_value_t = 4)]
     sessions: usize,
-    /// Sessions open at a time.
+    /// Clients at a time (more than the server's slots: the rest wait in its queue).
     #[arg(long, default_value_t = 1)]
     concurrency: usize,
     /// Frames per session: 12·K − 3.
@@ -88,6 +88,10 @@ struct ServeArgs {
     /// Output folder (summary.json).
     #[arg(long, default_value = "bench-serve")]
     out: std::path::PathBuf,
+    /// First, one client starts a session and hangs up this many seconds after its
+    /// video.start (mid-chunk); the measured clients start right after.
+    #[arg(long)]
+    hang_up_after: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -202,16 +206,32 @@ fn serve(args: ServeArgs) -> Result<()> {
         height: args.height,
         fps: args.fps,
         out: args.out,
+        hang_up_after_s: args.hang_up_after,
     };
     let s = headroom_bench::serve::run_serve_bench(&config)?;
     println!(
-        "# bench serve: {} sessions, concurrency {}, {} frames at {}x{}, target {} fps\n",
-        s.sessions, s.concurrency, s.frames, config.width, config.height, s.fps
+        "# bench serve: {} clients, concurrency {}, {} frames at {}x{}, target {} fps{}\n",
+        s.clients,
+        s.concurrency,
+        s.frames,
+        config.width,
+        config.height,
+        s.fps,
+        s.hang_up_after_s
+            .map(|t| format!(", after a client hung up {t} s into its session"))
+            .unwrap_or_default()
     );
-    println!("| TTFC p50 / p95 s | interval mean / p50 / p95 / p99 / max s | real-time factor | deadline attainment |");
-    println!("|---|---|---|---|");
+    println!("| served | queued | queue wait p50 / p95 / max s | TTFC p50 / p95 s | interval mean / p50 / p95 / p99 / max s | real-time factor | deadline attainment |");
+    println!("|---|---|---|---|---|---|---|");
     println!(
-        "| {:.2} / {:.2} | {:.2} / {:.2} / {:.2} / {:.2} / {:.2} | {:.3} | {:.1} % |",
+        "| {} / {}{} | {} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} / {:.2} / {:.2} / {:.2} | {:.3} | {:.1} % |",
+        s.sessions,
+        s.clients,
+        if s.all_served { " (all)" } else { "" },
+        s.queued,
+        s.queue_wait_p50_s,
+        s.queue_wait_p95_s,
+        s.queue_wait_max_s,
         s.ttfc_p50_s,
         s.ttfc_p95_s,
         s.interval_mean_s,
@@ -222,7 +242,31 @@ fn serve(args: ServeArgs) -> Result<()> {
         s.realtime_factor,
         100.0 * s.deadline_attainment
     );
+    if s.clients > 1 || s.hang_up_after_s.is_some() {
+        println!("\n| client | queue wait s | video.start s | TTFC s | interval p50 / max s |");
+        println!("|---|---|---|---|");
+        for (i, c) in s.per_session.iter().enumerate() {
+            let mut sorted = c.intervals_s.clone();
+            sorted.sort_by(f64::total_cmp);
+            let p50 = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+            let max = sorted.last().copied().unwrap_or(0.0);
+            println!(
+                "| {i} | {:.2} | {:.2} | {:.2} | {p50:.2} / {max:.2} |",
+                c.queue_wait_s, c.start_s, c.ttfc_s
+            );
+        }
+    }
+    for u in &s.unserved {
+        println!("client {} not served: {}", u.client, u.error);
+    }
     println!("\nsummary.json in {}", config.out.display());
+    if !s.all_served {
+        anyhow::bail!(
+            "{} of {} clients were not served",
+            s.unserved.len(),
+            s.clients
+        );
+    }
     Ok(())
 }
 

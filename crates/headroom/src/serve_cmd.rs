@@ -38,6 +38,13 @@ pub struct ServeArgs {
     /// Sessions generating at once, at most.
     #[arg(long, default_value_t = 1)]
     max_sessions: usize,
+    /// Clients that may wait for a slot at once, first come first served (0: refuse at
+    /// once when full).
+    #[arg(long, default_value_t = 16)]
+    max_queue: usize,
+    /// Seconds a client may wait in the queue before it is refused with `capacity`.
+    #[arg(long, default_value_t = 120.0)]
+    queue_timeout: f64,
     /// KV page budget: bytes (B, KiB, MiB, GiB), a fraction of the device capacity
     /// (e.g. 0.25), or `auto` (exactly --max-sessions sessions).
     #[arg(long, default_value = "auto")]
@@ -147,6 +154,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let config = ServerConfig {
         model_name: args.model.clone(),
         max_sessions: args.max_sessions,
+        max_queue: args.max_queue,
+        queue_timeout: seconds(args.queue_timeout, "queue-timeout")?,
         limits: Limits {
             start_message_bytes: size(&args.max_start_message, "max-start-message")?,
             control_message_bytes: size(&args.max_control_message, "max-control-message")?,

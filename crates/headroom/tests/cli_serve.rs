@@ -57,6 +57,8 @@ fn serve_answers_health_and_ready_then_exits_zero_on_sigterm() {
             &url,
             "--sessions",
             "2",
+            "--concurrency",
+            "2",
             "--frames",
             "21",
             "--width",
@@ -71,8 +73,13 @@ fn serve_answers_health_and_ready_then_exits_zero_on_sigterm() {
     common::assert_ok(&bench);
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap()).unwrap();
+    // Two clients at once against one slot: both served, the second from the queue.
     assert_eq!(summary["sessions"], 2);
+    assert_eq!(summary["clients"], 2);
+    assert_eq!(summary["all_served"], true);
     for key in [
+        "queue_wait_p50_s",
+        "queue_wait_max_s",
         "ttfc_p50_s",
         "interval_mean_s",
         "interval_p50_s",
@@ -104,6 +111,7 @@ fn serve_refuses_bad_flags_with_the_flag_and_the_rule() {
         ("--max-sessions", "0", "--max-sessions"),
         ("--kv-budget", "1.5", "--kv-budget"),
         ("--stall-timeout", "0", "--stall-timeout"),
+        ("--queue-timeout", "0", "--queue-timeout"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_headroom"))
             .args(["serve", "--model", "tiny", "--port", "0", flag, value])

@@ -76,6 +76,11 @@ pub struct ServerConfig {
     pub model_name: String,
     /// Sessions generating at once, at most (the engine's KV pool and memory may allow fewer).
     pub max_sessions: usize,
+    /// Clients that may wait for a slot at once (first come, first served); one more is
+    /// refused with `capacity`.
+    pub max_queue: usize,
+    /// How long a client may wait in the queue before it is refused with `capacity`.
+    pub queue_timeout: Duration,
     /// Chunks a session's worker may have encoded ahead of its socket (back-pressure).
     pub chunks_ahead: usize,
     /// Protocol limits.
@@ -89,6 +94,8 @@ impl Default for ServerConfig {
         Self {
             model_name: "small".to_string(),
             max_sessions: 1,
+            max_queue: 16,
+            queue_timeout: Duration::from_secs(120),
             chunks_ahead: 1,
             limits: Limits::default(),
             defaults: Defaults::default(),

@@ -6,6 +6,7 @@
 //! decoder state and conditioning before the client hears of the end.
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod admission;
 pub mod config;
 pub mod error;
 pub mod image_ref;
@@ -17,10 +18,11 @@ pub mod server;
 pub mod wire;
 pub mod worker;
 
+pub use admission::{Admission, Refusal, Slot, Ticket};
 pub use config::{Defaults, Limits, ServerConfig};
 pub use error::{Result, ServerError};
 pub use image_ref::decode_image_url;
-pub use metrics::{Histogram, Metrics};
+pub use metrics::{Histogram, Metrics, QueueGauges};
 pub use prompt::prompt_of;
 pub use protocol::{ClientMessage, Interaction, StartRequest};
 pub use server::{AppState, Server};

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use headroom_engine::Engine;
 
+use crate::admission::Refusal;
+
 /// Upper bounds (seconds) of the latency histogram buckets; `+Inf` is implied.
 pub const BUCKETS: [f64; 14] = [
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
@@ -70,6 +72,15 @@ impl Histogram {
     }
 }
 
+/// The admission queue's figures at scrape time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueGauges {
+    /// Clients waiting.
+    pub waiting: usize,
+    /// Clients that may wait at once.
+    pub max: usize,
+}
+
 /// Everything the server counts.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -77,8 +88,15 @@ pub struct Metrics {
     pub sessions_open: AtomicU64,
     /// Sessions admitted since start.
     pub sessions_admitted: AtomicU64,
-    /// Sessions refused for capacity (slots, KV pages or memory).
+    /// Sessions refused for capacity (queue full or timed out, KV pages, memory).
     pub sessions_rejected: AtomicU64,
+    /// Sessions refused, by [`Refusal`] (indexed by [`Refusal::index`]).
+    pub sessions_refused: [AtomicU64; Refusal::ALL.len()],
+    /// Sessions admitted after waiting in the queue.
+    pub queue_admitted: AtomicU64,
+    /// Time from `session.start` to admission, for every admitted session (0 when a
+    /// slot was free).
+    pub queue_wait: Histogram,
     /// Sessions that ended with a generation error.
     pub sessions_failed: AtomicU64,
     /// Sessions that produced every chunk.
@@ -114,9 +132,21 @@ fn counter(out: &mut String, name: &str, help: &str, value: impl std::fmt::Displ
 }
 
 impl Metrics {
+    /// Records one refusal for `reason` (also counted in `sessions_rejected`).
+    pub fn refused(&self, reason: Refusal) {
+        self.sessions_refused[reason.index()].fetch_add(1, Ordering::Relaxed);
+        self.sessions_rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The Prometheus text exposition: these counters plus the engine's allocator and
     /// KV-pool figures read now.
-    pub fn render(&self, engine: &Engine, max_sessions: usize, ready: bool) -> String {
+    pub fn render(
+        &self,
+        engine: &Engine,
+        max_sessions: usize,
+        ready: bool,
+        queue: QueueGauges,
+    ) -> String {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let stats = engine.platform().memory_stats();
         let mut out = String::with_capacity(8 << 10);
@@ -241,6 +271,37 @@ impl Metrics {
         );
         gauge(
             o,
+            "headroom_queue_waiting",
+            "Clients waiting in the admission queue.",
+            queue.waiting,
+        );
+        gauge(
+            o,
+            "headroom_queue_max",
+            "Clients that may wait at once (--max-queue).",
+            queue.max,
+        );
+        counter(
+            o,
+            "headroom_queue_admitted_total",
+            "Sessions admitted after waiting in the queue.",
+            load(&self.queue_admitted),
+        );
+        let _ = writeln!(
+            o,
+            "# HELP headroom_sessions_refused_total Sessions refused, by reason."
+        );
+        let _ = writeln!(o, "# TYPE headroom_sessions_refused_total counter");
+        for reason in Refusal::ALL {
+            let _ = writeln!(
+                o,
+                "headroom_sessions_refused_total{{reason=\"{}\"}} {}",
+                reason.label(),
+                load(&self.sessions_refused[reason.index()])
+            );
+        }
+        gauge(
+            o,
             "headroom_connections_open",
             "WebSocket connections open.",
             load(&self.connections_open),
@@ -308,6 +369,11 @@ impl Metrics {
             o,
             "headroom_time_to_first_chunk_seconds",
             "Time from session.start to the first chunk being ready.",
+        );
+        self.queue_wait.render(
+            o,
+            "headroom_queue_wait_seconds",
+            "Time from session.start to admission (0 when a slot was free).",
         );
         out
     }

@@ -1,22 +1,28 @@
 //! `WS /v1/realtime/video`: one socket, one session.
 //!
 //! The socket task is a small state machine on the async runtime; it never generates.
-//! It waits for `session.start` (start timeout), checks it, takes a session slot and
-//! starts the session's worker thread, then serves three sources at once: the worker's
+//! It waits for `session.start` (start timeout), checks it, takes a session slot — or
+//! waits for one in the admission queue, telling the client `session.queued` with how
+//! many are ahead, answering pings, holding interactions, leaving the queue on a hang-up
+//! or `session.stop` — and starts the session's worker thread, then serves three
+//! sources at once: the worker's
 //! events (admission, chunks, the end), the client's messages (interactions, pings, stop)
 //! and the clocks (stall timeout, server shutdown). Each chunk goes out as a
 //! `video.chunk_metadata` text message immediately followed by its one binary message;
 //! only this task writes to the socket, so nothing can come between the two.
 //!
-//! Ending: `session.stop`, shutdown and the stall timeout set the worker's cancel flag and
-//! keep reading until the worker reports its end (it releases everything first); a
-//! closed socket drops the event channel, which ends the worker at its next send.
+//! Ending: `session.stop`, shutdown and the stall timeout cancel the worker's token (its
+//! chunk stops at the next DMD step or decoded frame) and keep reading until the worker
+//! reports its end (it releases everything first); a closed socket cancels the token too.
+//! The stall clock starts at admission: time in the queue never counts against it.
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::TrySendError;
 use std::sync::Arc;
 use std::time::Instant;
+
+use crate::admission::{Refusal, Slot};
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use serde_json::Value;
@@ -26,7 +32,7 @@ use crate::error::ServerError;
 use crate::protocol::{ClientMessage, Interaction, StartRequest};
 use crate::server::AppState;
 use crate::wire;
-use crate::worker::{self, Ending, Job, Slot, WorkerEvent, WorkerHandle};
+use crate::worker::{self, Ending, Job, WorkerEvent, WorkerHandle};
 
 /// Serves one WebSocket connection to its end.
 pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>) {
@@ -36,6 +42,9 @@ pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>) {
         open: true,
         state,
         request_id: None,
+        event_ids: HashSet::new(),
+        fresh_ids: 0,
+        held: Vec::new(),
     };
     if let Some((start, started_at)) = conn.await_start().await {
         conn.run_session(start, started_at).await;
@@ -49,6 +58,29 @@ struct Connection {
     open: bool,
     state: Arc<AppState>,
     request_id: Option<String>,
+    /// `event_id`s this session used (kept to detect conflicts).
+    event_ids: HashSet<String>,
+    /// Ids given to interactions that came without one.
+    fresh_ids: u64,
+    /// Interactions acknowledged while queued, handed to the worker once it starts.
+    held: Vec<Interaction>,
+}
+
+/// How a worker's run ended for the socket task.
+enum Outcome {
+    /// The client heard the end (done or an error).
+    Ended,
+    /// The session could not reserve its pages or state while others held theirs:
+    /// back to the head of the queue.
+    Requeue,
+}
+
+/// What a message from a queued client asks for.
+enum QueuedInput {
+    /// Go on waiting.
+    Wait,
+    /// The client stopped or hung up: leave the queue.
+    Leave,
 }
 
 /// What the session loop is doing.
@@ -167,7 +199,7 @@ impl Connection {
         }
     }
 
-    /// Checks the start, takes a slot, runs the worker and streams until it ends.
+    /// Checks the start, waits for admission, runs the worker and streams until it ends.
     async fn run_session(&mut self, start: serde_json::Map<String, Value>, started_at: Instant) {
         let state = Arc::clone(&self.state);
         let request = match StartRequest::parse(&start, &state.config.defaults) {
@@ -190,51 +222,229 @@ impl Connection {
         if state.is_shutting_down() {
             return self.send_error(&ServerError::ShuttingDown, None).await;
         }
-        let Some(slot) = Slot::try_take(&state.open, state.config.max_sessions, &state.metrics)
-        else {
-            state
-                .metrics
-                .sessions_rejected
-                .fetch_add(1, Ordering::Relaxed);
-            let e = ServerError::Capacity(format!(
-                "all {} session slots are in use (--max-sessions)",
-                state.config.max_sessions
-            ));
-            return self.send_error(&e, None).await;
-        };
         let request_id = state.new_request_id();
         self.request_id = Some(request_id.clone());
         let config = request.config(&state.config.model_name);
-        let job = Job {
-            engine: Arc::clone(&state.engine),
-            request,
-            started_at,
-            slot,
-            request_id: request_id.clone(),
-            metrics: Arc::clone(&state.metrics),
-        };
-        let limits = &state.config.limits;
-        let worker =
-            match worker::spawn(job, state.config.chunks_ahead, limits.pending_interactions) {
-                Ok(w) => w,
-                Err(e) => return self.send_error(&e, None).await,
+        let deadline = TokioInstant::from_std(started_at) + state.config.queue_timeout;
+        let mut requeued = false;
+        let mut waited = std::time::Duration::ZERO;
+        loop {
+            let Some(slot) = self.admit(requeued, deadline, &request_id).await else {
+                return;
             };
-        self.stream(worker, &request_id, config).await;
+            if !requeued {
+                waited = started_at.elapsed();
+                state.metrics.queue_wait.observe(waited);
+            }
+            let job = Job {
+                engine: Arc::clone(&state.engine),
+                request: request.clone(),
+                started_at,
+                slot,
+                request_id: request_id.clone(),
+                metrics: Arc::clone(&state.metrics),
+                held: std::mem::take(&mut self.held),
+            };
+            let limits = &state.config.limits;
+            let worker =
+                match worker::spawn(job, state.config.chunks_ahead, limits.pending_interactions) {
+                    Ok(w) => w,
+                    Err(e) => return self.send_error(&e, None).await,
+                };
+            let wait_ms = waited.as_secs_f64() * 1e3;
+            match self
+                .stream(worker, &request_id, config.clone(), wait_ms)
+                .await
+            {
+                Outcome::Ended => return,
+                Outcome::Requeue => requeued = true,
+            }
+        }
+    }
+
+    /// Refuses the session for `reason`, counting it.
+    async fn refuse(&mut self, reason: Refusal, error: ServerError) {
+        self.state.metrics.refused(reason);
+        self.send_error(&error, None).await;
+    }
+
+    /// A session slot: at once when one is free and nobody waits, else after waiting in
+    /// the queue (at its head when `front`) until `deadline`. `None` when the client was
+    /// refused, stopped or hung up (it has been told what it needs to hear).
+    async fn admit(
+        &mut self,
+        front: bool,
+        deadline: TokioInstant,
+        request_id: &str,
+    ) -> Option<Slot> {
+        let state = Arc::clone(&self.state);
+        let admission = &state.admission;
+        let mut changes = admission.changes();
+        let mut ticket = if front {
+            admission.join(true)
+        } else {
+            match admission.try_enter() {
+                Ok(slot) => return Some(slot),
+                Err(Some(reason)) => {
+                    self.refuse(Refusal::QueueFull, ServerError::Capacity(reason))
+                        .await;
+                    return None;
+                }
+                Err(None) => admission.join(false),
+            }
+        };
+        let mut shutdown = state.shutdown_signal();
+        let timeout_s = state.config.queue_timeout.as_secs_f64();
+        let mut told = None;
+        loop {
+            if state.is_shutting_down() {
+                self.refuse(Refusal::ShuttingDown, ServerError::ShuttingDown)
+                    .await;
+                return None;
+            }
+            ticket = match ticket.try_admit() {
+                Ok(slot) => {
+                    state.metrics.queue_admitted.fetch_add(1, Ordering::Relaxed);
+                    return Some(slot);
+                }
+                Err(ticket) => ticket,
+            };
+            let ahead = ticket.ahead();
+            if told != Some(ahead) {
+                told = Some(ahead);
+                if !self
+                    .send_json(&wire::session_queued(request_id, ahead, timeout_s))
+                    .await
+                {
+                    return None;
+                }
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = shutdown.changed() => {}
+                _ = sleep_until(deadline) => {
+                    let why = admission.room().err().unwrap_or_else(|| "others were ahead".to_string());
+                    let e = ServerError::Capacity(format!(
+                        "waited {timeout_s:.1} s in the admission queue without a free slot ({why}); raise --queue-timeout or add capacity"
+                    ));
+                    self.refuse(Refusal::QueueTimeout, e).await;
+                    return None;
+                }
+                message = self.socket.recv() => {
+                    if let QueuedInput::Leave = self.while_queued(message, request_id).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers one message of a queued client: pings, interactions held for the session,
+    /// `session.stop` (answered with `session.done {chunks: 0, stopped: true}`).
+    async fn while_queued(
+        &mut self,
+        message: Option<std::result::Result<Message, axum::Error>>,
+        request_id: &str,
+    ) -> QueuedInput {
+        let limits = self.state.config.limits.clone();
+        let text = match message {
+            Some(Ok(Message::Text(text))) => text,
+            Some(Ok(Message::Binary(_))) => {
+                let e = ServerError::InvalidJson(
+                    "binary messages are not accepted; send JSON text".to_string(),
+                );
+                self.send_error(&e, None).await;
+                return QueuedInput::Wait;
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => return QueuedInput::Wait,
+            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
+                self.open = false;
+                return QueuedInput::Leave;
+            }
+        };
+        if text.len() > limits.control_message_bytes {
+            let e = ServerError::MessageTooLarge {
+                kind: "control",
+                bytes: text.len(),
+                limit: limits.control_message_bytes,
+            };
+            self.send_error(&e, None).await;
+            return QueuedInput::Wait;
+        }
+        match ClientMessage::parse(text.as_str()) {
+            Err(e) => self.send_error(&e, None).await,
+            Ok(ClientMessage::Ping) => {
+                self.send_json(&wire::pong()).await;
+            }
+            Ok(ClientMessage::Stop) => {
+                self.send_json(&wire::session_done(request_id, 0, true))
+                    .await;
+                return QueuedInput::Leave;
+            }
+            Ok(ClientMessage::Start(_)) => {
+                let e = ServerError::InvalidState(
+                    "a session is already waiting on this socket; open a new socket for another"
+                        .to_string(),
+                );
+                self.send_error(&e, None).await;
+            }
+            Ok(ClientMessage::Interaction(map)) => {
+                let parsed = self.parse_interaction(&map, request_id);
+                let Some(interaction) = self.check_interaction(parsed, Phase::Running).await else {
+                    return QueuedInput::Wait;
+                };
+                if self.held.len() >= limits.pending_interactions {
+                    let e = ServerError::Busy(format!(
+                        "{} interactions already wait for the session to start",
+                        limits.pending_interactions
+                    ));
+                    self.send_error(&e, Some(&interaction.event_id)).await;
+                    return QueuedInput::Wait;
+                }
+                self.event_ids.insert(interaction.event_id.clone());
+                self.send_json(&wire::interaction_queued(request_id, &interaction.event_id))
+                    .await;
+                self.held.push(interaction);
+            }
+        }
+        if self.open {
+            QueuedInput::Wait
+        } else {
+            QueuedInput::Leave
+        }
+    }
+
+    fn parse_interaction(
+        &mut self,
+        map: &serde_json::Map<String, Value>,
+        request_id: &str,
+    ) -> crate::error::Result<Interaction> {
+        let limits = &self.state.config.limits;
+        let fresh_ids = &mut self.fresh_ids;
+        Interaction::parse(map, limits, || {
+            *fresh_ids += 1;
+            format!("{request_id}-event-{fresh_ids}")
+        })
     }
 
     /// The session loop: worker events, client messages, stall and shutdown.
-    async fn stream(&mut self, mut worker: WorkerHandle, request_id: &str, config: Value) {
+    async fn stream(
+        &mut self,
+        mut worker: WorkerHandle,
+        request_id: &str,
+        config: Value,
+        queue_wait_ms: f64,
+    ) -> Outcome {
         let state = Arc::clone(&self.state);
         let limits = state.config.limits.clone();
         let mut shutdown = state.shutdown_signal();
         let mut shutdown_seen = false;
         let mut phase = Phase::Running;
         let mut stopped = false;
+        let mut opened = false;
         let mut chunks_sent: u64 = 0;
-        let mut event_ids: HashSet<String> = HashSet::new();
-        let mut fresh_ids: u64 = 0;
         let mut last_progress = TokioInstant::now();
-        let cancel = |worker: &WorkerHandle| worker.cancel.store(true, Ordering::Release);
+        let cancel = |worker: &WorkerHandle| worker.cancel.cancel();
         // A shutdown that began before this subscription is not a change: look once.
         if *shutdown.borrow_and_update() {
             shutdown_seen = true;
@@ -258,12 +468,15 @@ impl Connection {
                         let e = ServerError::Generation(
                             "the session's worker thread ended unexpectedly".to_string(),
                         );
-                        return self.send_error(&e, None).await;
+                        self.send_error(&e, None).await;
+                        return Outcome::Ended;
                     };
                     match event {
                         WorkerEvent::Opened { .. } => {
+                            opened = true;
                             last_progress = TokioInstant::now();
-                            self.send_json(&wire::video_start(request_id, config.clone())).await;
+                            let start = wire::video_start(request_id, config.clone(), queue_wait_ms);
+                            self.send_json(&start).await;
                         }
                         WorkerEvent::Chunk(chunk) => {
                             if phase == Phase::Ending {
@@ -281,7 +494,7 @@ impl Connection {
                             }
                         }
                         WorkerEvent::InteractionFailed { event_id, error } => {
-                            event_ids.remove(&event_id);
+                            self.event_ids.remove(&event_id);
                             self.send_error(&error, Some(&event_id)).await;
                         }
                         WorkerEvent::Ended(ending) => {
@@ -292,17 +505,34 @@ impl Connection {
                                 Ending::Cancelled => {
                                     self.send_json(&wire::session_done(request_id, chunks_sent, true)).await;
                                 }
+                                Ending::Refused(ServerError::Capacity(reason)) => {
+                                    // Others hold pages or memory that end with them: wait
+                                    // for them at the head of the queue.
+                                    if !opened
+                                        && phase == Phase::Running
+                                        && state.admission.open() > 0
+                                        && !state.is_shutting_down()
+                                    {
+                                        return Outcome::Requeue;
+                                    }
+                                    let kind = if reason.contains("pages") {
+                                        Refusal::KvPages
+                                    } else {
+                                        Refusal::Memory
+                                    };
+                                    self.refuse(kind, ServerError::Capacity(reason)).await;
+                                }
                                 Ending::Refused(e) | Ending::Failed(e) => {
                                     self.send_error(&e, None).await;
                                 }
                             }
-                            return;
+                            return Outcome::Ended;
                         }
                     }
                     if !self.open {
                         // The client is gone: dropping the handle ends the worker.
                         cancel(&worker);
-                        return;
+                        return Outcome::Ended;
                     }
                 }
                 message = self.socket.recv(), if self.open => {
@@ -335,11 +565,8 @@ impl Connection {
                                     self.send_error(&e, None).await;
                                 }
                                 Ok(ClientMessage::Interaction(map)) => {
-                                    let parsed = Interaction::parse(&map, &limits, || {
-                                        fresh_ids += 1;
-                                        format!("{request_id}-event-{fresh_ids}")
-                                    });
-                                    self.queue(&worker, parsed, &mut event_ids, request_id, phase).await;
+                                    let parsed = self.parse_interaction(&map, request_id);
+                                    self.queue(&worker, parsed, request_id, phase).await;
                                 }
                             }
                         }
@@ -353,15 +580,16 @@ impl Connection {
                         Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
                             self.open = false;
                             cancel(&worker);
-                            return;
+                            return Outcome::Ended;
                         }
                     }
                     if !self.open {
                         cancel(&worker);
-                        return;
+                        return Outcome::Ended;
                     }
                 }
-                _ = sleep_until(stall_at), if phase == Phase::Running => {
+                // The clock runs from admission: opening the session is not a stall.
+                _ = sleep_until(stall_at), if phase == Phase::Running && opened => {
                     let secs = limits.stall_timeout.as_secs_f64();
                     self.send_error(&ServerError::StallTimeout(secs), None).await;
                     phase = Phase::Ending;
@@ -371,28 +599,29 @@ impl Connection {
         }
     }
 
-    /// Checks an interaction's id and hands it to the worker for the next boundary.
-    async fn queue(
+    /// Checks an interaction's id against this session's and the phase; the error (if
+    /// any) has been sent.
+    async fn check_interaction(
         &mut self,
-        worker: &WorkerHandle,
         parsed: crate::error::Result<Interaction>,
-        event_ids: &mut HashSet<String>,
-        request_id: &str,
         phase: Phase,
-    ) {
+    ) -> Option<Interaction> {
         let interaction = match parsed {
             Ok(i) => i,
-            Err(e) => return self.send_error(&e, None).await,
+            Err(e) => {
+                self.send_error(&e, None).await;
+                return None;
+            }
         };
         let id = interaction.event_id.clone();
         let limits = &self.state.config.limits;
-        let refusal = if event_ids.contains(&id) {
+        let refusal = if self.event_ids.contains(&id) {
             Some(ServerError::EventIdConflict(id.clone()))
         } else if phase == Phase::Ending {
             Some(ServerError::InvalidState(
                 "the session is ending; no more interactions are taken".to_string(),
             ))
-        } else if event_ids.len() >= limits.events_per_session {
+        } else if self.event_ids.len() >= limits.events_per_session {
             Some(ServerError::Busy(format!(
                 "a session takes at most {} interactions",
                 limits.events_per_session
@@ -401,11 +630,28 @@ impl Connection {
             None
         };
         if let Some(e) = refusal {
-            return self.send_error(&e, Some(&id)).await;
+            self.send_error(&e, Some(&id)).await;
+            return None;
         }
+        Some(interaction)
+    }
+
+    /// Checks an interaction and hands it to the worker for the next boundary.
+    async fn queue(
+        &mut self,
+        worker: &WorkerHandle,
+        parsed: crate::error::Result<Interaction>,
+        request_id: &str,
+        phase: Phase,
+    ) {
+        let Some(interaction) = self.check_interaction(parsed, phase).await else {
+            return;
+        };
+        let id = interaction.event_id.clone();
+        let limits = &self.state.config.limits;
         match worker.control.try_send(interaction) {
             Ok(()) => {
-                event_ids.insert(id.clone());
+                self.event_ids.insert(id.clone());
                 self.send_json(&wire::interaction_queued(request_id, &id))
                     .await;
             }

@@ -23,9 +23,10 @@ use headroom_engine::{Engine, EngineConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::admission::Admission;
 use crate::config::ServerConfig;
 use crate::error::{Result, ServerError};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, QueueGauges};
 use crate::realtime::handle_socket;
 
 /// The web viewer page.
@@ -42,8 +43,8 @@ pub struct AppState {
     pub pages_per_session: usize,
     /// Counters.
     pub metrics: Arc<Metrics>,
-    /// Session slots held.
-    pub open: Arc<AtomicU64>,
+    /// Session slots and the queue in front of them.
+    pub admission: Arc<Admission>,
     shutdown_tx: watch::Sender<bool>,
     sockets: watch::Sender<usize>,
     request_ids: AtomicU64,
@@ -101,30 +102,32 @@ impl AppState {
         format!("video_stream-{:016x}{:016x}", h.finish(), n)
     }
 
-    /// `Ok` while a new session could be admitted now, else the reason: shutting down,
-    /// every slot held, or too few free KV pages for one more session.
+    /// `Ok` while a new client would be served (admitted now or queued), else the
+    /// reason: shutting down, or the queue full; with no queue (`--max-queue 0`), every
+    /// slot held or too few free KV pages for one more session.
     pub fn readiness(&self) -> std::result::Result<(), String> {
         if self.is_shutting_down() {
             return Err("the server is shutting down".to_string());
         }
-        let open = self.open.load(Ordering::Acquire);
-        let max = self.config.max_sessions as u64;
-        if open >= max {
+        let max = self.admission.max_queue();
+        if max == 0 {
+            return self.admission.room();
+        }
+        let waiting = self.admission.waiting();
+        if waiting >= max {
             return Err(format!(
-                "all {max} session slots are in use (--max-sessions)"
+                "the admission queue is full: {waiting} of {max} clients wait (--max-queue)"
             ));
         }
-        if let Some(pool) = self.engine.kv_pool() {
-            let free = pool.free_pages();
-            if free < self.pages_per_session {
-                return Err(format!(
-                    "the KV pool has {free} of {} pages free; a session needs {}",
-                    pool.total_pages(),
-                    self.pages_per_session
-                ));
-            }
-        }
         Ok(())
+    }
+
+    /// The queue's figures now.
+    pub fn queue_gauges(&self) -> QueueGauges {
+        QueueGauges {
+            waiting: self.admission.waiting(),
+            max: self.admission.max_queue(),
+        }
     }
 }
 
@@ -147,13 +150,22 @@ impl Server {
             .map_err(|e| ServerError::Setup(format!("cannot load the engine: {e}")))?;
         let (shutdown_tx, _) = watch::channel(false);
         let (sockets, _) = watch::channel(0);
+        let engine = Arc::new(engine);
+        let metrics = Arc::new(Metrics::default());
+        let admission = Admission::new(
+            Arc::clone(&engine),
+            Arc::clone(&metrics),
+            config.max_sessions,
+            config.max_queue,
+            pages_per_session,
+        );
         Ok(Self {
             state: Arc::new(AppState {
-                engine: Arc::new(engine),
+                engine,
                 config,
                 pages_per_session,
-                metrics: Arc::new(Metrics::default()),
-                open: Arc::new(AtomicU64::new(0)),
+                metrics,
+                admission,
                 shutdown_tx,
                 sockets,
                 request_ids: AtomicU64::new(1),
@@ -178,7 +190,12 @@ impl Server {
 
     /// Sessions holding a slot now.
     pub fn open_sessions(&self) -> u64 {
-        self.state.open.load(Ordering::Acquire)
+        self.state.admission.open() as u64
+    }
+
+    /// Clients waiting in the admission queue now.
+    pub fn queued(&self) -> usize {
+        self.state.admission.waiting()
     }
 
     /// The routes.
@@ -237,9 +254,12 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let ready = state.readiness().is_ok();
-    let body = state
-        .metrics
-        .render(&state.engine, state.config.max_sessions, ready);
+    let body = state.metrics.render(
+        &state.engine,
+        state.config.max_sessions,
+        ready,
+        state.queue_gauges(),
+    );
     (
         [(
             header::CONTENT_TYPE,
@@ -268,6 +288,8 @@ async fn stats(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         "kv_pages_free": pages_free,
         "sessions_open": m.sessions_open.load(Ordering::Relaxed),
         "max_sessions": state.config.max_sessions,
+        "queue_waiting": state.admission.waiting(),
+        "max_queue": state.config.max_queue,
         "ready": readiness.is_ok(),
         "not_ready_reason": readiness.err(),
         "chunks_sent": m.chunks_sent.load(Ordering::Relaxed),

@@ -6,18 +6,34 @@ use crate::error::ServerError;
 use crate::worker::EncodedChunk;
 
 /// `video.start`: the session was admitted; `config` echoes the accepted request.
-pub fn video_start(request_id: &str, config: Value) -> Value {
+/// `queue_wait_ms` (headroom's, ignored by vLLM-Omni's clients) is the time from
+/// `session.start` to admission: 0 when a slot was free at once.
+pub fn video_start(request_id: &str, config: Value, queue_wait_ms: f64) -> Value {
     json!({
         "type": "video.start",
         "request_id": request_id,
         "format": "m4s",
         "config": config,
+        "queue_wait_ms": queue_wait_ms,
+    })
+}
+
+/// `session.queued`: the session waits for a free slot with `ahead` clients before it;
+/// sent on entering the queue and whenever that number changes. (headroom's own message:
+/// vLLM-Omni's clients skip types they do not know and just see `video.start` later.)
+pub fn session_queued(request_id: &str, ahead: usize, timeout_s: f64) -> Value {
+    json!({
+        "type": "session.queued",
+        "request_id": request_id,
+        "ahead": ahead,
+        "position": ahead + 1,
+        "queue_timeout_s": timeout_s,
     })
 }
 
 /// `video.chunk_metadata` describing the binary message that follows it. Beyond
 /// vLLM-Omni's fields it carries the chunk's timings and the allocator's figures after
-/// its decode (clients ignore fields they do not know).
+/// its denoise and its decode (clients ignore fields they do not know).
 pub fn chunk_metadata(request_id: &str, transport_index: u64, chunk: &EncodedChunk) -> Value {
     json!({
         "type": "video.chunk_metadata",
@@ -36,6 +52,8 @@ pub fn chunk_metadata(request_id: &str, transport_index: u64, chunk: &EncodedChu
         "decode_ms": chunk.phases[2] * 1e3,
         "allocated_bytes": chunk.allocated_bytes,
         "reserved_bytes": chunk.reserved_bytes,
+        "denoise_end_allocated_bytes": chunk.denoise_end_bytes[0],
+        "denoise_end_reserved_bytes": chunk.denoise_end_bytes[1],
     })
 }
 

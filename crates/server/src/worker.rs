@@ -10,51 +10,23 @@
 //! reads `session.done` finds the memory already given back.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use headroom_engine::{Chunk, Engine, Session, SessionRequest};
+use headroom_engine::{CancelToken, Chunk, Engine, EngineError, Session, SessionRequest};
 use headroom_media::FragmentedMp4;
 use headroom_model::camera::UpdateMode;
 use headroom_tensor::Device;
 use tokio::sync::mpsc;
 
+use crate::admission::Slot;
 use crate::error::{Result, ServerError};
 use crate::image_ref::decode_image_url;
 use crate::metrics::Metrics;
 use crate::prompt::prompt_of;
 use crate::protocol::{Interaction, StartRequest};
-
-/// A held session slot; dropping it frees the slot.
-#[derive(Debug)]
-pub struct Slot {
-    open: Arc<AtomicU64>,
-    metrics: Arc<Metrics>,
-}
-
-impl Slot {
-    /// Takes a slot when fewer than `max` are held.
-    pub fn try_take(open: &Arc<AtomicU64>, max: usize, metrics: &Arc<Metrics>) -> Option<Self> {
-        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-            (n < max as u64).then_some(n + 1)
-        })
-        .ok()?;
-        metrics.sessions_open.fetch_add(1, Ordering::Relaxed);
-        Some(Self {
-            open: Arc::clone(open),
-            metrics: Arc::clone(metrics),
-        })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.metrics.sessions_open.fetch_sub(1, Ordering::Relaxed);
-        self.open.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 /// One encoded chunk on its way to the socket.
 #[derive(Debug)]
@@ -79,6 +51,9 @@ pub struct EncodedChunk {
     pub allocated_bytes: i64,
     /// Allocator `reserved_bytes.all.current` after the decode.
     pub reserved_bytes: i64,
+    /// Allocator `allocated_bytes` and `reserved_bytes` (`.all.current`) at the end of
+    /// the denoise phase.
+    pub denoise_end_bytes: [i64; 2],
 }
 
 /// How a worker ended.
@@ -122,8 +97,17 @@ pub struct WorkerHandle {
     pub events: mpsc::Receiver<WorkerEvent>,
     /// Interactions for the next chunk boundary (bounded).
     pub control: SyncSender<Interaction>,
-    /// Set to end the session at the next chunk boundary.
-    pub cancel: Arc<AtomicBool>,
+    /// Ends the session at its next safe point (within one DMD step or decoded frame);
+    /// dropping the handle cancels too.
+    pub cancel: CancelToken,
+}
+
+impl Drop for WorkerHandle {
+    fn drop(&mut self) {
+        // Nobody reads this worker's events any more: stop it now rather than at its
+        // next send.
+        self.cancel.cancel();
+    }
 }
 
 /// What a worker needs.
@@ -141,14 +125,24 @@ pub struct Job {
     pub request_id: String,
     /// Counters.
     pub metrics: Arc<Metrics>,
+    /// Interactions acknowledged while the client waited: they apply from the first chunk.
+    pub held: Vec<Interaction>,
 }
 
 /// Spawns the worker thread of `job`.
-pub fn spawn(job: Job, chunks_ahead: usize, pending_interactions: usize) -> Result<WorkerHandle> {
+pub fn spawn(
+    mut job: Job,
+    chunks_ahead: usize,
+    pending_interactions: usize,
+) -> Result<WorkerHandle> {
     let (event_tx, events) = mpsc::channel(chunks_ahead.max(1) + 2);
     let (control, control_rx) = std::sync::mpsc::sync_channel(pending_interactions.max(1));
-    let cancel = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&cancel);
+    for interaction in std::mem::take(&mut job.held) {
+        // The socket task held at most `pending_interactions`: they all fit.
+        let _ = control.try_send(interaction);
+    }
+    let cancel = CancelToken::new();
+    let flag = cancel.clone();
     std::thread::Builder::new()
         .name("headroom-session".to_string())
         .spawn(move || run(job, &event_tx, &control_rx, &flag))
@@ -164,20 +158,25 @@ fn run(
     job: Job,
     events: &mpsc::Sender<WorkerEvent>,
     control: &Receiver<Interaction>,
-    cancel: &AtomicBool,
+    cancel: &CancelToken,
 ) {
     let Job {
         engine,
         request,
         started_at,
-        slot,
+        mut slot,
         request_id,
         metrics,
+        held: _,
     } = job;
     let _span = tracing::info_span!("session", request_id = %request_id).entered();
-    let ending = match open(&engine, &request) {
+    let opened = open(&engine, &request);
+    // Pages and state are reserved (or not): the next client in line may be admitted.
+    slot.opened();
+    let ending = match opened {
         Err(error) => Ending::Refused(error),
-        Ok(session) => {
+        Ok(mut session) => {
+            session.set_cancel(cancel.clone());
             metrics.sessions_admitted.fetch_add(1, Ordering::Relaxed);
             let mut stream = Stream {
                 session,
@@ -199,7 +198,7 @@ fn run(
     let counter = match &ending {
         Ending::Completed => Some(&metrics.sessions_completed),
         Ending::Cancelled => Some(&metrics.sessions_stopped),
-        Ending::Refused(ServerError::Capacity(_)) => Some(&metrics.sessions_rejected),
+        // The socket task counts capacity refusals (it may queue the client again).
         Ending::Refused(_) => None,
         Ending::Failed(_) => Some(&metrics.sessions_failed),
     };
@@ -242,7 +241,7 @@ struct Stream<'a> {
     tracker: Tracker,
     events: &'a mpsc::Sender<WorkerEvent>,
     control: &'a Receiver<Interaction>,
-    cancel: &'a AtomicBool,
+    cancel: &'a CancelToken,
     metrics: &'a Metrics,
     started_at: Instant,
 }
@@ -262,7 +261,7 @@ impl Stream<'_> {
             Err(e) => return Ending::Failed(ServerError::Generation(format!("encoder: {e}"))),
         };
         for _ in 0..total {
-            if self.cancel.load(Ordering::Acquire) {
+            if self.cancel.is_cancelled() {
                 return Ending::Cancelled;
             }
             let started = match self.apply_interactions() {
@@ -272,6 +271,8 @@ impl Stream<'_> {
             let t = Instant::now();
             let chunk = match self.session.next_chunk() {
                 Ok(chunk) => chunk,
+                // Stopped inside the chunk: the session has already let go of its pages.
+                Err(EngineError::Cancelled { .. }) => return Ending::Cancelled,
                 Err(e) => return Ending::Failed(ServerError::Generation(e.to_string())),
             };
             let encoded = match encode(&mut mp4, &chunk) {
@@ -307,10 +308,14 @@ impl Stream<'_> {
                 ],
                 allocated_bytes: chunk.stats_decoded.allocated_bytes.all().current,
                 reserved_bytes: chunk.stats_decoded.reserved_bytes.all().current,
+                denoise_end_bytes: [
+                    chunk.stats_denoise_end.allocated_bytes.all().current,
+                    chunk.stats_denoise_end.reserved_bytes.all().current,
+                ],
             };
             drop(chunk);
             // A stop that came in during the chunk: the chunk is not sent.
-            if self.cancel.load(Ordering::Acquire) {
+            if self.cancel.is_cancelled() {
                 return Ending::Cancelled;
             }
             if self
@@ -456,17 +461,5 @@ mod tests {
         assert_eq!(t.after_chunk(), (vec![], vec!["t".to_string()]));
         t.start("snap", UpdateMode::Target, 0.0);
         assert_eq!(t.after_chunk(), (vec![], vec!["snap".to_string()]));
-    }
-
-    #[test]
-    fn slots_are_bounded_and_come_back_on_drop() {
-        let open = Arc::new(AtomicU64::new(0));
-        let metrics = Arc::new(Metrics::default());
-        let a = Slot::try_take(&open, 1, &metrics).unwrap();
-        assert!(Slot::try_take(&open, 1, &metrics).is_none());
-        assert_eq!(metrics.sessions_open.load(Ordering::Relaxed), 1);
-        drop(a);
-        assert!(Slot::try_take(&open, 1, &metrics).is_some());
-        assert_eq!(metrics.sessions_open.load(Ordering::Relaxed), 0);
     }
 }

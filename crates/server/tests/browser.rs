@@ -1,7 +1,8 @@
 //! The web viewer in a real browser: headless Chromium (Debian's `chromium`) opens
 //! `GET /`, the page starts a session on the `tiny` model, plays it through MediaSource,
-//! and a held key steers it; the test reads the page over the DevTools protocol and saves
-//! a screenshot to `$CARGO_TARGET_TMPDIR/viewer.png`.
+//! and a held key steers it; with the only slot taken, the page shows that it waits for a
+//! free slot and then streams, drawing the memory chart with phase marks. The tests read
+//! the page over the DevTools protocol and save screenshots to `$CARGO_TARGET_TMPDIR`.
 //!
 //! Skipped (with a note) where no `chromium` binary is installed.
 
@@ -105,6 +106,62 @@ impl Page {
     }
 }
 
+/// Starts headless `browser` on `url`; returns the process, its DevTools address and the
+/// profile folder (removed on drop).
+async fn launch(browser: &str, url: &str) -> (std::process::Child, String, tempfile::TempDir) {
+    let profile = tempfile::tempdir().unwrap();
+    let mut child = Command::new(browser)
+        .args([
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--autoplay-policy=no-user-gesture-required",
+            "--window-size=1280,800",
+            "--remote-debugging-port=0",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Chromium prints "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/…".
+    let stderr = child.stderr.take().unwrap();
+    let devtools = tokio::task::spawn_blocking(move || {
+        let mut lines = BufReader::new(stderr).lines();
+        let port = lines.by_ref().find_map(|line| {
+            let line = line.ok()?;
+            let rest = line.split("DevTools listening on ws://").nth(1)?;
+            Some(rest.split('/').next()?.to_string())
+        });
+        // Keep draining so Chromium never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        port
+    })
+    .await
+    .unwrap()
+    .expect("chromium announces its DevTools port");
+
+    (child, devtools, profile)
+}
+
+/// The page target's DevTools connection.
+async fn page(devtools: &str) -> Page {
+    let pages: Value = serde_json::from_str(&http_get(devtools, "/json/list").await).unwrap();
+    let page_ws = pages
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "page")
+        .and_then(|p| p["webSocketDebuggerUrl"].as_str())
+        .expect("a page target")
+        .to_string();
+    let (ws, _) = tokio_tungstenite::connect_async(page_ws).await.unwrap();
+    Page { ws, next_id: 0 }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewer_plays_a_tiny_session_in_headless_chromium_and_steers_it() {
     let Some(browser) = chromium() else {
@@ -127,54 +184,10 @@ async fn the_viewer_plays_a_tiny_session_in_headless_chromium_and_steers_it() {
         let _ = stopped.await;
     }));
 
-    let profile = tempfile::tempdir().unwrap();
     let url = format!("http://{addr}/?autostart=1&frames=117&seed=3&width=96&height=64");
-    let mut child = Command::new(browser)
-        .args([
-            "--headless=new",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--no-first-run",
-            "--autoplay-policy=no-user-gesture-required",
-            "--window-size=1280,800",
-            "--remote-debugging-port=0",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg(&url)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Chromium prints "DevTools listening on ws://127.0.0.1:PORT/devtools/browser/…".
-    let stderr = child.stderr.take().unwrap();
-    let devtools = tokio::task::spawn_blocking(move || {
-        let mut lines = BufReader::new(stderr).lines();
-        let port = lines.by_ref().find_map(|line| {
-            let line = line.ok()?;
-            let rest = line.split("DevTools listening on ws://").nth(1)?;
-            Some(rest.split('/').next()?.to_string())
-        });
-        // Keep draining so Chromium never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
-        port
-    })
-    .await
-    .unwrap()
-    .expect("chromium announces its DevTools port");
-
+    let (mut child, devtools, _profile) = launch(browser, &url).await;
     let result = tokio::time::timeout(GUARD, async {
-        let pages: Value = serde_json::from_str(&http_get(&devtools, "/json/list").await).unwrap();
-        let page_ws = pages
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["type"] == "page")
-            .and_then(|p| p["webSocketDebuggerUrl"].as_str())
-            .expect("a page target")
-            .to_string();
-        let (ws, _) = tokio_tungstenite::connect_async(page_ws).await.unwrap();
-        let mut page = Page { ws, next_id: 0 };
+        let mut page = page(&devtools).await;
         let probe = "JSON.stringify({state: document.getElementById('state')?.textContent ?? '', \
                      chunks: parseInt(document.getElementById('chunks')?.textContent ?? '0'), \
                      played: document.getElementById('video')?.currentTime ?? 0, \
@@ -234,6 +247,137 @@ async fn the_viewer_plays_a_tiny_session_in_headless_chromium_and_steers_it() {
     assert!(
         last["played"].as_f64().unwrap() > 0.0,
         "frames played: {last}"
+    );
+    let _ = stop.send(());
+    serving.await.unwrap().unwrap();
+}
+
+/// Reads a WebSocket until `session.done` (or the end of the stream).
+async fn read_to_done(
+    ws: &mut tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+) -> Option<Value> {
+    while let Some(Ok(message)) = ws.next().await {
+        if let Message::Text(text) = message {
+            let v: Value = serde_json::from_str(text.as_str()).unwrap();
+            if v["type"] == "session.done" {
+                return Some(v);
+            }
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_viewer_shows_it_waits_for_a_free_slot_then_charts_memory_with_phase_marks() {
+    let Some(browser) = chromium() else {
+        eprintln!("skipped: no chromium binary (Debian: apt-get install chromium)");
+        return;
+    };
+    let engine = EngineConfig {
+        model: "tiny".to_string(),
+        ..EngineConfig::default()
+    };
+    let config = ServerConfig {
+        model_name: "tiny".to_string(),
+        ..ServerConfig::default()
+    };
+    let server = Server::new(engine, config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.clone().serve(listener, async {
+        let _ = stopped.await;
+    }));
+    // A client of the test's own holds the only slot with a long, large session.
+    let (mut holder, _) =
+        tokio_tungstenite::connect_async(format!("ws://{addr}/v1/realtime/video"))
+            .await
+            .unwrap();
+    let start = json!({"type": "session.start", "width": 256, "height": 160, "num_frames": 117});
+    holder.send(Message::text(start.to_string())).await.unwrap();
+    loop {
+        let Some(Ok(Message::Text(text))) = holder.next().await else {
+            panic!("the holder's session never started");
+        };
+        if text.as_str().contains("video.start") {
+            break;
+        }
+    }
+
+    let url = format!("http://{addr}/?autostart=1&frames=21&seed=2&width=96&height=64");
+    let (mut child, devtools, _profile) = launch(browser, &url).await;
+    let probe = "JSON.stringify({state: document.getElementById('state')?.textContent ?? '', \
+                 samples: window.chart ? chart.samples.length : 0, \
+                 denoise: window.chart ? chart.marks.filter(m => m.kind === 'denoise_end').length : 0, \
+                 decode: window.chart ? chart.marks.filter(m => m.kind === 'decode_end').length : 0, \
+                 painted: (() => { const c = document.getElementById('chart'); if (!c) return 0; \
+                   const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let n = 0; \
+                   for (let i = 0; i < d.length; i += 4) if (d[i] > 40 || d[i + 1] > 40 || d[i + 2] > 40) n++; \
+                   return n; })()})";
+    let result = tokio::time::timeout(GUARD, async {
+        let mut page = page(&devtools).await;
+        let read = |v: Value| -> Value {
+            v.as_str()
+                .map(|s| serde_json::from_str(s).unwrap())
+                .unwrap_or(Value::Null)
+        };
+        let queued = loop {
+            let v = read(page.eval(probe).await);
+            let state = v["state"].as_str().unwrap_or_default().to_string();
+            assert!(!state.starts_with("error"), "{v}");
+            if state.starts_with("waiting") {
+                break state;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let shot = page
+            .call("Page.captureScreenshot", json!({"format": "png"}))
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap())
+            .unwrap();
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("viewer-queued.png");
+        std::fs::write(&path, png).unwrap();
+        // The holder stops: its chunk ends within a step and the page is admitted.
+        holder
+            .send(Message::text(json!({"type": "session.stop"}).to_string()))
+            .await
+            .unwrap();
+        let held = read_to_done(&mut holder).await.expect("the holder's done");
+        assert_eq!(held["stopped"], true, "{held}");
+        let last = loop {
+            let v = read(page.eval(probe).await);
+            let state = v["state"].as_str().unwrap_or_default();
+            assert!(!state.starts_with("error"), "{v}");
+            if state == "done" && v["decode"].as_u64() == Some(2) {
+                break v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let shot = page
+            .call("Page.captureScreenshot", json!({"format": "png"}))
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap())
+            .unwrap();
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("viewer-chart.png");
+        std::fs::write(&path, png).unwrap();
+        eprintln!("screenshots: {}", path.display());
+        (queued, last)
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let (queued, last) =
+        result.expect("the page never showed the queue and then a finished session");
+    assert_eq!(queued, "waiting for a free slot, 0 ahead");
+    assert!(last["samples"].as_u64().unwrap() > 0, "{last}");
+    assert_eq!(last["denoise"], 2, "a denoise-end mark per chunk: {last}");
+    assert!(
+        last["painted"].as_u64().unwrap() > 500,
+        "the chart is drawn: {last}"
     );
     let _ = stop.send(());
     serving.await.unwrap().unwrap();

@@ -5,269 +5,18 @@
 //! No test measures time: waits are for events, each bounded by a generous guard so a
 //! broken server fails the test instead of hanging it.
 
+mod common;
+
 use std::io::Cursor;
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
-use futures_util::{SinkExt, StreamExt};
-use headroom_engine::EngineConfig;
-use headroom_mem::ReclaimPolicy;
-use headroom_server::{Limits, Server, ServerConfig};
+use futures_util::SinkExt;
+use headroom_server::{Limits, ServerConfig};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-/// Guard against a hang; never an assertion about speed.
-const GUARD: Duration = Duration::from_secs(120);
-const W: usize = 48;
-const H: usize = 32;
-
-struct TestServer {
-    addr: SocketAddr,
-    /// WebSocket connections this test opened.
-    connections: AtomicU64,
-    server: Server,
-    shutdown: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<headroom_server::Result<()>>,
-}
-
-impl TestServer {
-    async fn start(config: ServerConfig, kv_budget_bytes: Option<u64>) -> Self {
-        let engine = EngineConfig {
-            model: "tiny".to_string(),
-            reclaim: ReclaimPolicy::BeforeDecode,
-            kv_budget_bytes,
-            ..EngineConfig::default()
-        };
-        let config = ServerConfig {
-            model_name: "tiny".to_string(),
-            ..config
-        };
-        let server = Server::new(engine, config).unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(server.clone().serve(listener, async {
-            let _ = rx.await;
-        }));
-        Self {
-            addr,
-            connections: AtomicU64::new(0),
-            server,
-            shutdown: Some(tx),
-            task,
-        }
-    }
-
-    async fn default() -> Self {
-        Self::start(ServerConfig::default(), None).await
-    }
-
-    async fn connect(&self) -> Ws {
-        self.connections.fetch_add(1, Ordering::Relaxed);
-        let url = format!("ws://{}/v1/realtime/video", self.addr);
-        tokio_tungstenite::connect_async(url).await.unwrap().0
-    }
-
-    async fn get(&self, path: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(self.addr).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut raw = Vec::new();
-        tokio::time::timeout(GUARD, stream.read_to_end(&mut raw))
-            .await
-            .unwrap()
-            .unwrap();
-        let text = String::from_utf8_lossy(&raw).to_string();
-        let status = text[9..12].parse().unwrap();
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
-    }
-
-    fn allocated_bytes(&self) -> i64 {
-        self.server
-            .engine()
-            .platform()
-            .memory_stats()
-            .allocated_bytes
-            .all()
-            .current
-    }
-
-    /// Waits until every socket this test opened has been served to its end and no
-    /// session holds a slot (workers release before they report).
-    async fn idle(&self) {
-        let metrics = self.server.metrics();
-        let busy = || {
-            metrics.connections_total.load(Ordering::Relaxed)
-                < self.connections.load(Ordering::Relaxed)
-                || metrics.connections_open.load(Ordering::Relaxed) > 0
-                || self.server.open_sessions() > 0
-        };
-        tokio::time::timeout(GUARD, async {
-            while busy() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .expect("sessions never ended");
-    }
-
-    fn assert_pool_free(&self) {
-        let pool = self
-            .server
-            .engine()
-            .kv_pool()
-            .expect("a session sized the pool");
-        assert_eq!(pool.free_pages(), pool.total_pages(), "KV pages leaked");
-    }
-
-    async fn stop(mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        tokio::time::timeout(GUARD, self.task)
-            .await
-            .expect("serve never returned")
-            .unwrap()
-            .unwrap();
-    }
-}
-
-#[derive(Debug)]
-enum In {
-    Json(Value),
-    Bin(Vec<u8>),
-    Closed,
-}
-
-async fn recv(ws: &mut Ws) -> In {
-    loop {
-        let next = tokio::time::timeout(GUARD, ws.next())
-            .await
-            .expect("no message from the server");
-        return match next {
-            Some(Ok(Message::Text(t))) => In::Json(serde_json::from_str(t.as_str()).unwrap()),
-            Some(Ok(Message::Binary(b))) => In::Bin(b.to_vec()),
-            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
-            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => In::Closed,
-        };
-    }
-}
-
-async fn recv_json(ws: &mut Ws) -> Value {
-    match recv(ws).await {
-        In::Json(v) => v,
-        other => panic!("expected a JSON message, got {other:?}"),
-    }
-}
-
-async fn send(ws: &mut Ws, value: Value) {
-    ws.send(Message::text(value.to_string())).await.unwrap();
-}
-
-fn start_msg(frames: usize, seed: u64) -> Value {
-    json!({"type": "session.start", "model": "tiny", "format": "m4s",
-           "width": W, "height": H, "num_frames": frames, "seed": seed, "fps": 16})
-}
-
-fn velocity(event_id: &str) -> Value {
-    json!({"type": "session.interaction", "interaction": {"event_id": event_id,
-        "event": {"multi_modal_data": {"camera": {"mode": "velocity",
-            "data": {"translation": [0.0, 0.0, 0.05], "rotation": [0.0, 0.0, 0.0, 1.0]}}}}}})
-}
-
-/// A session's messages after `video.start`, until `session.done` or an error.
-#[derive(Debug, Default)]
-struct Streamed {
-    metadata: Vec<Value>,
-    binaries: Vec<Vec<u8>>,
-    others: Vec<Value>,
-    end: Option<Value>,
-}
-
-/// Reads until `session.done` (the end) or the server closes the socket (the end is then
-/// the last `error`).
-async fn stream_to_end(ws: &mut Ws) -> Streamed {
-    let mut out = Streamed::default();
-    loop {
-        match recv(ws).await {
-            In::Json(v) => match v["type"].as_str() {
-                Some("video.chunk_metadata") => {
-                    out.metadata.push(v);
-                    match recv(ws).await {
-                        In::Bin(b) => out.binaries.push(b),
-                        other => panic!("metadata must be followed by binary, got {other:?}"),
-                    }
-                }
-                Some("session.done") => {
-                    out.end = Some(v);
-                    return out;
-                }
-                _ => out.others.push(v),
-            },
-            In::Bin(_) => panic!("binary without metadata"),
-            In::Closed => {
-                out.end = out
-                    .others
-                    .iter()
-                    .rev()
-                    .find(|v| v["type"] == "error")
-                    .cloned();
-                return out;
-            }
-        }
-    }
-}
-
-/// Opens a session and returns its `video.start`.
-async fn open(ts: &TestServer, frames: usize, seed: u64) -> (Ws, Value) {
-    let mut ws = ts.connect().await;
-    send(&mut ws, start_msg(frames, seed)).await;
-    let start = recv_json(&mut ws).await;
-    assert_eq!(start["type"], "video.start", "{start}");
-    (ws, start)
-}
-
-async fn run_session(ts: &TestServer, frames: usize, seed: u64) -> Streamed {
-    let (mut ws, _) = open(ts, frames, seed).await;
-    let out = stream_to_end(&mut ws).await;
-    assert_eq!(out.end.as_ref().unwrap()["type"], "session.done");
-    out
-}
-
-/// Top-level MP4 box types of `bytes`.
-fn boxes(bytes: &[u8]) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at + 8 <= bytes.len() {
-        let size = u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-        out.push(String::from_utf8_lossy(&bytes[at + 4..at + 8]).to_string());
-        assert!(size >= 8, "box size {size}");
-        at += size;
-    }
-    assert_eq!(at, bytes.len(), "boxes end exactly at the message end");
-    out
-}
-
-/// An error message with `code`, as the next message.
-async fn expect_error(ws: &mut Ws, code: &str) -> Value {
-    let v = recv_json(ws).await;
-    assert_eq!(v["type"], "error", "{v}");
-    assert_eq!(v["code"], code, "{v}");
-    assert!(!v["message"].as_str().unwrap().is_empty());
-    v
-}
+use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_session_streams_start_metadata_binary_pairs_and_done_forming_one_valid_mp4() {
@@ -508,8 +257,13 @@ async fn start_and_stall_timeouts_end_the_socket_with_their_codes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_server_refuses_with_capacity_at_once_and_is_not_ready_until_a_slot_frees() {
-    let ts = TestServer::default().await;
+async fn without_a_queue_a_full_server_refuses_with_capacity_at_once_and_is_not_ready_until_a_slot_frees(
+) {
+    let config = ServerConfig {
+        max_queue: 0,
+        ..ServerConfig::default()
+    };
+    let ts = TestServer::start(config, None).await;
     assert_eq!(ts.get("/ready").await.0, 200);
     let (mut a, _) = open(&ts, 117, 1).await;
     let (status, body) = ts.get("/ready").await;
@@ -518,8 +272,9 @@ async fn a_full_server_refuses_with_capacity_at_once_and_is_not_ready_until_a_sl
     let mut b = ts.connect().await;
     send(&mut b, start_msg(9, 2)).await;
     let e = expect_error(&mut b, "capacity").await;
+    let message = e["message"].as_str().unwrap();
     assert!(
-        e["message"].as_str().unwrap().contains("--max-sessions"),
+        message.contains("--max-sessions") && message.contains("--max-queue"),
         "{e}"
     );
     send(&mut a, json!({"type": "session.stop"})).await;
@@ -537,12 +292,14 @@ async fn a_full_server_refuses_with_capacity_at_once_and_is_not_ready_until_a_sl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kv_pool_with_room_for_one_session_refuses_the_second_whatever_the_slots() {
+async fn without_a_queue_a_kv_pool_with_room_for_one_session_refuses_the_second_whatever_the_slots()
+{
     // tiny at 48×32: one page = 2 (K, V) · 2 layers · 6 tokens · 4 heads · 12 dims · 4 B;
     // a session takes the 18-frame window.
     let page = 2 * 2 * 6 * 4 * 12 * 4;
     let config = ServerConfig {
         max_sessions: 2,
+        max_queue: 0,
         ..ServerConfig::default()
     };
     let ts = TestServer::start(config, Some(page * 18 + page / 2)).await;
@@ -559,17 +316,6 @@ async fn a_kv_pool_with_room_for_one_session_refuses_the_second_whatever_the_slo
     ts.idle().await;
     assert_eq!(ts.get("/ready").await.0, 200);
     ts.stop().await;
-}
-
-/// `headroom_reserved_bytes` read from `/metrics`, as an operator would.
-async fn reserved_from_metrics(ts: &TestServer) -> i64 {
-    let (_, metrics) = ts.get("/metrics").await;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("headroom_reserved_bytes "))
-        .expect("headroom_reserved_bytes is exported")
-        .parse()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -775,22 +521,6 @@ async fn an_image_reference_and_an_action_script_condition_the_session() {
         .unwrap()
         .contains("action script"));
     ts.stop().await;
-}
-
-/// A small deterministic generator for the fuzz test.
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 fn fuzz_message(rng: &mut Lcg) -> Message {

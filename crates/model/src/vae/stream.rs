@@ -147,6 +147,20 @@ impl<'a> StreamingDecoder<'a> {
         format: OutputFormat,
         produce_output: bool,
     ) -> Result<Option<Tensor>> {
+        self.decode_chunk_until(latent, state, format, produce_output, &|_| true)
+    }
+
+    /// [`decode_chunk`](Self::decode_chunk) that asks `go_on(frames_done)` before each
+    /// latent frame after the first and returns `None` as soon as it says no; the state
+    /// is then part-way through the chunk, fit only to be released.
+    pub fn decode_chunk_until(
+        &self,
+        latent: &Tensor,
+        state: &mut StreamingDecodeState,
+        format: OutputFormat,
+        produce_output: bool,
+        go_on: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<Tensor>> {
         self.vae.device().platform().phase(Phase::DecodeStart);
         let op = "decode_chunk";
         let z = self.vae.config().z_dim;
@@ -202,6 +216,9 @@ impl<'a> StreamingDecoder<'a> {
         let mut outs = Vec::new();
         let mut frames = 0;
         for i in 0..t {
+            if i > 0 && !go_on(i) {
+                return Ok(None);
+            }
             let mut cache = Slots {
                 slots: &mut state.slots,
                 dtype: self.state_dtype,
