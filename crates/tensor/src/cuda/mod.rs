@@ -8,12 +8,16 @@
 //! Behind the `cuda` feature: loading the cubins on a device and launching them
 //! ([`backend`]), cuBLASLt GEMM, and streams and events.
 
+#[cfg(feature = "cuda")]
+pub mod backend;
 pub mod cache;
 pub mod compile;
 pub mod error;
 pub mod modules;
 pub mod nvrtc;
 pub mod ptxas;
+#[cfg(feature = "cuda")]
+pub mod selftest;
 
 pub use cache::DiskCache;
 pub use compile::{compile_all, compile_module, CompiledModule, KernelStats};

@@ -25,8 +25,8 @@ fn splitmix64(mut z: u64) -> u64 {
 
 /// ln 2 split in a high part with trailing zero bits (so `k · LN2_HI` is exact for
 /// |k| < 2^11) and the rest.
-const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
-const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+const LN2_HI: f64 = 0.693_147_180_369_123_8;
+const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
 
 /// Natural log of a finite `x > 0` to within an ulp, from basic operations only.
 ///
@@ -55,7 +55,7 @@ pub fn portable_ln(x: f64) -> f64 {
     let s = f / (2.0 + f);
     let z = s * s;
     let r = z
-        * (0.666_666_666_666_666_66
+        * (0.666_666_666_666_666_6
             + z * (0.4
                 + z * (0.285_714_285_714_285_7
                     + z * (0.222_222_222_222_222_2
@@ -72,8 +72,8 @@ pub fn portable_ln(x: f64) -> f64 {
 
 /// `(sin, cos)` of `2π·t` for `|t| ≤ 1/8` (so `|x| ≤ π/4`): Taylor series to `x^21`.
 fn sincos_small(t: f64) -> (f64, f64) {
-    const TWO_PI_HI: f64 = 6.283_185_307_179_586_232_00e0;
-    const TWO_PI_LO: f64 = 2.449_293_598_294_706_354_45e-16;
+    const TWO_PI_HI: f64 = std::f64::consts::TAU;
+    const TWO_PI_LO: f64 = 2.449_293_598_294_706_4e-16;
     let x = t * TWO_PI_HI + t * TWO_PI_LO;
     let z = x * x;
     let ps = -1.0 / 6.0

@@ -14,8 +14,8 @@ __device__ __forceinline__ u64 splitmix64(u64 z) {
 
 // ln(x) for finite x > 0 (see random.rs for the derivation).
 __device__ double portable_ln(double x) {
-  const double LN2_HI = 6.93147180369123816490e-01;
-  const double LN2_LO = 1.90821492927058770002e-10;
+  const double LN2_HI = 0.6931471803691238;
+  const double LN2_LO = 1.9082149292705877e-10;
   i64 bits = __double_as_longlong(x);
   i64 k = 0;
   if ((bits >> 52) == 0) {  // subnormal: scale into the normal range
@@ -33,7 +33,7 @@ __device__ double portable_ln(double x) {
   double f = m - 1.0;
   double s = f / (2.0 + f);
   double z = s * s;
-  double r = z * (0.66666666666666666 +
+  double r = z * (0.6666666666666666 +
                   z * (0.4 + z * (0.2857142857142857 +
                                   z * (0.2222222222222222 +
                                        z * (0.18181818181818182 +
@@ -49,8 +49,8 @@ __device__ double portable_ln(double x) {
 
 // sin and cos of 2*pi*t for t in [-1/8, 1/8] (|x| <= pi/4), Taylor to x^21 / x^20.
 __device__ void sincos_small(double t, double* s, double* c) {
-  const double TWO_PI_HI = 6.28318530717958623200e+00;
-  const double TWO_PI_LO = 2.44929359829470635445e-16;
+  const double TWO_PI_HI = 6.283185307179586;
+  const double TWO_PI_LO = 2.4492935982947064e-16;
   double x = t * TWO_PI_HI + t * TWO_PI_LO;
   double z = x * x;
   double ps = -1.0 / 6.0 + z * (1.0 / 120.0 + z * (-1.0 / 5040.0 + z * (1.0 / 362880.0 +
