@@ -60,6 +60,7 @@ pub fn run(args: CudaArgs) -> Result<()> {
 }
 
 fn kernels(args: KernelsArgs) -> Result<()> {
+    headroom_tensor::cuda::compile::check_arch(&args.arch)?;
     let nvrtc = Nvrtc::get()?;
     let cache = if args.no_cache {
         None
@@ -107,7 +108,10 @@ fn selftest(args: SelftestArgs) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("{:<14} {:>12} {:>12}  result", "op", "max_error", "tolerance");
+        println!(
+            "{:<14} {:>12} {:>12}  result",
+            "op", "max_error", "tolerance"
+        );
         for r in &report.ops {
             println!(
                 "{:<14} {:>12.3e} {:>12.3e}  {}",

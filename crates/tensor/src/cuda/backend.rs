@@ -193,7 +193,9 @@ impl CudaKernels {
 
     /// Waits for every launch so far.
     pub fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().map_err(driver("cuStreamSynchronize"))
+        self.stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))
     }
 }
 

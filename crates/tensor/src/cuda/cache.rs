@@ -67,9 +67,7 @@ impl DiskCache {
         std::fs::create_dir_all(&self.dir).map_err(|e| io(&self.dir, e))?;
         let write = |name: String, bytes: &[u8]| -> Result<()> {
             let path = self.dir.join(&name);
-            let tmp = self
-                .dir
-                .join(format!(".{name}.{}.tmp", std::process::id()));
+            let tmp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
             std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
             std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
         };

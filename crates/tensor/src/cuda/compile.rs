@@ -98,16 +98,17 @@ pub fn compile_module(
         .kernels
         .iter()
         .map(|&(name, op)| {
-            let e = entries.iter().find(|e| e.name == name).ok_or_else(|| {
-                CudaError::Compile {
+            let e = entries
+                .iter()
+                .find(|e| e.name == name)
+                .ok_or_else(|| CudaError::Compile {
                     module: module.name.to_string(),
                     arch: arch.to_string(),
                     log: format!(
                         "kernel {name} is in the catalog but not in ptxas's report:\n{}",
                         compiled.log
                     ),
-                }
-            })?;
+                })?;
             Ok(KernelStats {
                 module: module.name,
                 name,

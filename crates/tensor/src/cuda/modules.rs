@@ -266,7 +266,9 @@ mod tests {
     fn every_op_has_a_kernel() {
         for op in Op::ALL {
             assert!(
-                MODULES.iter().any(|m| m.kernels.iter().any(|&(_, o)| o == op)),
+                MODULES
+                    .iter()
+                    .any(|m| m.kernels.iter().any(|&(_, o)| o == op)),
                 "no kernel for {}",
                 op.name()
             );

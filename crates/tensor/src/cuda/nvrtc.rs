@@ -201,7 +201,9 @@ impl Nvrtc {
         let builtins = match builtins_in(dir) {
             // SAFETY: loading NVIDIA's builtins library runs only its initialisers,
             // which have no preconditions.
-            Some(b) => Some(unsafe { libloading::Library::new(&b) }.map_err(|e| load_error(&b, e))?),
+            Some(b) => {
+                Some(unsafe { libloading::Library::new(&b) }.map_err(|e| load_error(&b, e))?)
+            }
             None => None,
         };
         // SAFETY: as above, for libnvrtc itself.
@@ -211,7 +213,8 @@ impl Nvrtc {
                 // SAFETY: the symbol is an NVRTC C entry point whose signature is the
                 // one of the field it is stored in (nvrtc.h of CUDA 13.0); the library
                 // stays loaded as long as `Nvrtc`, which owns it.
-                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.map_err(|e| load_error(&path, e))?
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|e| load_error(&path, e))?
             };
         }
         let api = Api {
@@ -260,7 +263,9 @@ impl Nvrtc {
             format!("error {rc}")
         } else {
             // SAFETY: non-null, NUL-terminated and static (nvrtc.h).
-            unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
+            unsafe { CStr::from_ptr(text) }
+                .to_string_lossy()
+                .into_owned()
         };
         Err(CudaError::Nvrtc { call, reason })
     }
@@ -314,7 +319,10 @@ impl Nvrtc {
             )
         };
         self.check(rc, "nvrtcCreateProgram")?;
-        let guard = ProgramGuard { api: &self.api, prog };
+        let guard = ProgramGuard {
+            api: &self.api,
+            prog,
+        };
         // SAFETY: `prog` was created above; the options array has `opts.len()` live strings.
         let compile_rc =
             unsafe { (self.api.compile)(guard.prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };

@@ -85,6 +85,9 @@ ptxas info    : Used 24 registers, used 0 barriers\n";
                 shared_bytes: 35840
             }
         );
-        assert_eq!((e[1].registers, e[1].spill_bytes, e[1].shared_bytes), (24, 0, 0));
+        assert_eq!(
+            (e[1].registers, e[1].spill_bytes, e[1].shared_bytes),
+            (24, 0, 0)
+        );
     }
 }

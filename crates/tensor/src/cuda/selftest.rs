@@ -46,7 +46,11 @@ fn tensor_error(e: crate::TensorError) -> CudaError {
 }
 
 fn check(op: &'static str, kernel: &'static str, gpu: &[f32], cpu: &[f32], tol: f64) -> OpCheck {
-    let mut max_error: f64 = if gpu.len() == cpu.len() { 0.0 } else { f64::INFINITY };
+    let mut max_error: f64 = if gpu.len() == cpu.len() {
+        0.0
+    } else {
+        f64::INFINITY
+    };
     for (&g, &c) in gpu.iter().zip(cpu) {
         let d = if g.to_bits() == c.to_bits() {
             0.0
@@ -98,9 +102,23 @@ pub fn run(ordinal: usize) -> Result<SelftestReport> {
     {
         let n = 1usize << 20;
         let out = k.zeros::<f32>(n)?;
-        launch!(k, "randn_f32", grid_for(n), &out, &(n as i64), &42u64, &1000u64);
+        launch!(
+            k,
+            "randn_f32",
+            grid_for(n),
+            &out,
+            &(n as i64),
+            &42u64,
+            &1000u64
+        );
         let cpu_t = Tensor::randn(&[n], 42, 1000, DType::F32, &cpu).map_err(tensor_error)?;
-        ops.push(check("noise", "randn_f32", &k.download(&out)?, &host(&cpu_t)?, 0.0));
+        ops.push(check(
+            "noise",
+            "randn_f32",
+            &k.download(&out)?,
+            &host(&cpu_t)?,
+            0.0,
+        ));
     }
     // elementwise: broadcast add [64, 1, 96] + [1, 32, 96], gelu_tanh.
     {
@@ -111,20 +129,60 @@ pub fn run(ordinal: usize) -> Result<SelftestReport> {
         let va = DeviceView::new(&shape, &[96, 0, 1])?;
         let vb = DeviceView::new(&shape, &[0, 96, 1])?;
         let (da, db, out) = (k.upload(&av)?, k.upload(&bv)?, k.zeros::<f32>(n)?);
-        launch!(k, "add_f32", grid_for(n), &da, &db, &out, &(n as i64), &va, &vb);
+        launch!(
+            k,
+            "add_f32",
+            grid_for(n),
+            &da,
+            &db,
+            &out,
+            &(n as i64),
+            &va,
+            &vb
+        );
         let want = a.add(&b).map_err(tensor_error)?;
-        ops.push(check("elementwise", "add_f32", &k.download(&out)?, &host(&want)?, 1e-6));
+        ops.push(check(
+            "elementwise",
+            "add_f32",
+            &k.download(&out)?,
+            &host(&want)?,
+            1e-6,
+        ));
         let g = k.zeros::<f32>(av.len())?;
-        launch!(k, "gelu_tanh_f32", grid_for(av.len()), &da, &g, &(av.len() as i64));
+        launch!(
+            k,
+            "gelu_tanh_f32",
+            grid_for(av.len()),
+            &da,
+            &g,
+            &(av.len() as i64)
+        );
         let want = a.gelu_tanh().map_err(tensor_error)?;
-        ops.push(check("elementwise", "gelu_tanh_f32", &k.download(&g)?, &host(&want)?, 1e-5));
+        ops.push(check(
+            "elementwise",
+            "gelu_tanh_f32",
+            &k.download(&g)?,
+            &host(&want)?,
+            1e-5,
+        ));
     }
     // cast: f32 -> bf16 (bits), exact.
     {
         let (a, av) = seeded(&[4096], 3, 3.0, &cpu)?;
         let (da, out) = (k.upload(&av)?, k.zeros::<u16>(av.len())?);
-        launch!(k, "f32_to_bf16", grid_for(av.len()), &da, &out, &(av.len() as i64));
-        let gpu: Vec<f32> = k.download(&out)?.iter().map(|&b| f32::from_bits(u32::from(b) << 16)).collect();
+        launch!(
+            k,
+            "f32_to_bf16",
+            grid_for(av.len()),
+            &da,
+            &out,
+            &(av.len() as i64)
+        );
+        let gpu: Vec<f32> = k
+            .download(&out)?
+            .iter()
+            .map(|&b| f32::from_bits(u32::from(b) << 16))
+            .collect();
         let want = a.to_dtype(DType::BF16).map_err(tensor_error)?;
         ops.push(check("cast", "f32_to_bf16", &gpu, &host(&want)?, 0.0));
     }
@@ -136,15 +194,64 @@ pub fn run(ordinal: usize) -> Result<SelftestReport> {
         let (bias, bv) = seeded(&[n], 6, 1.0, &cpu)?;
         let (dx, dw, db) = (k.upload(&xv)?, k.upload(&wv)?, k.upload(&bv)?);
         let out = k.zeros::<f32>(rows * n)?;
-        launch!(k, "softmax_f32", rows_grid(rows), &dx, &out, &(rows as i64), &(n as i64));
+        launch!(
+            k,
+            "softmax_f32",
+            rows_grid(rows),
+            &dx,
+            &out,
+            &(rows as i64),
+            &(n as i64)
+        );
         let want = x.softmax().map_err(tensor_error)?;
-        ops.push(check("softmax", "softmax_f32", &k.download(&out)?, &host(&want)?, 1e-6));
-        launch!(k, "layer_norm_f32", rows_grid(rows), &dx, &dw, &db, &out, &(rows as i64), &(n as i64), &1e-6f32);
-        let want = x.layer_norm(Some(&w), Some(&bias), 1e-6).map_err(tensor_error)?;
-        ops.push(check("layer_norm", "layer_norm_f32", &k.download(&out)?, &host(&want)?, 1e-5));
-        launch!(k, "rms_norm_f32", rows_grid(rows), &dx, &dw, &out, &(rows as i64), &(n as i64), &1e-6f32);
+        ops.push(check(
+            "softmax",
+            "softmax_f32",
+            &k.download(&out)?,
+            &host(&want)?,
+            1e-6,
+        ));
+        launch!(
+            k,
+            "layer_norm_f32",
+            rows_grid(rows),
+            &dx,
+            &dw,
+            &db,
+            &out,
+            &(rows as i64),
+            &(n as i64),
+            &1e-6f32
+        );
+        let want = x
+            .layer_norm(Some(&w), Some(&bias), 1e-6)
+            .map_err(tensor_error)?;
+        ops.push(check(
+            "layer_norm",
+            "layer_norm_f32",
+            &k.download(&out)?,
+            &host(&want)?,
+            1e-5,
+        ));
+        launch!(
+            k,
+            "rms_norm_f32",
+            rows_grid(rows),
+            &dx,
+            &dw,
+            &out,
+            &(rows as i64),
+            &(n as i64),
+            &1e-6f32
+        );
         let want = x.rms_norm(Some(&w), 1e-6).map_err(tensor_error)?;
-        ops.push(check("rms_norm", "rms_norm_f32", &k.download(&out)?, &host(&want)?, 1e-5));
+        ops.push(check(
+            "rms_norm",
+            "rms_norm_f32",
+            &k.download(&out)?,
+            &host(&want)?,
+            1e-5,
+        ));
     }
     // rms_norm_channels: the VAE form on [2, 96, 3, 8, 10].
     {
@@ -154,9 +261,26 @@ pub fn run(ordinal: usize) -> Result<SelftestReport> {
         let (g, gv) = seeded(&[96], 8, 1.0, &cpu)?;
         let (dx, dg, out) = (k.upload(&xv)?, k.upload(&gv)?, k.zeros::<f32>(xv.len())?);
         let scale = (96f64).sqrt() as f32;
-        launch!(k, "rms_norm_channels_f32", grid_for(2 * inner), &dx, &dg, &out, &2i64, &96i64, &(inner as i64), &scale);
+        launch!(
+            k,
+            "rms_norm_channels_f32",
+            grid_for(2 * inner),
+            &dx,
+            &dg,
+            &out,
+            &2i64,
+            &96i64,
+            &(inner as i64),
+            &scale
+        );
         let want = x.rms_norm_channels(&g).map_err(tensor_error)?;
-        ops.push(check("rms_norm", "rms_norm_channels_f32", &k.download(&out)?, &host(&want)?, 1e-5));
+        ops.push(check(
+            "rms_norm",
+            "rms_norm_channels_f32",
+            &k.download(&out)?,
+            &host(&want)?,
+            1e-5,
+        ));
     }
     // rope on [1, L, 12, 128] at a 3 x 4 x 5 grid.
     {
@@ -179,11 +303,36 @@ pub fn run(ordinal: usize) -> Result<SelftestReport> {
             }
         }
         let pos: Vec<i32> = positions.iter().flat_map(|p| p.map(|v| v as i32)).collect();
-        let (dx, dc, ds, dp) = (k.upload(&xv)?, k.upload(&cos)?, k.upload(&sin)?, k.upload(&pos)?);
+        let (dx, dc, ds, dp) = (
+            k.upload(&xv)?,
+            k.upload(&cos)?,
+            k.upload(&sin)?,
+            k.upload(&pos)?,
+        );
         let pairs = l * heads * d / 2;
-        launch!(k, "rope_f32", grid_for(pairs), &dx, &dc, &ds, &dp, &(l as i64), &(heads as i64), &(d as i64), &(maxp as i64), &((dims[0] / 2) as i64), &((dims[1] / 2) as i64));
+        launch!(
+            k,
+            "rope_f32",
+            grid_for(pairs),
+            &dx,
+            &dc,
+            &ds,
+            &dp,
+            &(l as i64),
+            &(heads as i64),
+            &(d as i64),
+            &(maxp as i64),
+            &((dims[0] / 2) as i64),
+            &((dims[1] / 2) as i64)
+        );
         let want = x.rope(&table, &positions).map_err(tensor_error)?;
-        ops.push(check("rope", "rope_f32", &k.download(&dx)?, &host(&want)?, 1e-6));
+        ops.push(check(
+            "rope",
+            "rope_f32",
+            &k.download(&dx)?,
+            &host(&want)?,
+            1e-6,
+        ));
     }
     ops.push(attention_check(&k, &cpu)?);
     ops.push(conv_check(&k, &cpu)?);
@@ -191,26 +340,88 @@ pub fn run(ordinal: usize) -> Result<SelftestReport> {
     {
         let (x, xv) = seeded(&[2, 8, 6, 10], 12, 1.0, &cpu)?;
         let (dx, out) = (k.upload(&xv)?, k.zeros::<f32>(xv.len() * 4)?);
-        launch!(k, "upsample_nearest2x_f32", grid_for(xv.len() * 4), &dx, &out, &16i64, &6i64, &10i64);
+        launch!(
+            k,
+            "upsample_nearest2x_f32",
+            grid_for(xv.len() * 4),
+            &dx,
+            &out,
+            &16i64,
+            &6i64,
+            &10i64
+        );
         let want = x.upsample_nearest2x().map_err(tensor_error)?;
-        ops.push(check("resample", "upsample_nearest2x_f32", &k.download(&out)?, &host(&want)?, 0.0));
+        ops.push(check(
+            "resample",
+            "upsample_nearest2x_f32",
+            &k.download(&out)?,
+            &host(&want)?,
+            0.0,
+        ));
         let out = k.zeros::<f32>(xv.len())?;
-        launch!(k, "pixel_shuffle_f32", grid_for(xv.len()), &dx, &out, &4i64, &6i64, &10i64, &2i64);
+        launch!(
+            k,
+            "pixel_shuffle_f32",
+            grid_for(xv.len()),
+            &dx,
+            &out,
+            &4i64,
+            &6i64,
+            &10i64,
+            &2i64
+        );
         let want = x.pixel_shuffle(2).map_err(tensor_error)?;
-        ops.push(check("resample", "pixel_shuffle_f32", &k.download(&out)?, &host(&want)?, 0.0));
+        ops.push(check(
+            "resample",
+            "pixel_shuffle_f32",
+            &k.download(&out)?,
+            &host(&want)?,
+            0.0,
+        ));
     }
     // reduce: sum over the last axis and over a middle axis.
     {
         let (x, xv) = seeded(&[64, 300, 7], 13, 1.0, &cpu)?;
         let dx = k.upload(&xv)?;
         let out = k.zeros::<f32>(64 * 7)?;
-        launch!(k, "sum_axis_f32", grid_for(64 * 7), &dx, &out, &64i64, &300i64, &7i64, &1.0f64);
+        launch!(
+            k,
+            "sum_axis_f32",
+            grid_for(64 * 7),
+            &dx,
+            &out,
+            &64i64,
+            &300i64,
+            &7i64,
+            &1.0f64
+        );
         let want = x.sum(1, false).map_err(tensor_error)?;
-        ops.push(check("reduce", "sum_axis_f32", &k.download(&out)?, &host(&want)?, 1e-5));
+        ops.push(check(
+            "reduce",
+            "sum_axis_f32",
+            &k.download(&out)?,
+            &host(&want)?,
+            1e-5,
+        ));
         let out = k.zeros::<f32>(64 * 300)?;
-        launch!(k, "sum_rows_f32", rows_grid(64 * 300), &dx, &out, &((64 * 300) as i64), &7i64, &1.0f64);
+        launch!(
+            k,
+            "sum_rows_f32",
+            rows_grid(64 * 300),
+            &dx,
+            &out,
+            &((64 * 300) as i64),
+            &7i64,
+            &1.0f64
+        );
         let want = x.sum(2, false).map_err(tensor_error)?;
-        ops.push(check("reduce", "sum_rows_f32", &k.download(&out)?, &host(&want)?, 1e-5));
+        ops.push(check(
+            "reduce",
+            "sum_rows_f32",
+            &k.download(&out)?,
+            &host(&want)?,
+            1e-5,
+        ));
     }
     // copy: a transposed view made contiguous, exact.
     {
@@ -220,9 +431,24 @@ pub fn run(ordinal: usize) -> Result<SelftestReport> {
         let vs = DeviceView::new(&shape, view.layout().strides())?;
         let vd = DeviceView::contiguous(&shape)?;
         let (dx, out) = (k.upload(&xv)?, k.zeros::<f32>(xv.len())?);
-        launch!(k, "copy_strided_b4", grid_for(xv.len()), &dx, &out, &(xv.len() as i64), &vs, &vd);
+        launch!(
+            k,
+            "copy_strided_b4",
+            grid_for(xv.len()),
+            &dx,
+            &out,
+            &(xv.len() as i64),
+            &vs,
+            &vd
+        );
         let want = view.contiguous().map_err(tensor_error)?;
-        ops.push(check("copy", "copy_strided_b4", &k.download(&out)?, &host(&want)?, 0.0));
+        ops.push(check(
+            "copy",
+            "copy_strided_b4",
+            &k.download(&out)?,
+            &host(&want)?,
+            0.0,
+        ));
     }
     k.synchronize()?;
     Ok(SelftestReport {
@@ -256,9 +482,16 @@ fn attention_check(k: &CudaKernels, cpu: &Device) -> Result<OpCheck> {
     let kt = round(seeded(&[1, lk, h, d], 16, 1.0, cpu)?.0).map_err(tensor_error)?;
     let v = round(seeded(&[1, lk, h, d], 17, 1.0, cpu)?.0).map_err(tensor_error)?;
     let bits = |t: &Tensor| -> Result<Vec<u16>> {
-        Ok(host(t)?.iter().map(|x| (x.to_bits() >> 16) as u16).collect())
+        Ok(host(t)?
+            .iter()
+            .map(|x| (x.to_bits() >> 16) as u16)
+            .collect())
     };
-    let (dq, dk, dv) = (k.upload(&bits(&q)?)?, k.upload(&bits(&kt)?)?, k.upload(&bits(&v)?)?);
+    let (dq, dk, dv) = (
+        k.upload(&bits(&q)?)?,
+        k.upload(&bits(&kt)?)?,
+        k.upload(&bits(&v)?)?,
+    );
     let out = k.zeros::<f32>(lq * h * d)?;
     let q_start = lk - lq;
     let scale = 1.0 / (d as f32).sqrt();
@@ -270,10 +503,18 @@ fn attention_check(k: &CudaKernels, cpu: &Device) -> Result<OpCheck> {
         q_start: q_start as i64,
         scale_log2: scale * std::f32::consts::LOG2_E,
         strides: [
-            (lq * h * d) as i64, tok, head,
-            (lk * h * d) as i64, tok, head,
-            (lk * h * d) as i64, tok, head,
-            (lq * h * d) as i64, tok, head,
+            (lq * h * d) as i64,
+            tok,
+            head,
+            (lk * h * d) as i64,
+            tok,
+            head,
+            (lk * h * d) as i64,
+            tok,
+            head,
+            (lq * h * d) as i64,
+            tok,
+            head,
         ],
     };
     let cfg = LaunchConfig {
@@ -289,7 +530,13 @@ fn attention_check(k: &CudaKernels, cpu: &Device) -> Result<OpCheck> {
     let want = Tensor::scaled_dot_product_attention(&q, &kt, &v, mask, Some(scale))
         .map_err(tensor_error)?;
     // P is rounded to bf16 before P·V: ~3 significant digits on outputs of size ~1.
-    Ok(check("attention", "attention_bf16_d128", &k.download(&out)?, &host(&want)?, 2e-2))
+    Ok(check(
+        "attention",
+        "attention_bf16_d128",
+        &k.download(&out)?,
+        &host(&want)?,
+        2e-2,
+    ))
 }
 
 /// `Conv3d` of `conv3d.cu`.
@@ -316,11 +563,8 @@ fn conv_check(k: &CudaKernels, cpu: &Device) -> Result<OpCheck> {
     };
     let c = DeviceConv3d {
         dims: [
-            b as i64, ci as i64, t as i64, hh as i64, ww as i64,
-            co as i64, 3, 3, 3,
-            1, 1, 1,
-            2, 1, 1,
-            ot as i64, oh as i64, ow as i64,
+            b as i64, ci as i64, t as i64, hh as i64, ww as i64, co as i64, 3, 3, 3, 1, 1, 1, 2, 1,
+            1, ot as i64, oh as i64, ow as i64,
         ],
         replicate: 0,
     };
@@ -333,5 +577,11 @@ fn conv_check(k: &CudaKernels, cpu: &Device) -> Result<OpCheck> {
         shared_mem_bytes: 0,
     };
     launch!(k, "conv3d_f32", cfg, &dx, &dw, &db, &out, &c);
-    Ok(check("conv3d", "conv3d_f32", &k.download(&out)?, &host(&want)?, 1e-4))
+    Ok(check(
+        "conv3d",
+        "conv3d_f32",
+        &k.download(&out)?,
+        &host(&want)?,
+        1e-4,
+    ))
 }

@@ -127,7 +127,11 @@ pub fn normal_at(seed: u64, counter: u64) -> f32 {
     let u1 = ((bits >> 32) as f64 + 1.0) / 4_294_967_296.0; // (0, 1]: ln is finite
     let r = (-2.0 * portable_ln(u1)).sqrt();
     let (s, c) = portable_sincos_turns((bits & 0xFFFF_FFFF) as u32);
-    let z = if counter.is_multiple_of(2) { r * c } else { r * s };
+    let z = if counter.is_multiple_of(2) {
+        r * c
+    } else {
+        r * s
+    };
     z as f32
 }
 
