@@ -231,7 +231,10 @@ mod tests {
                 let rest = rest.trim_start_matches("__launch_bounds__(256) ");
                 let rest = rest.trim_start_matches("__launch_bounds__(128) ");
                 if let Some(name) = rest.split('(').next() {
-                    if !name.contains("##") && !name.is_empty() && !name.contains(' ') {
+                    // Macro definitions name their parameter (`NAME`, `NAME##_f32`).
+                    let is_macro =
+                        name.contains("##") || name.chars().all(|c| c.is_ascii_uppercase());
+                    if !is_macro && !name.is_empty() && !name.contains(' ') {
                         names.push(name.to_string());
                     }
                 }
@@ -260,6 +263,63 @@ mod tests {
             listed.sort();
             assert_eq!(defined(m.source), listed, "module {}", m.name);
         }
+    }
+
+    /// The float literals of `text` outside `//` comments (a number with a `.`), parsed,
+    /// sorted.
+    fn float_literals(text: &str) -> Vec<f64> {
+        let code: String = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let text = code.as_str();
+        let mut out = Vec::new();
+        let bytes = text.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            let starts = bytes[i].is_ascii_digit()
+                && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_'));
+            if !starts {
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            while j < bytes.len()
+                && (bytes[j].is_ascii_alphanumeric()
+                    || bytes[j] == b'.'
+                    || bytes[j] == b'_'
+                    || ((bytes[j] == b'-' || bytes[j] == b'+')
+                        && matches!(bytes[j - 1], b'e' | b'E')))
+            {
+                j += 1;
+            }
+            let lit = text[i..j].replace('_', "");
+            if lit.contains('.') {
+                if let Ok(v) = lit.parse::<f64>() {
+                    out.push(v);
+                }
+            }
+            i = j;
+        }
+        out.sort_by(f64::total_cmp);
+        out
+    }
+
+    #[test]
+    fn the_cuda_noise_uses_the_cpu_generators_constants() {
+        let rust = include_str!("../ops/random.rs");
+        let rust = &rust
+            [rust.find("const LN2_HI").expect("LN2_HI")..rust.find("impl Tensor {").expect("impl")];
+        let rust = rust
+            .replace("std::f64::consts::TAU", "6.283185307179586")
+            .replace("std::f64::consts::SQRT_2", "1.4142135623730951");
+        let cuda = module("noise").expect("noise").source;
+        let cuda = &cuda[cuda.find("__device__ double portable_ln").expect("ln")
+            ..cuda.find("// out[i]").expect("kernel")];
+        let (r, c) = (float_literals(&rust), float_literals(cuda));
+        assert!(r.len() > 30, "{r:?}");
+        assert_eq!(r, c);
     }
 
     #[test]
