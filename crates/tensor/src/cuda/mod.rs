@@ -13,6 +13,8 @@ pub mod backend;
 pub mod cache;
 pub mod compile;
 pub mod error;
+#[cfg(feature = "cuda")]
+pub mod gemm;
 pub mod modules;
 pub mod nvrtc;
 pub mod ptxas;

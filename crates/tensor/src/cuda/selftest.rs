@@ -3,10 +3,12 @@
 //! (feature `cuda`). Noise, casts, copies and resampling must match exactly; float math
 //! within a tolerance per op.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{DevicePtr, LaunchConfig, PushKernelArg};
+use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy};
 
 use super::backend::{grid_for, rows_grid, CudaKernels, DeviceView};
 use super::error::{CudaError, Result};
+use super::gemm::{CublasLt, Epilogue, GemmInput, GemmOperands, GemmShape, Workspace};
 use crate::kernels::rope::RopeTable;
 use crate::ops::attention::Mask;
 use crate::ops::conv::Conv3dOptions;
@@ -334,6 +336,7 @@ pub fn run(ordinal: usize) -> Result<SelftestReport> {
             1e-6,
         ));
     }
+    ops.extend(gemm_checks(&k, ordinal, &cpu)?);
     ops.push(attention_check(&k, &cpu)?);
     ops.push(conv_check(&k, &cpu)?);
     // resample: nearest x2 and pixel shuffle by 2, exact.
@@ -584,4 +587,114 @@ fn conv_check(k: &CudaKernels, cpu: &Device) -> Result<OpCheck> {
         &host(&want)?,
         1e-4,
     ))
+}
+
+/// cuBLASLt workspace, from the caching allocator on the `cuda` platform.
+const GEMM_WORKSPACE_BYTES: u64 = 32 << 20;
+
+/// f32 GEMM + bias (CUBLAS_COMPUTE_32F) and bf16 GEMM + bias + GELU against the CPU's
+/// `linear` (and `gelu_tanh`) on the same (bf16-rounded) inputs.
+fn gemm_checks(k: &CudaKernels, ordinal: usize, cpu: &Device) -> Result<Vec<OpCheck>> {
+    let lt = match CublasLt::new() {
+        Ok(lt) => lt,
+        Err(e) => {
+            eprintln!("gemm: {e}");
+            return Ok(vec![OpCheck {
+                op: "gemm",
+                kernel: "cublasLt: library not loaded",
+                max_error: f64::INFINITY,
+                tolerance: 0.0,
+                passed: false,
+            }]);
+        }
+    };
+    let platform = CachingPlatform::cuda(ordinal, AllocatorConfig::default(), ReclaimPolicy::Never)
+        .map_err(|e| CudaError::NoDevice(e.to_string()))?;
+    let block = platform
+        .allocator()
+        .allocate(GEMM_WORKSPACE_BYTES, 0)
+        .map_err(|e| CudaError::Driver {
+            call: "CachingAllocator::allocate",
+            reason: e.to_string(),
+        })?;
+    let workspace = Workspace {
+        ptr: block.addr(),
+        bytes: GEMM_WORKSPACE_BYTES as usize,
+    };
+    let (m, n, kk) = (300usize, 384usize, 1536usize);
+    let mut checks = Vec::new();
+    for (input, epilogue, kernel, tol) in [
+        (GemmInput::F32, Epilogue::Bias, "cublasLt f32 + bias", 1e-4),
+        (
+            GemmInput::Bf16,
+            Epilogue::BiasGelu,
+            "cublasLt bf16 + bias + gelu",
+            1e-3,
+        ),
+    ] {
+        let round = |t: Tensor| -> Result<Tensor> {
+            match input {
+                GemmInput::Bf16 => t
+                    .to_dtype(DType::BF16)
+                    .and_then(|t| t.to_dtype(DType::F32))
+                    .map_err(tensor_error),
+                GemmInput::F32 => Ok(t),
+            }
+        };
+        let x = round(seeded(&[m, kk], 21, 1.0, cpu)?.0)?;
+        let w = round(seeded(&[n, kk], 22, 0.03, cpu)?.0)?;
+        let (bias, bv) = seeded(&[n], 23, 1.0, cpu)?;
+        let mut want = x.linear(&w, Some(&bias)).map_err(tensor_error)?;
+        if epilogue == Epilogue::BiasGelu {
+            want = want.gelu_tanh().map_err(tensor_error)?;
+        }
+        let (xv, wv) = (host(&x)?, host(&w)?);
+        let y = k.zeros::<f32>(m * n)?;
+        let db = k.upload(&bv)?;
+        let shape = GemmShape {
+            m: m as u64,
+            n: n as u64,
+            k: kk as u64,
+            input,
+            epilogue,
+            weight_transposed: true,
+        };
+        let stream = k.stream();
+        let gpu = match input {
+            GemmInput::F32 => {
+                let (dx, dw) = (k.upload(&xv)?, k.upload(&wv)?);
+                let ops = GemmOperands {
+                    x: dx.device_ptr(stream).0,
+                    w: dw.device_ptr(stream).0,
+                    bias: Some(db.device_ptr(stream).0),
+                    y: y.device_ptr(stream).0,
+                };
+                // SAFETY: every buffer has the shape's size and outlives the download below,
+                // which waits for the stream.
+                unsafe { lt.matmul(stream, &shape, ops, workspace) }?;
+                k.download(&y)?
+            }
+            GemmInput::Bf16 => {
+                let bits = |v: &[f32]| {
+                    v.iter()
+                        .map(|x| (x.to_bits() >> 16) as u16)
+                        .collect::<Vec<u16>>()
+                };
+                let (dx, dw) = (k.upload(&bits(&xv))?, k.upload(&bits(&wv))?);
+                let ops = GemmOperands {
+                    x: dx.device_ptr(stream).0,
+                    w: dw.device_ptr(stream).0,
+                    bias: Some(db.device_ptr(stream).0),
+                    y: y.device_ptr(stream).0,
+                };
+                // SAFETY: as above.
+                unsafe { lt.matmul(stream, &shape, ops, workspace) }?;
+                k.download(&y)?
+            }
+        };
+        checks.push(check("gemm", kernel, &gpu, &host(&want)?, tol));
+    }
+    k.synchronize()?;
+    drop(block);
+    Ok(checks)
 }
