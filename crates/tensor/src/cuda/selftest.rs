@@ -333,7 +333,7 @@ pub fn run(ordinal: usize) -> Result<SelftestReport> {
             "rope_f32",
             &k.download(&dx)?,
             &host(&want)?,
-            1e-6,
+            1e-5,
         ));
     }
     ops.extend(gemm_checks(&k, ordinal, &cpu)?);
