@@ -110,8 +110,10 @@ impl std::fmt::Debug for CudaKernels {
 impl CudaKernels {
     /// Opens GPU `ordinal`, compiles (or reads from the cache) and loads every module.
     pub fn new(ordinal: usize) -> Result<Self> {
-        let count =
-            headroom_mem::cuda_device_count().map_err(|e| CudaError::NoDevice(e.to_string()))?;
+        let count = headroom_mem::cuda_device_count().map_err(|e| match e {
+            headroom_mem::MemError::NoDevice { reason, .. } => CudaError::NoDevice(reason),
+            other => CudaError::NoDevice(other.to_string()),
+        })?;
         if ordinal >= count {
             return Err(CudaError::NoDevice(format!(
                 "cuda:{ordinal} asked, the driver sees {count} device(s)"

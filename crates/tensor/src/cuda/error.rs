@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 /// What went wrong in the CUDA backend; each variant says what to change.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum CudaError {
     /// No NVRTC library was found in any searched folder: install the pinned wheel
     /// (`pip install nvidia-cuda-nvrtc==13.0.88`) or point `HEADROOM_CUDA_LIB_DIR` at it.

@@ -158,26 +158,11 @@ fn builtins_in(dir: &Path) -> Option<PathBuf> {
 impl Nvrtc {
     /// The process-wide NVRTC, loaded on first use; the error says where it looked.
     pub fn get() -> Result<&'static Nvrtc> {
-        static NVRTC: OnceLock<std::result::Result<Nvrtc, String>> = OnceLock::new();
-        // The error is kept as text (CudaError is not Clone) and rebuilt per call.
-        static LOOKED: OnceLock<Vec<PathBuf>> = OnceLock::new();
-        match NVRTC.get_or_init(|| match Nvrtc::find() {
-            Ok(n) => Ok(n),
-            Err(CudaError::NvrtcNotFound { looked }) => {
-                let _ = LOOKED.set(looked);
-                Err(String::new())
-            }
-            Err(e) => Err(e.to_string()),
-        }) {
-            Ok(n) => Ok(n),
-            Err(reason) if reason.is_empty() => Err(CudaError::NvrtcNotFound {
-                looked: LOOKED.get().cloned().unwrap_or_default(),
-            }),
-            Err(reason) => Err(CudaError::NvrtcLoad {
-                path: PathBuf::from(NVRTC_LIB),
-                reason: reason.clone(),
-            }),
-        }
+        static NVRTC: OnceLock<Result<Nvrtc>> = OnceLock::new();
+        NVRTC
+            .get_or_init(Nvrtc::find)
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// Searches [`search_dirs`] and loads the first folder holding [`NVRTC_LIB`].
