@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The device check of issue 11: one prepared run on a GPU machine (no Rust toolchain
-# there), with binaries built on the development machine and carried over.
+# The device check of issues 11 and 19: one prepared run on a GPU machine (no Rust
+# toolchain there), with binaries built on the development machine and carried over.
 #
 # WHAT IT COVERS NOW
 #   - the `cuda` platform of headroom-mem: the `cuda_platform` test executable
@@ -8,15 +8,21 @@
 #     cuMemMap/cuMemUnmap pages under `expandable`, empty_cache lowering cuMemGetInfo's
 #     used bytes, out-of-memory as an error, NoDevice for an absent ordinal), with the
 #     allocator's peaks and the driver's and NVML's used bytes;
+#   - the CUDA kernels (issue 19): `headroom cuda kernels --arch sm_90 --json` with the
+#     NVRTC found on that machine (the torch venv's nvidia/*/lib or the staged wheel's),
+#     and `headroom cuda selftest --json`: every op family (noise bit-exact, elementwise,
+#     cast, softmax, layer/RMS norm, RoPE, bf16 mma.sync attention with the block-causal
+#     mask, causal conv3d, resample, reduce, copy, cuBLASLt GEMM f32 and bf16+GELU) on the
+#     GPU against the CPU, max error per op against its tolerance;
 #   - the binary: `headroom plan --device cuda` reads the card's capacity from the driver,
-#     and `headroom generate --device cuda` refuses with "no CUDA kernels yet" (exit 2).
+#     and `headroom generate --device cuda` refuses with "does not dispatch ops to CUDA
+#     yet" (exit 2).
 #
-# WHAT IT DOES NOT COVER YET (the tensor runtime has no CUDA kernels: issue 11, item 2)
-#   - op tests on the GPU (cuBLASLt GEMM, attention, conv3d, NVRTC elementwise/norm/rope)
-#     and any CPU-vs-CUDA comparison of op results: none exist yet;
-#   - the DiT and VAE golden tests on the GPU;
-#   - the stepwise wan2.1-t2v-1.3b session at 480x832 under `never` and `before-decode`
-#     (per-block denoise/commit/decode times, peaks, output hashes per policy).
+# WHAT IT DOES NOT COVER YET (the tensor runtime does not route its ops to the kernels)
+#   - `bench kernels --device cuda`, the DiT and VAE golden tests on the GPU, and the
+#     stepwise wan2.1-t2v-1.3b session at 480x832 in bf16 under two allocators (per-block
+#     denoise/commit/decode times, peaks, output hashes): they need op dispatch on a
+#     `cuda` device, which is the next issue.
 #
 # USE
 #   Here (the development machine), stage the binaries into .device-bin/ (ignored by git,
@@ -42,6 +48,14 @@ if [[ "${1:-}" == "--stage" ]]; then
   cp "$exe" "$STAGE/cuda_platform"
   cp target/release/headroom "$STAGE/headroom"
   strip "$STAGE"/* 2>/dev/null || true
+  # NVRTC 13.0 (the pinned wheel) for the GPU machine, whose torch venv may hold another.
+  nvrtc=$(ls -d .venv-nvrtc/lib/python3*/site-packages/nvidia/cu13/lib 2>/dev/null | head -n 1)
+  if [[ -n "$nvrtc" ]]; then
+    mkdir -p "$STAGE/nvrtc"
+    cp "$nvrtc"/libnvrtc.so.13 "$nvrtc"/libnvrtc-builtins.so.13.* "$STAGE/nvrtc/"
+  else
+    echo "no .venv-nvrtc here: the GPU machine's own NVRTC will be used"
+  fi
   du -sh "$STAGE"/*
   echo "staged; carry \"$STAGE\" and run tools/device-check.sh there"
   exit 0
@@ -136,8 +150,8 @@ print(find(json.load(open(sys.argv[1]))) or "")' "$FIGURES/plan.json" 2>/dev/nul
   "$bin" generate --device cuda:0 --model tiny --frames 9 >"$FIGURES/generate.txt" 2>&1
   rc=$?
   cat "$FIGURES/generate.txt" >>"$LOG"
-  if [[ $rc -eq 2 ]] && grep -q "no CUDA kernels yet" "$FIGURES/generate.txt"; then
-    record generate_device_cuda_refuses pass "exit 2: no CUDA kernels yet"
+  if [[ $rc -eq 2 ]] && grep -q "does not dispatch ops to CUDA yet" "$FIGURES/generate.txt"; then
+    record generate_device_cuda_refuses pass "exit 2: ops not dispatched to CUDA yet"
   elif [[ $rc -eq 2 ]] && grep -q "no CUDA device" "$FIGURES/generate.txt"; then
     record generate_device_cuda_refuses skipped "exit 2: no CUDA device"
   else
@@ -147,8 +161,40 @@ else
   record binary missing "no headroom binary in $STAGE/ or target/{release,debug}"
 fi
 
-# 3. CPU-vs-CUDA op checks: none exist until the tensor runtime has CUDA kernels.
-record cpu_vs_cuda_ops not_available "the tensor runtime has no CUDA kernels yet (issue 11, item 2)"
+# 3. The CUDA kernels: compile report and the GPU-vs-CPU self-test.
+if bin=$(find_binary); then
+  # NVRTC: the staged 13.0 first, else the torch venv's wheels; cuBLASLt from the venv.
+  if [[ -d "$STAGE/nvrtc" ]]; then
+    export HEADROOM_CUDA_LIB_DIR="$PWD/$STAGE/nvrtc"
+  elif nvrtc=$(ls -d .venv-nvrtc/lib/python3*/site-packages/nvidia/cu13/lib 2>/dev/null | head -n 1) && [[ -n "$nvrtc" ]]; then
+    export HEADROOM_CUDA_LIB_DIR="$PWD/$nvrtc"
+  fi
+  for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    for lib in "$d"/nvidia/*/lib; do
+      [[ -d "$lib" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$lib"
+    done
+  done
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+  export HEADROOM_CUDA_CACHE="$FIGURES/cuda-cache"
+  if "$bin" cuda kernels --arch sm_90 --json >"$FIGURES/kernels.json" 2>>"$LOG"; then
+    cp "$FIGURES/kernels.json" "$OUT_DIR/cuda-kernels.json"
+    record cuda_kernels_compile pass "see cuda-kernels.json"
+  else
+    record cuda_kernels_compile fail "see device-check.log"
+  fi
+  "$bin" cuda selftest --json >"$FIGURES/selftest.json" 2>>"$LOG"
+  rc=$?
+  cat "$FIGURES/selftest.json" >>"$LOG"
+  cp "$FIGURES/selftest.json" "$OUT_DIR/cuda-selftest.json" 2>/dev/null
+  if [[ $rc -eq 0 ]]; then
+    record cuda_selftest pass "every op within its tolerance; see cuda-selftest.json"
+  elif grep -q "no CUDA device" "$LOG"; then
+    record cuda_selftest skipped "no CUDA device"
+  else
+    record cuda_selftest fail "exit $rc; see cuda-selftest.json and device-check.log"
+  fi
+fi
+record engine_on_cuda not_available "ops are not dispatched to CUDA yet: no bench kernels --device cuda, golden DiT/VAE tests or 1.3B session on the GPU"
 
 NVML_AFTER=$(nvml_used)
 
@@ -172,7 +218,7 @@ summary = {
     "nvml_used_bytes_after": int(after) if after else None,
     "allocator": allocator,
     "not_covered": [
-        "GPU kernels and CPU-vs-CUDA op tests (no CUDA kernels yet)",
+        "op dispatch on a cuda device (bench kernels --device cuda)",
         "DiT/VAE golden tests on the GPU",
         "wan2.1-t2v-1.3b 480x832 stepwise session under never and before-decode",
     ],

@@ -1,9 +1,9 @@
 //! `--device cpu|cuda[:N]`, shared by `generate`, `bench session` and `plan`.
 //!
 //! `cuda` needs a build with `--features cuda` and a GPU the driver can open; both
-//! failures are errors (exit code 2) with the reason. The tensor runtime has CPU kernels
-//! only, so commands that run the engine stop with a clear error once the device is
-//! found; `plan` only reads the card's capacity.
+//! failures are errors (exit code 2) with the reason. The tensor runtime does not route
+//! its ops to the CUDA kernels yet, so commands that run the engine stop with a clear
+//! error once the device is found; `plan` only reads the card's capacity.
 
 use std::fmt;
 use std::str::FromStr;
@@ -48,16 +48,17 @@ impl fmt::Display for DeviceArg {
 
 impl DeviceArg {
     /// Checks that the engine can run here: `cpu` always; `cuda` opens the GPU (so a
-    /// missing device is reported as such) and then refuses, since the tensor runtime has
-    /// no CUDA kernels yet.
+    /// missing device is reported as such) and then refuses, since the tensor runtime does
+    /// not dispatch ops to CUDA yet.
     pub fn require_engine_support(self) -> Result<()> {
         match self {
             DeviceArg::Cpu => Ok(()),
             DeviceArg::Cuda(ordinal) => {
                 let capacity = cuda_capacity(ordinal)?;
                 bail!(
-                    "found cuda:{ordinal} ({} B), but the tensor runtime has no CUDA kernels yet \
-                     (issue 11, item 2); run with --device cpu, or plan with \
+                    "found cuda:{ordinal} ({} B), but the tensor runtime does not dispatch ops \
+                     to CUDA yet (the kernels compile and self-test: `headroom cuda kernels`, \
+                     `headroom cuda selftest`); run with --device cpu, or plan with \
                      `headroom plan --device cuda:{ordinal}`",
                     capacity
                 )

@@ -1,6 +1,7 @@
 //! `headroom`: the command line of the headroom engine.
 
 mod bench_cmd;
+mod cuda_cmd;
 mod device_arg;
 mod dit_cmd;
 mod dtype_arg;
@@ -47,6 +48,8 @@ enum Command {
     Plan(plan_cmd::PlanArgs),
     /// The UMT5 text encoder: a prompt to Wan text embeddings (.npy out).
     Text(text_cmd::TextArgs),
+    /// The CUDA backend: compile-check the kernels (no GPU needed), self-test on a GPU.
+    Cuda(cuda_cmd::CudaArgs),
 }
 
 fn main() -> ExitCode {
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
         Command::Dit(args) => dit_cmd::run(args),
         Command::Plan(args) => plan_cmd::run(args),
         Command::Text(args) => text_cmd::run(args),
+        Command::Cuda(args) => cuda_cmd::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -21,7 +21,8 @@ fn assert_cuda_refused(args: &[&str]) {
     assert!(!stderr.contains("panicked"), "{stderr}");
     if cfg!(feature = "cuda") {
         assert!(
-            stderr.contains("no CUDA device: ") || stderr.contains("no CUDA kernels yet"),
+            stderr.contains("no CUDA device: ")
+                || stderr.contains("does not dispatch ops to CUDA yet"),
             "{stderr}"
         );
     } else {

@@ -129,7 +129,7 @@ fn load_driver() -> Result<()> {
                 // SAFETY: looks a symbol up without calling it.
                 if unsafe { lib.get::<*const c_void>(name.as_bytes()) }.is_err() {
                     return Err(format!(
-                        "the CUDA driver has no {name}: it is older than CUDA 12.8, \
+                        "the CUDA driver has no {name}: it is older than CUDA 13.0, \
                          which this build's bindings need"
                     ));
                 }

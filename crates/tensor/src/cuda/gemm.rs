@@ -1,0 +1,313 @@
+//! GEMM through cuBLASLt (feature `cuda`): `Y[m, n] = X[m, k] · Wᵀ (+ bias) (→ GELU)` with
+//! row-major operands, bf16 inputs with f32 compute and f32 output, or f32 throughout with
+//! `CUBLAS_COMPUTE_32F` (no TF32, so the f32 path rounds like the CPU's f32 GEMM).
+//!
+//! Row-major `Y = X·Wᵀ` is column-major `Yᵀ = W·Xᵀ`: cuBLASLt's A is W (`k × n`,
+//! transposed), B is X (`k × m`), D is Y (`n × m`), so the bias epilogue adds one value per
+//! output feature. The descriptors, layouts and the heuristic's algorithm are built once
+//! per [`GemmShape`] and cached. The workspace is a device block the caller allocates
+//! from headroom's `CachingAllocator` on the `cuda` platform and hands in.
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Mutex;
+
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys;
+use cudarc::driver::CudaStream;
+
+use super::error::{CudaError, Result};
+
+/// Input dtype of a GEMM (the output is f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmInput {
+    /// bf16 X and W, f32 accumulation.
+    Bf16,
+    /// f32 X and W, f32 accumulation (`CUBLAS_COMPUTE_32F`).
+    F32,
+}
+
+/// What is fused after the product.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Epilogue {
+    /// `Y = X·Wᵀ`.
+    None,
+    /// `Y = X·Wᵀ + bias` (f32 bias of `n`).
+    Bias,
+    /// `Y = gelu_tanh(X·Wᵀ + bias)`.
+    BiasGelu,
+}
+
+/// One GEMM's shape: the cache key of its plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemmShape {
+    /// Rows of X and Y.
+    pub m: u64,
+    /// Output features: rows of W, columns of Y.
+    pub n: u64,
+    /// Inner dim: columns of X and W.
+    pub k: u64,
+    /// Input dtype.
+    pub input: GemmInput,
+    /// Fused epilogue.
+    pub epilogue: Epilogue,
+    /// W is `[n, k]` (a linear layer's weight) when true, `[k, n]` when false.
+    pub weight_transposed: bool,
+}
+
+/// A device block for cuBLASLt's scratch (from the `CachingAllocator`).
+#[derive(Debug, Clone, Copy)]
+pub struct Workspace {
+    /// Device address.
+    pub ptr: u64,
+    /// Size in bytes.
+    pub bytes: usize,
+}
+
+/// Device addresses of one GEMM's operands.
+#[derive(Debug, Clone, Copy)]
+pub struct GemmOperands {
+    /// X, `[m, k]` row-major, of the shape's input dtype.
+    pub x: u64,
+    /// W, `[n, k]` (or `[k, n]`) row-major, of the shape's input dtype.
+    pub w: u64,
+    /// f32 bias of `n`, for the epilogues that add one.
+    pub bias: Option<u64>,
+    /// Y, `[m, n]` f32 row-major.
+    pub y: u64,
+}
+
+/// The cached descriptors of one shape.
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        // SAFETY: each handle was created once by `Plan::new` and is destroyed once here.
+        unsafe {
+            let _ = lt::destroy_matrix_layout(self.a);
+            let _ = lt::destroy_matrix_layout(self.b);
+            let _ = lt::destroy_matrix_layout(self.d);
+            let _ = lt::destroy_matmul_desc(self.desc);
+        }
+    }
+}
+
+fn blas(call: &'static str) -> impl Fn(lt::CublasError) -> CudaError {
+    move |e| CudaError::Driver {
+        call,
+        reason: format!("{e:?}"),
+    }
+}
+
+/// cuBLASLt with a per-shape plan cache.
+pub struct CublasLt {
+    handle: sys::cublasLtHandle_t,
+    plans: Mutex<HashMap<(GemmShape, usize), Plan>>,
+}
+
+impl std::fmt::Debug for CublasLt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let plans = self.plans.lock().map(|p| p.len()).unwrap_or(0);
+        f.debug_struct("CublasLt").field("plans", &plans).finish()
+    }
+}
+
+// SAFETY: the handle is used under the plan mutex or by one thread at a time per call;
+// cuBLASLt handles may be shared across threads (cuBLASLt docs: thread safe).
+unsafe impl Send for CublasLt {}
+// SAFETY: as above.
+unsafe impl Sync for CublasLt {}
+
+impl CublasLt {
+    /// Loads cuBLASLt (`libcublasLt.so.13`) and creates a handle; [`CudaError::NoDevice`]
+    /// when the library is not there.
+    pub fn new() -> Result<Self> {
+        // SAFETY: only tries to open the library; cudarc would panic on first use otherwise.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(CudaError::NoDevice(
+                "cuBLASLt (libcublasLt.so.13) could not be loaded; add the folder of \
+                 nvidia-cublas's lib to LD_LIBRARY_PATH"
+                    .into(),
+            ));
+        }
+        let handle = lt::create_handle().map_err(blas("cublasLtCreate"))?;
+        Ok(Self {
+            handle,
+            plans: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Number of cached plans (one per shape and workspace size).
+    pub fn cached_plans(&self) -> usize {
+        self.plans.lock().map(|p| p.len()).unwrap_or(0)
+    }
+
+    fn plan(&self, shape: &GemmShape, workspace: usize) -> Result<Plan> {
+        let (in_type, compute) = match shape.input {
+            GemmInput::Bf16 => (
+                sys::cudaDataType::CUDA_R_16BF,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
+            GemmInput::F32 => (
+                sys::cudaDataType::CUDA_R_32F,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            ),
+        };
+        let f32t = sys::cudaDataType::CUDA_R_32F;
+        let desc =
+            lt::create_matmul_desc(compute, f32t).map_err(blas("cublasLtMatmulDescCreate"))?;
+        let set_desc = |attr, value: *const c_void, size: usize| {
+            // SAFETY: `value` points to `size` bytes of the attribute's documented type.
+            unsafe { lt::set_matmul_desc_attribute(desc, attr, value, size) }
+                .map_err(blas("cublasLtMatmulDescSetAttribute"))
+        };
+        // cublasOperation_t as i32: 1 = CUBLAS_OP_T, 0 = CUBLAS_OP_N.
+        let op_a: i32 = i32::from(shape.weight_transposed);
+        set_desc(
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            (&op_a as *const i32).cast(),
+            std::mem::size_of::<i32>(),
+        )?;
+        let epilogue = match shape.epilogue {
+            Epilogue::None => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+            Epilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            Epilogue::BiasGelu => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
+        };
+        set_desc(
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+            (&epilogue as *const sys::cublasLtEpilogue_t).cast(),
+            std::mem::size_of::<sys::cublasLtEpilogue_t>(),
+        )?;
+        if shape.epilogue != Epilogue::None {
+            set_desc(
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                (&f32t as *const sys::cudaDataType).cast(),
+                std::mem::size_of::<sys::cudaDataType>(),
+            )?;
+        }
+        let (m, n, k) = (shape.m, shape.n, shape.k);
+        let layout = |t, rows: u64, cols: u64, ld: u64| {
+            lt::create_matrix_layout(t, rows, cols, ld as i64)
+                .map_err(blas("cublasLtMatrixLayoutCreate"))
+        };
+        let a = if shape.weight_transposed {
+            layout(in_type, k, n, k)?
+        } else {
+            layout(in_type, n, k, n)?
+        };
+        let b = layout(in_type, k, m, k)?;
+        let d = layout(f32t, n, m, n)?;
+        let pref = lt::create_matmul_pref().map_err(blas("cublasLtMatmulPreferenceCreate"))?;
+        let ws = workspace as u64;
+        // SAFETY: the attribute is a u64 byte count.
+        let set = unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        // SAFETY: every handle was just created for this shape.
+        let heuristic = set.and_then(|()| unsafe {
+            lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref)
+        });
+        // SAFETY: created above, destroyed once.
+        unsafe {
+            let _ = lt::destroy_matmul_pref(pref);
+        }
+        let plan = Plan {
+            desc,
+            a,
+            b,
+            d,
+            algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
+        };
+        let heuristic = heuristic.map_err(blas("cublasLtMatmulAlgoGetHeuristic"))?;
+        Ok(Plan {
+            algo: heuristic.algo,
+            ..plan
+        })
+    }
+
+    /// `y = x · wᵀ (+ bias) (→ GELU)` on `stream`; `ops` are device addresses of buffers
+    /// of the sizes `shape` implies (`bias` of `n` f32 when the epilogue has one).
+    ///
+    /// # Safety
+    /// The pointers must be valid device memory of the right sizes for the duration of
+    /// the stream's work, and must not be freed before that work completes.
+    pub unsafe fn matmul(
+        &self,
+        stream: &CudaStream,
+        shape: &GemmShape,
+        ops: GemmOperands,
+        workspace: Workspace,
+    ) -> Result<()> {
+        let GemmOperands { x, w, bias, y } = ops;
+        let mut plans = self.plans.lock().map_err(|_| CudaError::Driver {
+            call: "cublasLtMatmul",
+            reason: "plan cache poisoned".into(),
+        })?;
+        let key = (*shape, workspace.bytes);
+        let plan = match plans.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(v) => v.insert(self.plan(shape, workspace.bytes)?),
+        };
+        if let Some(bias) = bias {
+            let ptr = bias as *const c_void;
+            // SAFETY: the attribute is a device pointer; the descriptor is this plan's.
+            unsafe {
+                lt::set_matmul_desc_attribute(
+                    plan.desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    (&ptr as *const *const c_void).cast(),
+                    std::mem::size_of::<*const c_void>(),
+                )
+            }
+            .map_err(blas("cublasLtMatmulDescSetAttribute"))?;
+        }
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the caller guarantees the buffers; descriptors and algo are this plan's;
+        // the stream handle is live for the call.
+        unsafe {
+            lt::matmul(
+                self.handle,
+                plan.desc,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                w as *const c_void,
+                plan.a,
+                x as *const c_void,
+                plan.b,
+                y as *const c_void,
+                plan.d,
+                y as *mut c_void,
+                plan.d,
+                &plan.algo,
+                workspace.ptr as *mut c_void,
+                workspace.bytes,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(blas("cublasLtMatmul"))
+    }
+}
+
+impl Drop for CublasLt {
+    fn drop(&mut self) {
+        if let Ok(mut plans) = self.plans.lock() {
+            plans.clear();
+        }
+        // SAFETY: created in `new`, destroyed once, after every plan.
+        unsafe {
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
