@@ -272,10 +272,16 @@ pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     let iterations = (2_000_000 / config.shrink.max(1)).max(1000);
     let mut rows = Vec::new();
     for path in paths {
-        cpu::set_path(Some(path)).map_err(|rule| crate::BenchError::InvalidConfig { field: "path", rule })?;
+        cpu::set_path(Some(path)).map_err(|rule| crate::BenchError::InvalidConfig {
+            field: "path",
+            rule,
+        })?;
         let f32_peak = peak_gflops(CpuPath::Avx512, iterations).filter(|_| path >= CpuPath::Avx512);
         let amx_peak = peak_gflops(CpuPath::Amx, iterations / 8).filter(|_| path == CpuPath::Amx);
-        let mut modes = vec![("f32", DType::F32, false, f32_peak), ("bf16", DType::BF16, false, amx_peak)];
+        let mut modes = vec![
+            ("f32", DType::F32, false, f32_peak),
+            ("bf16", DType::BF16, false, amx_peak),
+        ];
         if path == CpuPath::Amx {
             modes.insert(1, ("near-f32", DType::F32, true, amx_peak.map(|p| p / 3.0)));
         }
@@ -293,6 +299,9 @@ pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     }
     set_near_f32(false);
     OPERAND_DTYPE.with(|d| d.set(DType::F32));
-    cpu::set_path(None).map_err(|rule| crate::BenchError::InvalidConfig { field: "path", rule })?;
+    cpu::set_path(None).map_err(|rule| crate::BenchError::InvalidConfig {
+        field: "path",
+        rule,
+    })?;
     Ok(rows)
 }

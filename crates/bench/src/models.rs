@@ -76,19 +76,29 @@ fn reference(config: &ModelBenchConfig, dtype: &str) -> Result<Option<(f64, f64)
         return Ok(None);
     };
     let mut parts = cmd.split_whitespace();
-    let program = parts.next().ok_or_else(|| invalid("reference", "empty command"))?;
+    let program = parts
+        .next()
+        .ok_or_else(|| invalid("reference", "empty command"))?;
     let output = Command::new(program)
         .args(parts)
         .arg("--model")
         .arg(model)
         .args(["--dtype", dtype, "--reps", &config.reps.to_string()])
-        .args(["--width", &config.width.to_string(), "--height", &config.height.to_string()])
+        .args([
+            "--width",
+            &config.width.to_string(),
+            "--height",
+            &config.height.to_string(),
+        ])
         .output()
         .map_err(|e| invalid("reference", format!("cannot run {cmd:?}: {e}")))?;
     if !output.status.success() {
         return Err(invalid(
             "reference",
-            format!("{cmd:?} failed: {}", String::from_utf8_lossy(&output.stderr)),
+            format!(
+                "{cmd:?} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ),
         ));
     }
     let text = String::from_utf8_lossy(&output.stdout);
@@ -105,7 +115,8 @@ fn reference(config: &ModelBenchConfig, dtype: &str) -> Result<Option<(f64, f64)
 
 /// Runs the model benchmark.
 pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
-    if config.width == 0 || config.height == 0 || config.width % 16 != 0 || config.height % 16 != 0 {
+    if config.width == 0 || config.height == 0 || config.width % 16 != 0 || config.height % 16 != 0
+    {
         return Err(invalid("width / height", "positive multiples of 16"));
     }
     let device = Device::cpu()?;
@@ -115,7 +126,12 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
         let dtype = match mode.as_str() {
             "f32" | "near-f32" => DType::F32,
             "bf16" => DType::BF16,
-            other => return Err(invalid("modes", format!("{other:?} is not f32, near-f32 or bf16"))),
+            other => {
+                return Err(invalid(
+                    "modes",
+                    format!("{other:?} is not f32, near-f32 or bf16"),
+                ))
+            }
         };
         set_near_f32(mode == "near-f32");
         let (dit, vae) = match &config.model {
@@ -124,7 +140,8 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
                 WanVae::load(&dir.join("vae"), &device, dtype),
             ),
             None => {
-                let preset = ModelPreset::named("wan2.1-t2v-1.3b").map_err(|e| invalid("model", e))?;
+                let preset =
+                    ModelPreset::named("wan2.1-t2v-1.3b").map_err(|e| invalid("model", e))?;
                 (
                     WanTransformer::seeded(preset.dit, 0, &device, dtype),
                     WanVae::seeded(preset.vae, 1, &device, dtype),
@@ -139,25 +156,29 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
         let text = Tensor::randn(&[512, c.text_dim], 2, 0, DType::F32, &device)?.mul_scalar(0.1)?;
         let z = Tensor::randn(&[1, vae.config().z_dim, 3, h, w], 3, 0, DType::F32, &device)?;
         let reference = reference(config, if dtype == DType::BF16 { "bf16" } else { "f32" })?;
-        let mut measure = |work: &str, f: &mut dyn FnMut() -> Result<()>, reference: Option<f64>| {
-            platform.reset_peak_stats();
-            let seconds = best(config.reps, f)?;
-            let allocated_peak_bytes =
-                platform.memory_stats().allocated_bytes.all().peak.max(0) as u64;
-            rows.push(ModelRow {
-                work: work.to_string(),
-                mode: mode.clone(),
-                seconds,
-                allocated_peak_bytes,
-                reference_seconds: reference,
-                speedup: reference.map(|r| r / seconds),
-            });
-            Ok::<_, BenchError>(())
-        };
+        let mut measure =
+            |work: &str, f: &mut dyn FnMut() -> Result<()>, reference: Option<f64>| {
+                platform.reset_peak_stats();
+                let seconds = best(config.reps, f)?;
+                let allocated_peak_bytes =
+                    platform.memory_stats().allocated_bytes.all().peak.max(0) as u64;
+                rows.push(ModelRow {
+                    work: work.to_string(),
+                    mode: mode.clone(),
+                    seconds,
+                    allocated_peak_bytes,
+                    reference_seconds: reference,
+                    speedup: reference.map(|r| r / seconds),
+                });
+                Ok::<_, BenchError>(())
+            };
         measure(
             "dit forward",
             &mut || {
-                drop(dit.forward(&latents, 999.0, Some(&text), None).map_err(|e| invalid("dit", e))?);
+                drop(
+                    dit.forward(&latents, 999.0, Some(&text), None)
+                        .map_err(|e| invalid("dit", e))?,
+                );
                 Ok(())
             },
             reference.map(|r| r.0),
@@ -181,7 +202,9 @@ pub fn markdown(rows: &[ModelRow]) -> String {
         "| work | mode | headroom s | diffusers s | speedup | allocated peak |\n|---|---|---|---|---|---|\n",
     );
     for r in rows {
-        let opt = |v: Option<f64>, suffix: &str| v.map_or("—".to_string(), |v| format!("{v:.2}{suffix}"));
+        let opt = |v: Option<f64>, suffix: &str| {
+            v.map_or("—".to_string(), |v| format!("{v:.2}{suffix}"))
+        };
         s.push_str(&format!(
             "| {} | {} | {:.2} | {} | {} | {} |\n",
             r.work,

@@ -376,7 +376,9 @@ fn kernels(args: KernelsArgs) -> Result<()> {
         "kernel", "path", "compute", "GFLOP/s", "peak", "% peak", "gemm crate", "scratch peak"
     );
     for row in rows {
-        let peak = row.peak_gflops.map_or("—".to_string(), |p| format!("{p:.0}"));
+        let peak = row
+            .peak_gflops
+            .map_or("—".to_string(), |p| format!("{p:.0}"));
         let frac = row
             .fraction_of_peak
             .map_or("—".to_string(), |f| format!("{:.0}%", 100.0 * f));

@@ -93,7 +93,12 @@ fn load(
 
 fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
     let format: OutputFormat = args.format.parse()?;
-    let vae = load(&args.model, args.config.as_ref(), device, args.dtype.dtype())?;
+    let vae = load(
+        &args.model,
+        args.config.as_ref(),
+        device,
+        args.dtype.dtype(),
+    )?;
     let latents = read_npy(&args.latents, device)?;
     let t = latents.shape().get(2).copied().unwrap_or(0);
     let chunks = args.chunks.unwrap_or_else(|| vec![t]);

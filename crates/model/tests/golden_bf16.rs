@@ -23,7 +23,10 @@ fn torch_bf16_error(dir: &std::path::Path) -> f32 {
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
     assert_eq!(a.shape(), b.shape());
     let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
-    a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -33,7 +36,10 @@ fn bf16_dit_errs_at_most_twice_pytorch_bf16() {
         let dir = fixture("dit", name);
         let model = WanTransformer::load(&dir, &dev, DType::BF16).unwrap();
         let x = read_npy(dir.join("latents.npy"), &dev).unwrap();
-        let t = read_npy(dir.join("timestep.npy"), &dev).unwrap().to_vec::<f32>().unwrap()[0];
+        let t = read_npy(dir.join("timestep.npy"), &dev)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()[0];
         let text = read_npy(dir.join("text.npy"), &dev).unwrap();
         let expected = read_npy(dir.join("out_text.npy"), &dev).unwrap();
         let got = model.forward(&x, t, Some(&text), None).unwrap();

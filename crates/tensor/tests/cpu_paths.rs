@@ -36,19 +36,44 @@ fn run(
     let len = gemm_scratch_len_on(path, m, n, k, compute, threads);
     let mut scratch = vec![0f32; len];
     headroom_tensor::parallel::run(|| {
-        gemm_on(path, m, n, k, a, b, &mut dst, 0, ldc, accumulate, alpha, compute, threads, &mut scratch)
+        gemm_on(
+            path,
+            m,
+            n,
+            k,
+            a,
+            b,
+            &mut dst,
+            0,
+            ldc,
+            accumulate,
+            alpha,
+            compute,
+            threads,
+            &mut scratch,
+        )
     });
     dst
 }
 
 fn max_rel(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-30);
-    a.iter().zip(b).fold(0.0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    a.iter()
+        .zip(b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()))
+        / scale
 }
 
 #[test]
 fn every_supported_path_matches_the_scalar_gemm() {
-    for &(m, n, k) in &[(1, 1, 1), (37, 50, 70), (64, 96, 128), (130, 33, 300), (5, 200, 31), (3, 4500, 300)] {
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (37, 50, 70),
+        (64, 96, 128),
+        (130, 33, 300),
+        (5, 200, 31),
+        (3, 4500, 300),
+    ] {
         let av = values(m * k, 1);
         let bv = values(k * n, 2);
         let bt: Vec<f32> = (0..n * k).map(|i| bv[(i % k) * n + i / k]).collect();
@@ -59,7 +84,18 @@ fn every_supported_path_matches_the_scalar_gemm() {
         let b_bf = Operand::Bf16(MatRef::row_major(&bb, 0, n));
         for compute in [Compute::F32, Compute::NearF32, Compute::Bf16] {
             for (accumulate, alpha) in [(false, 1.0), (true, 1.0), (false, 0.5)] {
-                let want = run(CpuPath::Scalar, m, n, k, a, b_n, compute, Threads::One, accumulate, alpha);
+                let want = run(
+                    CpuPath::Scalar,
+                    m,
+                    n,
+                    k,
+                    a,
+                    b_n,
+                    compute,
+                    Threads::One,
+                    accumulate,
+                    alpha,
+                );
                 // The scalar path computes near-f32 exactly: the AMX path's split is
                 // checked against exact products at its own tolerance.
                 for path in CpuPath::ALL {
@@ -78,11 +114,29 @@ fn every_supported_path_matches_the_scalar_gemm() {
                             let err = max_rel(&got, &want);
                             assert!(err <= tol, "{path} {compute:?} {m}x{n}x{k} acc {accumulate} alpha {alpha}: {err}");
                         }
-                        if compute == Compute::Bf16 || path == CpuPath::Scalar || (path == CpuPath::Amx && compute == Compute::NearF32) {
-                            let got = run(path, m, n, k, a, b_bf, compute, threads, accumulate, alpha);
-                            let want_bf = run(CpuPath::Scalar, m, n, k, a, b_bf, compute, Threads::One, accumulate, alpha);
+                        if compute == Compute::Bf16
+                            || path == CpuPath::Scalar
+                            || (path == CpuPath::Amx && compute == Compute::NearF32)
+                        {
+                            let got =
+                                run(path, m, n, k, a, b_bf, compute, threads, accumulate, alpha);
+                            let want_bf = run(
+                                CpuPath::Scalar,
+                                m,
+                                n,
+                                k,
+                                a,
+                                b_bf,
+                                compute,
+                                Threads::One,
+                                accumulate,
+                                alpha,
+                            );
                             let err = max_rel(&got, &want_bf);
-                            assert!(err <= tol, "{path} bf16 operand {compute:?} {m}x{n}x{k}: {err}");
+                            assert!(
+                                err <= tol,
+                                "{path} bf16 operand {compute:?} {m}x{n}x{k}: {err}"
+                            );
                         }
                     }
                 }
@@ -127,13 +181,37 @@ fn near_f32_amx_gemm_is_within_f32_rounding_of_the_exact_product() {
         let mut d: Vec<f32> = (0..m * (n + 3)).map(|i| (i % 7) as f32 * 0.25).collect();
         for r in 0..m {
             for c in 0..n {
-                d[r * (n + 3) + c] = (0..k).map(|i| av[r * k + i] as f64 * bv[i * n + c] as f64).sum::<f64>() as f32;
+                d[r * (n + 3) + c] = (0..k)
+                    .map(|i| av[r * k + i] as f64 * bv[i * n + c] as f64)
+                    .sum::<f64>() as f32;
             }
         }
         d
     };
-    let x3 = run(CpuPath::Amx, m, n, k, a, b, Compute::NearF32, Threads::Pool, false, 1.0);
-    let b16 = run(CpuPath::Amx, m, n, k, a, b, Compute::Bf16, Threads::Pool, false, 1.0);
+    let x3 = run(
+        CpuPath::Amx,
+        m,
+        n,
+        k,
+        a,
+        b,
+        Compute::NearF32,
+        Threads::Pool,
+        false,
+        1.0,
+    );
+    let b16 = run(
+        CpuPath::Amx,
+        m,
+        n,
+        k,
+        a,
+        b,
+        Compute::Bf16,
+        Threads::Pool,
+        false,
+        1.0,
+    );
     let (e3, e16) = (max_rel(&x3, &exact), max_rel(&b16, &exact));
     eprintln!("amx vs f64: near-f32 {e3:.2e}, bf16 {e16:.2e}");
     assert!(e3 < 2e-5 && e3 * 50.0 < e16, "near-f32 {e3}, bf16 {e16}");

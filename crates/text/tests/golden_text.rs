@@ -185,7 +185,11 @@ fn bf16_weights_load_from_shards_and_compute_within_bf16_error_of_the_reference(
             // bf16 weights compute in bf16 (activations rounded as the GEMMs pack them,
             // f32 accumulation, f32 norms and softmax): the reference ran the same
             // bf16-rounded weights in f32, so the gap is bf16 activation rounding.
-            assert!(diff <= BF16_TOLERANCE, "{what}: {}: max |diff| {diff}", r.name);
+            assert!(
+                diff <= BF16_TOLERANCE,
+                "{what}: {}: max |diff| {diff}",
+                r.name
+            );
         }
     }
 }

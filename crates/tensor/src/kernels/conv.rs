@@ -244,7 +244,13 @@ fn scratch_len_for_target(p: &Conv3dParams, target: usize, slots: usize) -> usiz
         0
     } else if p.is_pointwise() {
         let [to, ho, wo] = p.out_dims();
-        gemm_scratch_len(p.out_channels, to * ho * wo, p.in_channels, p.compute, Threads::Pool)
+        gemm_scratch_len(
+            p.out_channels,
+            to * ho * wo,
+            p.in_channels,
+            p.compute,
+            Threads::Pool,
+        )
     } else {
         slots * Plan::new(p, target, slots).per_slot
     }
@@ -349,7 +355,21 @@ fn pointwise(
         Operand::F32(MatRef::row_major(weight, 0, ci)),
         Operand::F32(MatRef::row_major(src, 0, px)),
     );
-    gemm(co, px, ci, w, x, dst, 0, px, false, 1.0, p.compute, Threads::Pool, scratch);
+    gemm(
+        co,
+        px,
+        ci,
+        w,
+        x,
+        dst,
+        0,
+        px,
+        false,
+        1.0,
+        p.compute,
+        Threads::Pool,
+        scratch,
+    );
     if let Some(bias) = bias {
         dst.par_chunks_mut(px).zip(bias).for_each(|(row, &b)| {
             row.iter_mut().for_each(|v| *v += b);
@@ -390,7 +410,21 @@ fn tiled(
                 fill_cols(geom, src, p0, n, cols);
                 let x = Operand::F32(MatRef::row_major(cols, 0, n));
                 let c = p.compute;
-                gemm(cout, n, k, w, x, result, 0, n, false, 1.0, c, Threads::One, gemm_scratch);
+                gemm(
+                    cout,
+                    n,
+                    k,
+                    w,
+                    x,
+                    result,
+                    0,
+                    n,
+                    false,
+                    1.0,
+                    c,
+                    Threads::One,
+                    gemm_scratch,
+                );
             });
         // The GEMM results are [Cout, n] blocks; dst rows are strided by P, so they are
         // scattered by output channel (with the bias) in a second, row-parallel pass.

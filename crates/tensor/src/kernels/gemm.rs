@@ -53,7 +53,8 @@ impl<'a, T> MatRef<'a, T> {
     /// Index of element (r, c) in `data`.
     #[inline(always)]
     pub fn index(&self, r: usize, c: usize) -> usize {
-        (self.offset as isize + r as isize * self.row_stride + c as isize * self.col_stride) as usize
+        (self.offset as isize + r as isize * self.row_stride + c as isize * self.col_stride)
+            as usize
     }
 
     fn max_index(&self, rows: usize, cols: usize) -> Option<usize> {
@@ -203,7 +204,10 @@ pub fn f32_compute() -> Compute {
 /// Makes ops compute f32 products near-f32 (`true`) or exactly (`false`) from now on
 /// (benchmarks comparing both in one run).
 pub fn set_near_f32(near: bool) {
-    NEAR_F32.store(if near { 2 } else { 1 }, std::sync::atomic::Ordering::SeqCst);
+    NEAR_F32.store(
+        if near { 2 } else { 1 },
+        std::sync::atomic::Ordering::SeqCst,
+    );
 }
 
 /// f32 scratch elements that [`gemm`] needs for these shapes on the selected path.
@@ -240,7 +244,9 @@ fn rounded(op: &Operand<'_>, rows: usize, cols: usize, out: &mut [f32]) {
     for r in 0..rows {
         for c in 0..cols {
             out[r * cols + c] = match op {
-                Operand::F32(m) => f32::from_bits(u32::from(bf16_bits(m.data[m.index(r, c)])) << 16),
+                Operand::F32(m) => {
+                    f32::from_bits(u32::from(bf16_bits(m.data[m.index(r, c)])) << 16)
+                }
                 Operand::Bf16(m) => m.data[m.index(r, c)].to_f32(),
             };
         }
@@ -268,7 +274,22 @@ pub fn gemm(
     threads: Threads,
     scratch: &mut [f32],
 ) {
-    gemm_on(cpu::selected(), m, n, k, a, b, dst, dst_offset, ldc, accumulate, alpha, compute, threads, scratch)
+    gemm_on(
+        cpu::selected(),
+        m,
+        n,
+        k,
+        a,
+        b,
+        dst,
+        dst_offset,
+        ldc,
+        accumulate,
+        alpha,
+        compute,
+        threads,
+        scratch,
+    )
 }
 
 /// [`gemm`] on `path` (which must be supported: see [`CpuPath::supported`]).
@@ -295,24 +316,42 @@ pub fn gemm_on(
         _ => None,
     };
     if let Some(precision) = amx_precision {
-        let dst = Dst { data: dst, offset: dst_offset, ldc };
+        let dst = Dst {
+            data: dst,
+            offset: dst_offset,
+            ldc,
+        };
         // SAFETY: u16 is smaller and no more aligned than f32, and every bit pattern is
         // a valid u16: the f32 scratch is reused as twice as many u16 values.
         let scratch = unsafe {
             std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u16>(), scratch.len() * 2)
         };
-        amx::gemm(m, n, k, &a, &b, dst, accumulate, alpha, precision, threads_of(threads), scratch);
+        amx::gemm(
+            m,
+            n,
+            k,
+            &a,
+            &b,
+            dst,
+            accumulate,
+            alpha,
+            precision,
+            threads_of(threads),
+            scratch,
+        );
         return;
     }
     if path == CpuPath::Scalar {
         let precision = (compute == Compute::Bf16).then_some(Precision::Bf16);
-        scalar::gemm(m, n, k, &a, &b, dst, dst_offset, ldc, accumulate, alpha, precision);
+        scalar::gemm(
+            m, n, k, &a, &b, dst, dst_offset, ldc, accumulate, alpha, precision,
+        );
         return;
     }
     match (compute, a, b) {
-        (Compute::F32 | Compute::NearF32, Operand::F32(a), Operand::F32(b)) => {
-            sgemm(m, n, k, a, b, dst, dst_offset, ldc, accumulate, alpha, threads)
-        }
+        (Compute::F32 | Compute::NearF32, Operand::F32(a), Operand::F32(b)) => sgemm(
+            m, n, k, a, b, dst, dst_offset, ldc, accumulate, alpha, threads,
+        ),
         (Compute::F32 | Compute::NearF32, _, _) => {
             panic!("f32 GEMM through the gemm crate needs f32 operands")
         }

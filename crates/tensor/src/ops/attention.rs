@@ -31,7 +31,11 @@ impl Tensor {
         scale: Option<f32>,
     ) -> Result<Tensor> {
         let bf16 = [q, k, v].iter().any(|t| t.dtype() == DType::BF16);
-        let compute = if bf16 { Compute::Bf16 } else { crate::kernels::gemm::f32_compute() };
+        let compute = if bf16 {
+            Compute::Bf16
+        } else {
+            crate::kernels::gemm::f32_compute()
+        };
         Self::scaled_dot_product_attention_in(q, k, v, mask, scale, compute)
     }
 

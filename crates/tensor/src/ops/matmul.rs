@@ -41,13 +41,26 @@ fn gemm_input(op: &'static str, t: &Tensor, compute: Compute) -> Result<Tensor> 
 /// The strided matrix view of `t`'s storage with `layout` (last two axes the matrix).
 fn operand<'a>(t: &'a Tensor, layout: &Layout, offset: usize) -> Option<Operand<'a>> {
     let r = layout.strides().len();
-    let (rs, cs) = (layout.strides()[r - 2] as isize, layout.strides()[r - 1] as isize);
+    let (rs, cs) = (
+        layout.strides()[r - 2] as isize,
+        layout.strides()[r - 1] as isize,
+    );
     match t.dtype() {
         DType::F32 => t.storage_as::<f32>().map(|data| {
-            Operand::F32(MatRef { data, offset, row_stride: rs, col_stride: cs })
+            Operand::F32(MatRef {
+                data,
+                offset,
+                row_stride: rs,
+                col_stride: cs,
+            })
         }),
         DType::BF16 => t.storage_as::<bf16>().map(|data| {
-            Operand::Bf16(MatRef { data, offset, row_stride: rs, col_stride: cs })
+            Operand::Bf16(MatRef {
+                data,
+                offset,
+                row_stride: rs,
+                col_stride: cs,
+            })
         }),
         _ => None,
     }
@@ -72,7 +85,6 @@ fn batch_offset(layout: &Layout, mut index: usize) -> usize {
     }
     offset
 }
-
 
 impl Tensor {
     /// Matrix product over the last two axes, batch axes broadcast: `[…, m, k] @ […, k, n]`.
@@ -147,13 +159,41 @@ impl Tensor {
                         .for_each(|(c, (d, sc))| {
                             for (j, d) in d.chunks_mut(per).enumerate() {
                                 let (oa, ob) = at(c * run + j);
-                                gemm(m, n, k, oa, ob, d, 0, n, false, 1.0, compute, Threads::One, sc);
+                                gemm(
+                                    m,
+                                    n,
+                                    k,
+                                    oa,
+                                    ob,
+                                    d,
+                                    0,
+                                    n,
+                                    false,
+                                    1.0,
+                                    compute,
+                                    Threads::One,
+                                    sc,
+                                );
                             }
                         });
                 } else {
                     for i in 0..batches {
                         let (oa, ob) = at(i);
-                        gemm(m, n, k, oa, ob, dst, i * per, n, false, 1.0, compute, Threads::Pool, scratch);
+                        gemm(
+                            m,
+                            n,
+                            k,
+                            oa,
+                            ob,
+                            dst,
+                            i * per,
+                            n,
+                            false,
+                            1.0,
+                            compute,
+                            Threads::Pool,
+                            scratch,
+                        );
                     }
                 }
             });

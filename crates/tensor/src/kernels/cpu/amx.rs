@@ -59,7 +59,10 @@ impl Precision {
     pub fn parts(self) -> (&'static [Part], &'static [Part]) {
         match self {
             Precision::Bf16 => (&[Part::Hi], &[Part::Hi]),
-            Precision::Bf16x3 => (&[Part::Hi, Part::Hi, Part::Lo], &[Part::Hi, Part::Lo, Part::Hi]),
+            Precision::Bf16x3 => (
+                &[Part::Hi, Part::Hi, Part::Lo],
+                &[Part::Hi, Part::Lo, Part::Hi],
+            ),
         }
     }
 }
@@ -78,7 +81,11 @@ pub fn enable() -> bool {
             // SAFETY: arch_prctl with ARCH_REQ_XCOMP_PERM only changes this process's
             // permission to use the tile data state; it reads and writes no memory of ours.
             let rc = unsafe {
-                libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                )
             };
             rc == 0
         }
@@ -157,7 +164,10 @@ pub fn gemm(
     let b_len = per_block * panel_len;
     let mc_rows = mc_for(k, pa.len());
     let a_len = packed_len(mc_rows, k, pa.len());
-    assert!(scratch.len() >= b_len + threads * a_len, "gemm scratch too short");
+    assert!(
+        scratch.len() >= b_len + threads * a_len,
+        "gemm scratch too short"
+    );
     let (packed_b, rest) = scratch.split_at_mut(b_len);
     let nb = n.div_ceil(PANEL);
     let m_panels = m.div_ceil(PANEL);
@@ -191,12 +201,18 @@ pub fn gemm(
                         let ap = &a_buf[(ib * k_packed + s0) * KSTEP_LEN..];
                         let (row, col) = (r0 + ib * PANEL, jb * PANEL);
                         let (h, w) = (PANEL.min(m - row), PANEL.min(n - col));
-                        let scale = if last && alpha != 1.0 { Some(alpha) } else { None };
+                        let scale = if last && alpha != 1.0 {
+                            Some(alpha)
+                        } else {
+                            None
+                        };
                         // SAFETY: `ap`/`bp` hold `steps` packed k-steps (packed lengths
                         // above); the block (row.., col..) of h × w lies inside the output
                         // (asserted at entry), and this thread alone writes rows `rows`.
                         unsafe {
-                            block(ap, bp, out.0, out_len, ldc, row, col, h, w, steps, load, scale)
+                            block(
+                                ap, bp, out.0, out_len, ldc, row, col, h, w, steps, load, scale,
+                            )
                         };
                     }
                 }
@@ -272,7 +288,14 @@ unsafe fn block(
                 tmp[r * PANEL..r * PANEL + w].copy_from_slice(src);
             }
         }
-        tile_kernel(a.as_ptr(), b.as_ptr(), tmp.as_mut_ptr(), PANEL * 4, steps, load);
+        tile_kernel(
+            a.as_ptr(),
+            b.as_ptr(),
+            tmp.as_mut_ptr(),
+            PANEL * 4,
+            steps,
+            load,
+        );
         for r in 0..h {
             let d = std::slice::from_raw_parts_mut(out.add((row + r) * ldc + col), w);
             d.copy_from_slice(&tmp[r * PANEL..r * PANEL + w]);
@@ -334,7 +357,14 @@ impl Drop for Tiles {
 /// Tiles configured (8 × 16 rows × 64 bytes); `a` and `b` point at `steps` packed
 /// k-steps (2,048 bytes each); the 32 rows of 128 bytes at `c` are writable; `steps ≥ 1`.
 #[inline]
-unsafe fn tile_kernel(a: *const u16, b: *const u16, c: *mut f32, ldc_bytes: usize, steps: usize, load: bool) {
+unsafe fn tile_kernel(
+    a: *const u16,
+    b: *const u16,
+    c: *mut f32,
+    ldc_bytes: usize,
+    steps: usize,
+    load: bool,
+) {
     debug_assert!(steps >= 1);
     // SAFETY: the caller's contract; the four C tiles are at c, c + 64 B, c + 16 rows and
     // c + 16 rows + 64 B; A and B tiles at +0 and +1024 B of each 2,048-byte k-step.

@@ -260,7 +260,13 @@ mod avx512 {
     /// # Safety
     /// As [`load_row32`]; `dst` holds at least 32 values.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn row32(a: &Operand<'_>, row: usize, k0: usize, part: Part, dst: &mut [u16]) {
+    pub(super) unsafe fn row32(
+        a: &Operand<'_>,
+        row: usize,
+        k0: usize,
+        part: Part,
+        dst: &mut [u16],
+    ) {
         assert!(dst.len() >= 32);
         // SAFETY: forwarded contract; dst has room for 64 bytes (asserted).
         unsafe {
@@ -399,10 +405,22 @@ mod avx512 {
     pub(super) unsafe fn row32(_: &Operand<'_>, _: usize, _: usize, _: Part, _: &mut [u16]) {
         unreachable!("AVX-512 is never detected off x86_64")
     }
-    pub(super) unsafe fn b_tile_k_contiguous(_: &Operand<'_>, _: usize, _: usize, _: Part, _: &mut [u16]) {
+    pub(super) unsafe fn b_tile_k_contiguous(
+        _: &Operand<'_>,
+        _: usize,
+        _: usize,
+        _: Part,
+        _: &mut [u16],
+    ) {
         unreachable!("AVX-512 is never detected off x86_64")
     }
-    pub(super) unsafe fn b_tile_n_contiguous(_: &Operand<'_>, _: usize, _: usize, _: Part, _: &mut [u16]) {
+    pub(super) unsafe fn b_tile_n_contiguous(
+        _: &Operand<'_>,
+        _: usize,
+        _: usize,
+        _: Part,
+        _: &mut [u16],
+    ) {
         unreachable!("AVX-512 is never detected off x86_64")
     }
 }
@@ -413,7 +431,10 @@ mod tests {
 
     fn values(len: usize, seed: u32) -> Vec<f32> {
         (0..len)
-            .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) as f32 / 4.0e9 - 0.5) * 3.0)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) as f32 / 4.0e9 - 0.5)
+                    * 3.0
+            })
             .collect()
     }
 
@@ -421,7 +442,16 @@ mod tests {
     fn bf16_rounding_is_nearest_even_like_half() {
         // 0x3f808000 and 0x3f818000 sit exactly halfway between two bf16 values.
         let ties = [f32::from_bits(0x3f80_8000), f32::from_bits(0x3f81_8000)];
-        for x in [0.0f32, -0.0, 1.0, ties[0], ties[1], -3.5e-20, 3.0e38, f32::INFINITY] {
+        for x in [
+            0.0f32,
+            -0.0,
+            1.0,
+            ties[0],
+            ties[1],
+            -3.5e-20,
+            3.0e38,
+            f32::INFINITY,
+        ] {
             assert_eq!(bf16_bits(x), bf16::from_f32(x).to_bits(), "{x}");
         }
         assert_eq!(bf16_bits(f32::NAN), 0x7fc0);
@@ -448,8 +478,13 @@ mod tests {
                         for p in 0..TILE_ROWS {
                             for c in 0..TILE_ROWS {
                                 for e in 0..2 {
-                                    let (kk, nn) = (s * TILE_K + 2 * p + e, jb * PANEL + t * 16 + c);
-                                    let at = ((jb * ks + s) * np + q) * KSTEP_LEN + t * 512 + p * 32 + 2 * c + e;
+                                    let (kk, nn) =
+                                        (s * TILE_K + 2 * p + e, jb * PANEL + t * 16 + c);
+                                    let at = ((jb * ks + s) * np + q) * KSTEP_LEN
+                                        + t * 512
+                                        + p * 32
+                                        + 2 * c
+                                        + e;
                                     if kk < k && nn < n {
                                         out[at] = op.get(kk, nn, part);
                                     }
@@ -473,7 +508,10 @@ mod tests {
         let at: Vec<f32> = (0..k * m).map(|i| av[(i % m) * k + i / m]).collect();
         let fast = Operand::F32(MatRef::row_major(&av, 0, k));
         let slow = Operand::F32(MatRef::row_major(&at, 0, m).t());
-        let (mut x, mut y) = (vec![1u16; packed_len(m, k, 2)], vec![2u16; packed_len(m, k, 2)]);
+        let (mut x, mut y) = (
+            vec![1u16; packed_len(m, k, 2)],
+            vec![2u16; packed_len(m, k, 2)],
+        );
         pack_a(&fast, 0, m, k, &parts, &mut x);
         pack_a(&slow, 0, m, k, &parts, &mut y);
         assert_eq!(x, y);
@@ -506,7 +544,11 @@ mod tests {
                 let (s, p, e) = (kk / TILE_K, (kk % TILE_K) / 2, kk % 2);
                 let (t, c) = (nn / TILE_ROWS, nn % TILE_ROWS);
                 let got = out[s * KSTEP_LEN + t * 512 + p * 32 + 2 * c + e];
-                let want = if kk < k && nn < n { bf16_bits(bv[kk * n + nn]) } else { 0 };
+                let want = if kk < k && nn < n {
+                    bf16_bits(bv[kk * n + nn])
+                } else {
+                    0
+                };
                 assert_eq!(got, want, "k {kk} n {nn}");
             }
         }

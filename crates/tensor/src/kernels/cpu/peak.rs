@@ -18,14 +18,19 @@ pub fn peak_gflops(path: CpuPath, iterations: usize) -> Option<f64> {
         CpuPath::Avx512 | CpuPath::Avx512Bf16 => avx512_loop,
         _ => return None,
     };
-    let threads = parallel::num_threads();
-    // A warm-up run brings the cores to their sustained frequency.
+    // A warm-up run brings the cores to their sustained frequency; the best of five runs
+    // counts (on a shared virtual machine single runs measured up to 2× apart).
     parallel::pool().broadcast(|_| per_thread(iterations / 10 + 1));
-    let start = Instant::now();
-    let flops: f64 = parallel::pool().broadcast(|_| per_thread(iterations)).into_iter().sum();
-    let secs = start.elapsed().as_secs_f64();
-    debug_assert_eq!(threads, parallel::num_threads());
-    Some(flops / secs / 1e9)
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let flops: f64 = parallel::pool()
+            .broadcast(|_| per_thread(iterations))
+            .into_iter()
+            .sum();
+        best = best.max(flops / start.elapsed().as_secs_f64() / 1e9);
+    }
+    Some(best)
 }
 
 /// `iterations` rounds of four independent `tdpbf16ps` (16 × 16 × 32 each); FLOPs done.

@@ -61,7 +61,11 @@ pub fn gemm(
                 };
             }
             let d = &mut dst[offset + r * ldc + c];
-            *d = if accumulate { *d + alpha * sum } else { alpha * sum };
+            *d = if accumulate {
+                *d + alpha * sum
+            } else {
+                alpha * sum
+            };
         }
     }
 }
