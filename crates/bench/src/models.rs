@@ -115,8 +115,8 @@ fn reference(config: &ModelBenchConfig, dtype: &str) -> Result<Option<(f64, f64)
 
 /// Runs the model benchmark.
 pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
-    if config.width == 0 || config.height == 0 || config.width % 16 != 0 || config.height % 16 != 0
-    {
+    let ok = |v: usize| v > 0 && v.is_multiple_of(16);
+    if !ok(config.width) || !ok(config.height) {
         return Err(invalid("width / height", "positive multiples of 16"));
     }
     let device = Device::cpu()?;

@@ -111,7 +111,13 @@ impl MetaTwin {
             other => other,
         };
         twin.platform().reset_peak_stats();
-        let mut session = twin.open_session(request.clone()).map_err(refused)?;
+        // The twin computes nothing, so nothing may read its tensors' values: a latent
+        // sink (`--dump-latents`) stays with the real session.
+        let request = SessionRequest {
+            latent_sink: None,
+            ..request.clone()
+        };
+        let mut session = twin.open_session(request).map_err(refused)?;
         for _ in 0..session.chunks_total() {
             session.next_chunk().map_err(refused)?;
         }

@@ -186,22 +186,53 @@ fn bench_alloc_prints_both_allocators_and_their_ratio() {
 }
 
 #[test]
-fn bench_kernels_prints_every_kernel_beside_its_reference() {
+fn bench_kernels_prints_every_kernel_per_path_and_compute() {
     let out = headroom(&[
         "bench", "kernels", "--shrink", "10", "--reps", "1", "--json",
     ]);
     common::assert_ok(&out);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let kernels = json["kernels"].as_array().unwrap();
-    let prefixes: Vec<&str> = kernels
+    // Each (path, compute) group holds the four kernels in order.
+    assert!(
+        !kernels.is_empty() && kernels.len() % 4 == 0,
+        "{} rows",
+        kernels.len()
+    );
+    for group in kernels.chunks(4) {
+        let prefixes: Vec<&str> = group
+            .iter()
+            .map(|k| k["name"].as_str().unwrap().split(' ').next().unwrap())
+            .collect();
+        assert_eq!(prefixes, ["matmul", "matmul", "attention", "conv3d"]);
+        let (path, compute) = (&group[0]["path"], &group[0]["compute"]);
+        assert!(group
+            .iter()
+            .all(|k| &k["path"] == path && &k["compute"] == compute));
+    }
+    let computes: Vec<&str> = kernels
         .iter()
-        .map(|k| k["name"].as_str().unwrap().split(' ').next().unwrap())
+        .map(|k| k["compute"].as_str().unwrap())
         .collect();
-    assert_eq!(prefixes, ["matmul", "matmul", "attention", "conv3d"]);
+    assert!(
+        computes.contains(&"f32") && computes.contains(&"bf16"),
+        "{computes:?}"
+    );
     for k in kernels {
         for key in ["gflops", "reference_gflops", "ratio"] {
             assert!(k[key].as_f64().unwrap() > 0.0, "{key} in {k}");
         }
         assert!(k["scratch_peak_bytes"].as_u64().is_some());
+        if let Some(f) = k["fraction_of_peak"].as_f64() {
+            assert!(f > 0.0 && k["peak_gflops"].as_f64().unwrap() > 0.0, "{k}");
+        }
     }
+}
+
+#[test]
+fn bench_models_refuses_an_unknown_mode_naming_it() {
+    let out = headroom(&["bench", "models", "--modes", "fp8"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("modes") && err.contains("fp8"), "{err}");
 }

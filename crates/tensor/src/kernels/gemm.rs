@@ -6,7 +6,7 @@
 use gemm::Parallelism;
 
 use crate::kernels::cpu::amx::{self, Dst, Precision};
-use crate::kernels::cpu::pack::{bf16_bits, Operand};
+use crate::kernels::cpu::pack::{Operand, Part};
 use crate::kernels::cpu::{self, scalar, CpuPath};
 
 /// A strided read-only matrix: element (r, c) is at `ptr + r*row_stride + c*col_stride`.
@@ -243,12 +243,7 @@ pub fn gemm_scratch_len_on(
 fn rounded(op: &Operand<'_>, rows: usize, cols: usize, out: &mut [f32]) {
     for r in 0..rows {
         for c in 0..cols {
-            out[r * cols + c] = match op {
-                Operand::F32(m) => {
-                    f32::from_bits(u32::from(bf16_bits(m.data[m.index(r, c)])) << 16)
-                }
-                Operand::Bf16(m) => m.data[m.index(r, c)].to_f32(),
-            };
+            out[r * cols + c] = f32::from_bits(u32::from(op.get(r, c, Part::Hi)) << 16);
         }
     }
 }

@@ -132,7 +132,9 @@ impl Tensor {
         let per = m * n;
         let many = batches >= slots * 2 && per > 0;
         let threads = if many { Threads::One } else { Threads::Pool };
-        let len = gemm_scratch_len(m, n, k, compute, threads);
+        // At least one value per slot, so that every slot's chunk exists even when the
+        // path needs no scratch (zipping with an empty slice would skip the products).
+        let len = gemm_scratch_len(m, n, k, compute, threads).max(usize::from(many));
         let mut scratch = scratch(self, len, if many { slots } else { 1 })?;
         if self.device().is_meta() {
             return Ok(out);
@@ -154,7 +156,7 @@ impl Tensor {
                     // product single-threaded with the slot's own scratch.
                     let run = batches.div_ceil(slots);
                     dst.par_chunks_mut(per * run)
-                        .zip(scratch.par_chunks_mut(len.max(1)))
+                        .zip(scratch.par_chunks_mut(len))
                         .enumerate()
                         .for_each(|(c, (d, sc))| {
                             for (j, d) in d.chunks_mut(per).enumerate() {

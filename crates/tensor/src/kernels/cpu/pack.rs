@@ -49,13 +49,22 @@ pub enum Operand<'a> {
 impl Operand<'_> {
     /// The part `part` of element (r, c) as bf16 bits.
     #[inline]
-    fn get(&self, r: usize, c: usize, part: Part) -> u16 {
+    pub(crate) fn get(&self, r: usize, c: usize, part: Part) -> u16 {
         match self {
             Operand::F32(m) => split(m.data[m.index(r, c)], part),
             Operand::Bf16(m) => match part {
                 Part::Hi => m.data[m.index(r, c)].to_bits(),
                 Part::Lo => 0,
             },
+        }
+    }
+
+    /// Element (r, c) as it is, widened to f32.
+    #[inline]
+    pub(crate) fn exact(&self, r: usize, c: usize) -> f32 {
+        match self {
+            Operand::F32(m) => m.data[m.index(r, c)],
+            Operand::Bf16(m) => m.data[m.index(r, c)].to_f32(),
         }
     }
 

@@ -6,27 +6,10 @@
 //! per k in the AMX order.
 
 use super::amx::Precision;
-use super::pack::{split, Operand, Part};
+use super::pack::{Operand, Part};
 
 fn value(op: &Operand<'_>, r: usize, c: usize, part: Part) -> f32 {
-    f32::from_bits(u32::from(op_bits(op, r, c, part)) << 16)
-}
-
-fn op_bits(op: &Operand<'_>, r: usize, c: usize, part: Part) -> u16 {
-    match op {
-        Operand::F32(m) => split(m.data[m.index(r, c)], part),
-        Operand::Bf16(m) => match part {
-            Part::Hi => m.data[m.index(r, c)].to_bits(),
-            Part::Lo => 0,
-        },
-    }
-}
-
-fn exact(op: &Operand<'_>, r: usize, c: usize) -> f32 {
-    match op {
-        Operand::F32(m) => m.data[m.index(r, c)],
-        Operand::Bf16(m) => m.data[m.index(r, c)].to_f32(),
-    }
+    f32::from_bits(u32::from(op.get(r, c, part)) << 16)
 }
 
 /// `dst[r·ldc + c] = (accumulate ? dst : 0) + alpha · Σ_k A[r][k]·B[k][c]`, with the
@@ -50,7 +33,7 @@ pub fn gemm(
             let mut sum = 0.0f32;
             for i in 0..k {
                 sum += match precision {
-                    None => exact(a, r, i) * exact(b, i, c),
+                    None => a.exact(r, i) * b.exact(i, c),
                     Some(p) => {
                         let (pa, pb) = p.parts();
                         pa.iter()
