@@ -195,7 +195,7 @@ fn bench_kernels_prints_every_kernel_per_path_and_compute() {
     let kernels = json["kernels"].as_array().unwrap();
     // Each (path, compute) group holds the four kernels in order.
     assert!(
-        !kernels.is_empty() && kernels.len() % 4 == 0,
+        !kernels.is_empty() && kernels.len().is_multiple_of(4),
         "{} rows",
         kernels.len()
     );
