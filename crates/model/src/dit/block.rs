@@ -198,9 +198,7 @@ pub struct Block {
 
 /// `LN(x)·(1 + scale) + shift` with a no-affine LayerNorm.
 fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor, eps: f32) -> Result<Tensor> {
-    Ok(x.layer_norm(None, None, eps)?
-        .mul(&scale.add_scalar(1.0)?)?
-        .add(shift)?)
+    Ok(x.layer_norm_modulate(shift, scale, eps)?)
 }
 
 impl Block {
@@ -305,7 +303,7 @@ impl Block {
         };
         let o = self.attn1.attend(&a, Some(rope), &all, mask, shard, true)?;
         drop(all);
-        let mut h = h.add(&o.mul(&m[2])?)?;
+        let mut h = h.add_mul(&o, &m[2])?;
         if let (Some(injection), Some(cam)) = (&self.camera, camera) {
             h = injection.apply(&h, cam)?;
         }
@@ -321,6 +319,6 @@ impl Block {
         let a = modulate(&h, &m[3], &m[4], self.eps)?;
         let hidden = self.ffn_in.forward(&a)?.gelu_tanh()?;
         let f = shard::col_split_forward(shard, &self.ffn_out, &hidden)?;
-        Ok((h.add(&f.mul(&m[5])?)?, own))
+        Ok((h.add_mul(&f, &m[5])?, own))
     }
 }

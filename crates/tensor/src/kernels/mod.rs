@@ -2,6 +2,7 @@
 //! dtypes or allocators: the op layer checks shapes, takes every buffer (outputs and
 //! scratch) from the allocator, and calls them.
 
+pub mod activation;
 pub mod attention;
 pub mod conv;
 pub mod cpu;

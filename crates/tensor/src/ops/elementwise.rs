@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::kernels::activation;
 use crate::layout::broadcast_shapes;
 use crate::tensor::Tensor;
 
@@ -67,7 +68,8 @@ pub fn binary(
     out.to_dtype(dtype)
 }
 
-/// Applies `f` to every element; float dtypes are kept.
+/// Applies `f` to every element (SIMD-dispatched through [`activation::map`], the same
+/// bits on every path); float dtypes are kept.
 pub fn unary(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Result<Tensor> {
     let input = super::float_f32(op, x)?.to_f32_contiguous()?;
     let mut out = Tensor::empty(x.shape(), DType::F32, x.device())?;
@@ -75,16 +77,15 @@ pub fn unary(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Res
         crate::parallel::run(|| {
             dst.par_chunks_mut(1 << 14)
                 .zip(src.par_chunks(1 << 14))
-                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = f(s)));
+                .for_each(|(d, s)| activation::map(d, s, &f));
         });
     }
     out.to_dtype(x.dtype())
 }
 
-/// The GELU of PyTorch's `approximate="tanh"`.
+/// The GELU of PyTorch's `approximate="tanh"` (libm-free, see [`activation`]).
 pub fn gelu_tanh_scalar(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)).tanh())
+    activation::gelu_tanh(x)
 }
 
 /// The exact (erf) GELU.
@@ -92,9 +93,9 @@ pub fn gelu_erf_scalar(x: f32) -> f32 {
     0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
-/// SiLU (x · sigmoid(x)).
+/// SiLU (x · sigmoid(x), libm-free, see [`activation`]).
 pub fn silu_scalar(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    activation::silu(x)
 }
 
 impl Tensor {
@@ -148,11 +149,11 @@ impl Tensor {
     }
     /// `x · sigmoid(x)`.
     pub fn silu(&self) -> Result<Tensor> {
-        unary("silu", self, silu_scalar)
+        unary("silu", self, activation::silu)
     }
     /// GELU with the tanh approximation (PyTorch `approximate="tanh"`).
     pub fn gelu_tanh(&self) -> Result<Tensor> {
-        unary("gelu_tanh", self, gelu_tanh_scalar)
+        unary("gelu_tanh", self, activation::gelu_tanh)
     }
     /// Exact GELU with erf.
     pub fn gelu_erf(&self) -> Result<Tensor> {

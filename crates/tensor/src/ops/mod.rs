@@ -6,6 +6,7 @@ pub mod attention;
 pub mod conv;
 pub(crate) mod copy;
 pub mod elementwise;
+pub mod fused;
 pub mod matmul;
 pub mod norm;
 pub mod pixels;

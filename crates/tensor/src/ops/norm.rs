@@ -21,13 +21,43 @@ fn check_param(op: &'static str, p: Option<&Tensor>, len: usize) -> Result<Optio
     }
 }
 
-fn last_axis(op: &'static str, x: &Tensor) -> Result<usize> {
+/// Length of `x`'s last axis, refused when it is missing or empty.
+pub(crate) fn last_axis(op: &'static str, x: &Tensor) -> Result<usize> {
     x.shape().last().copied().filter(|&d| d > 0).ok_or_else(|| {
         TensorError::shape(
             op,
             format!("shape {:?} has no non-empty last axis", x.shape()),
         )
     })
+}
+
+/// Independent f64 accumulators of the row statistics: a fixed count, so the order of
+/// summation (and the bytes) does not depend on the machine, wide enough to vectorise.
+const STAT_LANES: usize = 8;
+
+/// Sum of `f(v)` over `x` in f64, in [`STAT_LANES`] interleaved partial sums.
+#[inline(always)]
+fn lane_sum(x: &[f32], f: impl Fn(f64) -> f64) -> f64 {
+    let mut lanes = [0f64; STAT_LANES];
+    let mut chunks = x.chunks_exact(STAT_LANES);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += f(f64::from(v));
+        }
+    }
+    for (l, &v) in lanes.iter_mut().zip(chunks.remainder()) {
+        *l += f(f64::from(v));
+    }
+    lanes.iter().sum()
+}
+
+/// Mean and `1/√(var + eps)` (biased variance) of a row, accumulated in f64.
+#[inline]
+pub(crate) fn mean_inv_std(x: &[f32], eps: f32) -> (f32, f32) {
+    let n = x.len() as f64;
+    let mean = lane_sum(x, |v| v) / n;
+    let var = lane_sum(x, |v| (v - mean) * (v - mean)) / n;
+    ((mean as f32), (1.0 / (var + f64::from(eps)).sqrt()) as f32)
 }
 
 impl Tensor {
@@ -51,14 +81,7 @@ impl Tensor {
                 dst.par_chunks_mut(n)
                     .zip(src.par_chunks(n))
                     .for_each(|(o, x)| {
-                        let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n as f64;
-                        let var = x
-                            .iter()
-                            .map(|&v| (f64::from(v) - mean).powi(2))
-                            .sum::<f64>()
-                            / n as f64;
-                        let inv = (1.0 / (var + f64::from(eps)).sqrt()) as f32;
-                        let mean = mean as f32;
+                        let (mean, inv) = mean_inv_std(x, eps);
                         for (j, (o, &v)) in o.iter_mut().zip(x).enumerate() {
                             let mut y = (v - mean) * inv;
                             if let Some(w) = w {

@@ -1,0 +1,167 @@
+//! Fused passes over activations where separate ops would each read and write the whole
+//! tensor: a layer norm with its modulation (`LN(x)·(1 + scale) + shift`, the DiT's
+//! adaLN) and a gated residual (`x + a·b`). Each performs, per element, exactly the
+//! operations of the unfused chain in the same order, so the bytes are the same.
+
+use rayon::prelude::*;
+
+use crate::dtype::DType;
+use crate::error::{Result, TensorError};
+use crate::layout::Layout;
+use crate::tensor::Tensor;
+
+/// Rows of the output per parallel task.
+const ROWS_PER_TASK: usize = 16;
+
+/// `t` as contiguous f32 with its layout broadcast to `shape` (`op` names errors).
+fn broadcast_operand(op: &'static str, t: &Tensor, shape: &[usize]) -> Result<(Tensor, Layout)> {
+    let t = super::float_f32(op, t)?.to_f32_contiguous()?;
+    let layout = t.layout().broadcast_to(shape)?;
+    let inner = layout.strides().last().copied().unwrap_or(1);
+    if shape.last().copied().unwrap_or(1) > 1 && inner != 1 {
+        return Err(TensorError::shape(
+            op,
+            format!(
+                "operand of shape {:?} must span the last axis of {shape:?}",
+                t.shape()
+            ),
+        ));
+    }
+    Ok((t, layout))
+}
+
+impl Tensor {
+    /// `layer_norm(self) · (1 + scale) + shift` over the last axis (no affine weights),
+    /// `shift` and `scale` broadcast to `self`'s shape: adaLN modulation in one pass.
+    pub fn layer_norm_modulate(&self, shift: &Tensor, scale: &Tensor, eps: f32) -> Result<Tensor> {
+        const OP: &str = "layer_norm_modulate";
+        let n = super::norm::last_axis(OP, self)?;
+        let shape = self.shape().to_vec();
+        let (sh, lsh) = broadcast_operand(OP, shift, &shape)?;
+        let (sc, lsc) = broadcast_operand(OP, scale, &shape)?;
+        let input = self.to_f32_contiguous()?;
+        let mut out = Tensor::empty(&shape, DType::F32, self.device())?;
+        if let (Some(src), Some(dsh), Some(dsc), Some(dst)) = (
+            input.as_slice::<f32>(),
+            sh.storage_as::<f32>(),
+            sc.storage_as::<f32>(),
+            out.data_mut::<f32>(),
+        ) {
+            crate::parallel::run(|| {
+                dst.par_chunks_mut(n * ROWS_PER_TASK)
+                    .zip(src.par_chunks(n * ROWS_PER_TASK))
+                    .enumerate()
+                    .for_each(|(task, (o, x))| {
+                        for (r, (o, x)) in o.chunks_mut(n).zip(x.chunks(n)).enumerate() {
+                            let row = task * ROWS_PER_TASK + r;
+                            let (bs, bc) = (lsh.row_start(row), lsc.row_start(row));
+                            let (shift, scale) = (&dsh[bs..bs + n], &dsc[bc..bc + n]);
+                            let (mean, inv) = super::norm::mean_inv_std(x, eps);
+                            for (((o, &v), &s), &c) in o.iter_mut().zip(x).zip(shift).zip(scale) {
+                                *o = (v - mean) * inv * (c + 1.0) + s;
+                            }
+                        }
+                    });
+            });
+        }
+        out.to_dtype(self.dtype())
+    }
+
+    /// `self + a · b`, `a` and `b` broadcast to `self`'s shape: a gated residual in one
+    /// pass.
+    pub fn add_mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        const OP: &str = "add_mul";
+        let shape = self.shape().to_vec();
+        let n = shape.last().copied().unwrap_or(1).max(1);
+        let (ta, la) = broadcast_operand(OP, a, &shape)?;
+        let (tb, lb) = broadcast_operand(OP, b, &shape)?;
+        let input = super::float_f32(OP, self)?.to_f32_contiguous()?;
+        let dtype = super::elementwise::promote(
+            super::elementwise::promote(self.dtype(), a.dtype()),
+            b.dtype(),
+        );
+        let mut out = Tensor::empty(&shape, DType::F32, self.device())?;
+        if let (Some(src), Some(da), Some(db), Some(dst)) = (
+            input.as_slice::<f32>(),
+            ta.storage_as::<f32>(),
+            tb.storage_as::<f32>(),
+            out.data_mut::<f32>(),
+        ) {
+            crate::parallel::run(|| {
+                dst.par_chunks_mut(n * ROWS_PER_TASK)
+                    .zip(src.par_chunks(n * ROWS_PER_TASK))
+                    .enumerate()
+                    .for_each(|(task, (o, x))| {
+                        for (r, (o, x)) in o.chunks_mut(n).zip(x.chunks(n)).enumerate() {
+                            let row = task * ROWS_PER_TASK + r;
+                            let (ba, bb) = (la.row_start(row), lb.row_start(row));
+                            let (ra, rb) = (&da[ba..ba + n], &db[bb..bb + n]);
+                            for (((o, &v), &p), &q) in o.iter_mut().zip(x).zip(ra).zip(rb) {
+                                *o = v + p * q;
+                            }
+                        }
+                    });
+            });
+        }
+        out.to_dtype(dtype)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Device, Tensor};
+
+    fn device() -> Device {
+        static DEVICE: std::sync::OnceLock<Device> = std::sync::OnceLock::new();
+        DEVICE.get_or_init(|| Device::cpu().unwrap()).clone()
+    }
+
+    fn t(shape: &[usize], seed: u32) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| {
+                ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) % 1000) as f32 / 250.0
+                    - 2.0
+            })
+            .collect();
+        Tensor::from_slice(&v, shape, &device()).unwrap()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    }
+
+    #[test]
+    fn fused_passes_give_the_bytes_of_the_op_chains() {
+        let x = t(&[2, 37, 24], 1);
+        for (shift, scale) in [
+            (t(&[1, 1, 24], 2), t(&[1, 1, 24], 3)),
+            (t(&[2, 37, 24], 4), t(&[1, 37, 24], 5)),
+        ] {
+            let fused = x.layer_norm_modulate(&shift, &scale, 1e-6).unwrap();
+            let chain = x
+                .layer_norm(None, None, 1e-6)
+                .unwrap()
+                .mul(&scale.add_scalar(1.0).unwrap())
+                .unwrap()
+                .add(&shift)
+                .unwrap();
+            assert_eq!(bits(&fused), bits(&chain));
+            let gated = x.add_mul(&shift, &scale).unwrap();
+            assert_eq!(
+                bits(&gated),
+                bits(&x.add(&shift.mul(&scale).unwrap()).unwrap())
+            );
+        }
+        let bf = x.to_dtype(DType::BF16).unwrap();
+        assert_eq!(bf.add_mul(&bf, &bf).unwrap().dtype(), DType::BF16);
+        assert!(x
+            .layer_norm_modulate(&t(&[1, 1, 5], 0), &t(&[1, 1, 24], 0), 1e-6)
+            .is_err());
+        assert!(x.add_mul(&t(&[3, 1, 24], 0), &t(&[1, 1, 24], 0)).is_err());
+    }
+}
