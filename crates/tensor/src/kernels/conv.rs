@@ -27,7 +27,9 @@
 
 use rayon::prelude::*;
 
-use super::cpu::pack::Operand;
+use super::cpu::amx::{self, Precision};
+use super::cpu::pack::{pack_a, pack_b_kstep, Operand, PANEL, TILE_K};
+use super::cpu::{self, CpuPath};
 use super::gemm::{gemm, gemm_scratch_len, Compute, MatRef, Threads};
 use crate::parallel;
 
@@ -210,25 +212,73 @@ struct Plan {
     rounds: usize,
     /// Output pixels per tile (the last tiles of a batch item may be shorter or empty).
     tile: usize,
-    /// Scratch floats per slot: `cols[K, tile]` then the GEMM result `[Cout, tile]`.
+    /// Scratch floats per slot: `cols[K, tile]` then the GEMM result `[Cout, tile]` (on
+    /// the AMX path: 32 staged rows `[32, tile]`, the result, then B packed in place).
     per_slot: usize,
+    /// Scratch floats in front of the slots, shared by them: the weights packed once
+    /// for the AMX tiles (0 off that path).
+    shared: usize,
+    /// The AMX precision when the GEMMs run on packed operands.
+    amx: Option<Precision>,
+}
+
+/// The AMX precision of `p`'s GEMMs when the tiles run them: the weights are then packed
+/// once per call and im2col writes straight into packed B.
+fn amx_precision(p: &Conv3dParams) -> Option<Precision> {
+    if cpu::selected() != CpuPath::Amx {
+        return None;
+    }
+    match p.compute {
+        Compute::Bf16 => Some(Precision::Bf16),
+        Compute::NearF32 => Some(Precision::Bf16x3),
+        Compute::F32 => None,
+    }
+}
+
+/// `u16` scratch seen as f32 elements (rounded up).
+fn u16_in_f32(len: usize) -> usize {
+    len.div_ceil(2)
+}
+
+/// An f32 scratch slice reused as twice as many `u16` values.
+fn as_u16(buf: &mut [f32]) -> &mut [u16] {
+    // SAFETY: u16 is smaller and no more aligned than f32, and every bit pattern is a
+    // valid u16; the new slice covers exactly the same bytes and borrows `buf`.
+    unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u16>(), buf.len() * 2) }
 }
 
 impl Plan {
     fn new(p: &Conv3dParams, target: usize, slots: usize) -> Self {
         let [to, ho, wo] = p.out_dims();
         let pixels = to * ho * wo;
-        let per_pixel = p.patch_len() + p.out_channels;
+        let (k, cout) = (p.patch_len(), p.out_channels);
+        let amx = amx_precision(p);
+        let per_pixel = match amx {
+            // Packed B (K rounded up, per part), 32 staged rows and the result.
+            Some(prec) => u16_in_f32(amx::packed_b_len(1, k, prec) / PANEL) + PANEL + cout,
+            None => k + cout,
+        };
         let max_tile = (target / per_pixel.max(1)).max(wo).min(pixels).max(1);
         // Equal tiles, a whole number of rounds: no slot idles while another finishes.
         let rounds = pixels.div_ceil(slots * max_tile).max(1);
         let tile = pixels.div_ceil(rounds * slots).max(1);
-        let gemm = gemm_scratch_len(p.out_channels, tile, p.patch_len(), p.compute, Threads::One);
+        let (per_slot, shared) = match amx {
+            Some(prec) => (
+                (PANEL + cout) * tile + u16_in_f32(amx::packed_b_len(tile, k, prec)),
+                u16_in_f32(amx::packed_a_len(cout, k, prec)),
+            ),
+            None => (
+                per_pixel * tile + gemm_scratch_len(cout, tile, k, p.compute, Threads::One),
+                0,
+            ),
+        };
         Self {
             slots,
             rounds,
             tile,
-            per_slot: per_pixel * tile + gemm,
+            per_slot,
+            shared,
+            amx,
         }
     }
 
@@ -252,7 +302,8 @@ fn scratch_len_for_target(p: &Conv3dParams, target: usize, slots: usize) -> usiz
             Threads::Pool,
         )
     } else {
-        slots * Plan::new(p, target, slots).per_slot
+        let plan = Plan::new(p, target, slots);
+        plan.shared + slots * plan.per_slot
     }
 }
 
@@ -393,7 +444,25 @@ fn tiled(
     let (k, cout) = (p.patch_len(), p.out_channels);
     let pixels = dst.len() / cout;
     let w = Operand::F32(MatRef::row_major(weight, 0, k));
-    let scratch = &mut scratch[..plan.slots * plan.per_slot];
+    let (shared, scratch) =
+        scratch[..plan.shared + plan.slots * plan.per_slot].split_at_mut(plan.shared);
+    if let Some(prec) = plan.amx {
+        // The weights as A panels, once for every tile of the call.
+        let packed = as_u16(shared);
+        let panel = amx::packed_a_len(PANEL, k, prec);
+        packed[..amx::packed_a_len(cout, k, prec)]
+            .par_chunks_mut(panel)
+            .enumerate()
+            .for_each(|(ib, out)| {
+                let r0 = ib * PANEL;
+                pack_a(&w, r0, PANEL.min(cout - r0), k, prec.parts().0, out);
+            });
+    }
+    let weights_packed: &[u16] = as_u16(shared);
+    let (lead, result_at) = match plan.amx {
+        Some(_) => (PANEL * plan.tile, PANEL * plan.tile),
+        None => (k * plan.tile, k * plan.tile),
+    };
     for round in 0..plan.rounds {
         // Exactly `slots` contiguous scratch chunks, one per tile of the round.
         scratch
@@ -404,27 +473,54 @@ fn tiled(
                 if n == 0 {
                     return;
                 }
-                let (cols, rest) = buf.split_at_mut(k * plan.tile);
+                let (cols, rest) = buf.split_at_mut(lead);
                 let (result, gemm_scratch) = rest.split_at_mut(cout * plan.tile);
-                let cols = &mut cols[..k * n];
-                fill_cols(geom, src, p0, n, cols);
-                let x = Operand::F32(MatRef::row_major(cols, 0, n));
-                let c = p.compute;
-                gemm(
-                    cout,
-                    n,
-                    k,
-                    w,
-                    x,
-                    result,
-                    0,
-                    n,
-                    false,
-                    1.0,
-                    c,
-                    Threads::One,
-                    gemm_scratch,
-                );
+                let result = &mut result[..cout * n];
+                match plan.amx {
+                    Some(prec) => {
+                        // im2col k-step by k-step into packed B: 32 rows staged at a time.
+                        let packed = as_u16(gemm_scratch);
+                        for s in 0..k.div_ceil(TILE_K) {
+                            let rows = (k - s * TILE_K).min(TILE_K);
+                            for r in 0..rows {
+                                fill_cols_row(
+                                    geom,
+                                    src,
+                                    s * TILE_K + r,
+                                    p0,
+                                    &mut cols[r * n..(r + 1) * n],
+                                );
+                            }
+                            pack_b_kstep(cols, k, n, s, prec.parts().1, packed);
+                        }
+                        let dst = amx::Dst {
+                            data: result,
+                            offset: 0,
+                            ldc: n,
+                        };
+                        amx::gemm_packed(cout, n, k, weights_packed, packed, dst, false, 1.0, prec);
+                    }
+                    None => {
+                        let cols = &mut cols[..k * n];
+                        fill_cols(geom, src, p0, n, cols);
+                        let x = Operand::F32(MatRef::row_major(cols, 0, n));
+                        gemm(
+                            cout,
+                            n,
+                            k,
+                            w,
+                            x,
+                            result,
+                            0,
+                            n,
+                            false,
+                            1.0,
+                            p.compute,
+                            Threads::One,
+                            gemm_scratch,
+                        );
+                    }
+                }
             });
         // The GEMM results are [Cout, n] blocks; dst rows are strided by P, so they are
         // scattered by output channel (with the bias) in a second, row-parallel pass.
@@ -434,7 +530,7 @@ fn tiled(
             .for_each(|(co, row)| {
                 for slot in 0..plan.slots {
                     let (p0, n) = plan.tile_range(pixels, round, slot);
-                    let result = &scratch[slot * plan.per_slot + k * plan.tile..];
+                    let result = &scratch[slot * plan.per_slot + result_at..];
                     let from = &result[co * n..(co + 1) * n];
                     let to = &mut row[p0..p0 + n];
                     match bias {
@@ -497,14 +593,20 @@ impl Geometry {
 
 /// Fills `cols[K, n]` for output pixels `p0..p0 + n` of one batch item, on the calling thread.
 fn fill_cols(g: &Geometry, src: &[f32], p0: usize, n: usize, cols: &mut [f32]) {
+    for (row, dst) in cols.chunks_mut(n).enumerate() {
+        fill_cols_row(g, src, row, p0, dst);
+    }
+}
+
+/// Fills row `row` of `cols` (one input channel under one kernel tap) for output pixels
+/// `p0..p0 + dst.len()`.
+fn fill_cols_row(g: &Geometry, src: &[f32], row: usize, p0: usize, dst: &mut [f32]) {
     let [_, kh, kw] = g.p.kernel;
     let taps = kh * kw * g.p.kernel[0];
-    for (row, dst) in cols.chunks_mut(n).enumerate() {
-        let (ci, tap) = (row / taps, row % taps);
-        let (dt, dy, dx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
-        let chan = &src[ci * g.in_chan..(ci + 1) * g.in_chan];
-        fill_row(g, chan, [dt, dy, dx], p0, dst);
-    }
+    let (ci, tap) = (row / taps, row % taps);
+    let (dt, dy, dx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
+    let chan = &src[ci * g.in_chan..(ci + 1) * g.in_chan];
+    fill_row(g, chan, [dt, dy, dx], p0, dst);
 }
 
 /// Fills one row of `cols`: the values under `tap` for output pixels `p0..p0 + dst.len()`.
@@ -647,6 +749,54 @@ mod tests {
             pad_h,
             pad_w,
             compute: Compute::F32,
+        }
+    }
+
+    #[test]
+    fn amx_packed_im2col_gives_the_bytes_of_cols_then_gemm() {
+        if CpuPath::Amx.unsupported_reason().is_some() || cpu::selected() != CpuPath::Amx {
+            eprintln!("skipped: the AMX path is not selected here");
+            return;
+        }
+        // K = 3·27 = 81 (a K tail), 40 output channels (an M tail), tiles of odd widths.
+        for compute in [Compute::Bf16, Compute::NearF32] {
+            let p = Conv3dParams {
+                in_channels: 3,
+                out_channels: 40,
+                compute,
+                ..small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Replicate)
+            };
+            let input = random(p.in_len(), 5);
+            let weight = random(p.weight_len(), 6);
+            let geom = Geometry::new(&p);
+            let run = |amx: bool| {
+                let mut plan = Plan::new(&p, 700, 2);
+                assert!(plan.amx.is_some());
+                if !amx {
+                    let generic = Plan {
+                        amx: None,
+                        shared: 0,
+                        per_slot: (p.patch_len() + p.out_channels) * plan.tile
+                            + gemm_scratch_len(
+                                p.out_channels,
+                                plan.tile,
+                                p.patch_len(),
+                                compute,
+                                Threads::One,
+                            ),
+                        ..plan
+                    };
+                    plan = generic;
+                }
+                let mut out = vec![f32::NAN; p.out_len() / p.batch];
+                let mut scratch = vec![f32::NAN; plan.shared + plan.slots * plan.per_slot];
+                let src = &input[..p.in_len() / p.batch];
+                parallel::run(|| {
+                    tiled(&p, &geom, &plan, src, &weight, None, &mut out, &mut scratch)
+                });
+                out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            };
+            assert_eq!(run(true), run(false), "{compute:?}");
         }
     }
 

@@ -177,6 +177,15 @@ pub fn gemm(
     let out_len = dst.data.len() - dst.offset;
     let out = &out;
     let k_packed = k.div_ceil(super::pack::TILE_K) * pa.len();
+    let shape = Shape {
+        m,
+        n,
+        k_packed,
+        panel_len,
+        ldc,
+        accumulate,
+        alpha,
+    };
     // Thread `t`'s share of the rows against the packed B panels `panels`.
     let job = |t: usize, a_buf: &mut [u16], packed_b: &[u16], panels: std::ops::Range<usize>| {
         let p0 = t * m_panels / threads;
@@ -190,34 +199,21 @@ pub fn gemm(
         for r0 in rows.clone().step_by(mc_rows) {
             let mc = mc_rows.min(rows.end - r0);
             pack_a(a, r0, mc, k, pa, a_buf);
-            // C block (MC × 32 f32, 16 KiB) stays in L1/L2 across the K blocks; the B
-            // sub-panel of a K block (KC k-steps) is reused by every A panel from L1.
-            for (i, jb) in panels.clone().enumerate() {
-                for s0 in (0..k_packed).step_by(KC) {
-                    let steps = KC.min(k_packed - s0);
-                    let load = accumulate || s0 > 0;
-                    let last = s0 + steps == k_packed;
-                    let bp = &packed_b[i * panel_len + s0 * KSTEP_LEN..];
-                    for ib in 0..mc.div_ceil(PANEL) {
-                        let ap = &a_buf[(ib * k_packed + s0) * KSTEP_LEN..];
-                        let (row, col) = (r0 + ib * PANEL, jb * PANEL);
-                        let (h, w) = (PANEL.min(m - row), PANEL.min(n - col));
-                        let scale = if last && alpha != 1.0 {
-                            Some(alpha)
-                        } else {
-                            None
-                        };
-                        // SAFETY: `ap`/`bp` hold `steps` packed k-steps (packed lengths
-                        // above); the block (row.., col..) of h × w lies inside the output
-                        // (asserted at entry), and this thread alone writes rows `rows`.
-                        unsafe {
-                            block(
-                                ap, bp, out.0, out_len, ldc, row, col, h, w, steps, load, scale,
-                            )
-                        };
-                    }
-                }
-            }
+            // SAFETY: tiles configured; `a_buf` holds rows r0.. packed, `packed_b` the
+            // panels; this thread alone writes rows `rows` of the output (bounds asserted
+            // at entry).
+            unsafe {
+                multiply(
+                    &shape,
+                    a_buf,
+                    r0,
+                    mc,
+                    packed_b,
+                    panels.clone(),
+                    out.0,
+                    out_len,
+                )
+            };
         }
     };
     for j0 in (0..nb).step_by(per_block) {
@@ -238,6 +234,143 @@ pub fn gemm(
                 .for_each(|(t, a_buf)| job(t, a_buf, used, panels.clone()));
         }
     }
+}
+
+/// What [`multiply`] needs to know of the whole GEMM.
+struct Shape {
+    m: usize,
+    n: usize,
+    /// Packed k-steps per panel (k-steps × parts).
+    k_packed: usize,
+    /// `u16` values of one packed B panel.
+    panel_len: usize,
+    ldc: usize,
+    accumulate: bool,
+    alpha: f32,
+}
+
+/// C rows `r0..r0 + mc` × B panels `panels` from `a_packed` (rows `r0..` packed, panel
+/// by panel) and `packed_b` (panel `panels.start` first). C stays in L1/L2 across the K
+/// blocks; the B sub-panel of a K block ([`KC`] k-steps) is reused by every A panel.
+///
+/// # Safety
+/// Tiles configured on this thread; the buffers hold those packed rows and panels; the
+/// rows `r0..r0 + mc` of the `ldc`-strided output at `out` (`out_len` elements) lie
+/// inside it and no other thread accesses them.
+#[allow(clippy::too_many_arguments)]
+unsafe fn multiply(
+    g: &Shape,
+    a_packed: &[u16],
+    r0: usize,
+    mc: usize,
+    packed_b: &[u16],
+    panels: std::ops::Range<usize>,
+    out: *mut f32,
+    out_len: usize,
+) {
+    for (i, jb) in panels.enumerate() {
+        for s0 in (0..g.k_packed).step_by(KC) {
+            let steps = KC.min(g.k_packed - s0);
+            let load = g.accumulate || s0 > 0;
+            let last = s0 + steps == g.k_packed;
+            let bp = &packed_b[i * g.panel_len + s0 * KSTEP_LEN..];
+            for ib in 0..mc.div_ceil(PANEL) {
+                let ap = &a_packed[(ib * g.k_packed + s0) * KSTEP_LEN..];
+                let (row, col) = (r0 + ib * PANEL, jb * PANEL);
+                let (h, w) = (PANEL.min(g.m - row), PANEL.min(g.n - col));
+                let scale = (last && g.alpha != 1.0).then_some(g.alpha);
+                // SAFETY: `ap`/`bp` hold `steps` packed k-steps; the h × w block at
+                // (row, col) is inside the output and this thread's (caller).
+                unsafe {
+                    block(
+                        ap, bp, out, out_len, g.ldc, row, col, h, w, steps, load, scale,
+                    )
+                };
+            }
+        }
+    }
+}
+
+/// `u16` length of A's rows packed whole for [`gemm_packed`].
+pub fn packed_a_len(m: usize, k: usize, precision: Precision) -> usize {
+    packed_len(m, k, precision.parts().0.len())
+}
+
+/// `u16` length of B's columns packed whole for [`gemm_packed`].
+pub fn packed_b_len(n: usize, k: usize, precision: Precision) -> usize {
+    packed_len(n, k, precision.parts().1.len())
+}
+
+/// [`gemm`] on the calling thread from operands packed beforehand: `a_packed` is every
+/// row of A ([`pack_a`] from row 0 with `precision`'s A parts), `b_packed` every panel
+/// of B ([`pack_b`] of panels `0..`, or [`super::pack::pack_b_kstep`] step by step).
+/// The same loops as [`gemm`], so the same bits.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed(
+    m: usize,
+    n: usize,
+    k: usize,
+    a_packed: &[u16],
+    b_packed: &[u16],
+    dst: Dst<'_>,
+    accumulate: bool,
+    alpha: f32,
+    precision: Precision,
+) {
+    assert!(enable(), "AMX tiles are not available");
+    assert!(alpha == 1.0 || !accumulate, "alpha needs a fresh output");
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        dst.offset + (m - 1) * dst.ldc + n <= dst.data.len(),
+        "gemm destination out of bounds"
+    );
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                let at = dst.offset + r * dst.ldc;
+                dst.data[at..at + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(
+        a_packed.len() >= packed_a_len(m, k, precision),
+        "packed A too short"
+    );
+    assert!(
+        b_packed.len() >= packed_b_len(n, k, precision),
+        "packed B too short"
+    );
+    let (pa, pb) = precision.parts();
+    let shape = Shape {
+        m,
+        n,
+        k_packed: k.div_ceil(super::pack::TILE_K) * pa.len(),
+        panel_len: packed_len(PANEL, k, pb.len()),
+        ldc: dst.ldc,
+        accumulate,
+        alpha,
+    };
+    let out_len = dst.data.len() - dst.offset;
+    let out = dst.data[dst.offset..].as_mut_ptr();
+    // SAFETY: AMX was enabled above; the tile configuration is this thread's own.
+    let _tiles = unsafe { Tiles::configure() };
+    // SAFETY: tiles configured; the packed buffers hold every row and panel (asserted);
+    // the output holds the m × n block (asserted) and is borrowed mutably here.
+    unsafe {
+        multiply(
+            &shape,
+            a_packed,
+            0,
+            m,
+            b_packed,
+            0..n.div_ceil(PANEL),
+            out,
+            out_len,
+        )
+    };
 }
 
 /// One 32 × 32 block of C (`h × w` of it inside the matrix) over `steps` packed k-steps.

@@ -157,38 +157,63 @@ pub fn pack_b(
 ) {
     let np = parts.len();
     let ks = k.div_ceil(TILE_K);
-    let (rs, cs) = b.strides();
-    let avx512 = super::features().avx512;
     for (i, jb) in panels.enumerate() {
         for t in 0..2 {
-            let n0 = jb * PANEL + t * TILE_ROWS;
             for s in 0..ks {
-                let k0 = s * TILE_K;
                 for (q, &part) in parts.iter().enumerate() {
                     let at = ((i * ks + s) * np + q) * KSTEP_LEN + t * 512;
-                    let dst = &mut out[at..at + 512];
-                    let full = n0 + TILE_ROWS <= n && k0 + TILE_K <= k;
-                    if avx512 && full && rs == 1 {
-                        // SAFETY: AVX-512 is present; the 16 columns n0.. and 32 rows k0..
-                        // are inside the operand (`full`); `dst` holds 512 values.
-                        unsafe { avx512::b_tile_k_contiguous(b, k0, n0, part, dst) };
-                    } else if avx512 && full && cs == 1 {
-                        // SAFETY: as above, with unit column stride.
-                        unsafe { avx512::b_tile_n_contiguous(b, k0, n0, part, dst) };
+                    let n0 = jb * PANEL + t * TILE_ROWS;
+                    b_tile(b, k, n, s * TILE_K, n0, part, &mut out[at..at + 512]);
+                }
+            }
+        }
+    }
+}
+
+/// Packs k-step `s` of every panel of a `k × n` B (laid out as [`pack_b`] lays out panels
+/// `0..` of the whole K) from `rows`: B's rows `32s..32s + 32` (fewer at the K tail),
+/// row-major with `n` columns. Lets a producer (conv's im2col) pack B k-step by k-step
+/// without ever holding all of it unpacked; the bytes equal [`pack_b`]'s.
+pub fn pack_b_kstep(rows: &[f32], k: usize, n: usize, s: usize, parts: &[Part], out: &mut [u16]) {
+    let np = parts.len();
+    let ks = k.div_ceil(TILE_K);
+    let here = (k - s * TILE_K).min(TILE_K);
+    let b = Operand::F32(MatRef::row_major(&rows[..here * n], 0, n));
+    for jb in 0..n.div_ceil(PANEL) {
+        for t in 0..2 {
+            for (q, &part) in parts.iter().enumerate() {
+                let at = ((jb * ks + s) * np + q) * KSTEP_LEN + t * 512;
+                let n0 = jb * PANEL + t * TILE_ROWS;
+                b_tile(&b, here, n, 0, n0, part, &mut out[at..at + 512]);
+            }
+        }
+    }
+}
+
+/// One packed B tile: rows `k0..k0 + 32` × columns `n0..n0 + 16` of the `k × n` operand
+/// `b` (zeros outside it), part `part`, into `dst` (512 values).
+#[inline]
+fn b_tile(b: &Operand<'_>, k: usize, n: usize, k0: usize, n0: usize, part: Part, dst: &mut [u16]) {
+    let (rs, cs) = b.strides();
+    let avx512 = super::features().avx512;
+    let full = n0 + TILE_ROWS <= n && k0 + TILE_K <= k;
+    if avx512 && full && rs == 1 {
+        // SAFETY: AVX-512 is present; the 16 columns n0.. and 32 rows k0.. are inside
+        // the operand (`full`); `dst` holds 512 values.
+        unsafe { avx512::b_tile_k_contiguous(b, k0, n0, part, dst) };
+    } else if avx512 && full && cs == 1 {
+        // SAFETY: as above, with unit column stride.
+        unsafe { avx512::b_tile_n_contiguous(b, k0, n0, part, dst) };
+    } else {
+        for p in 0..TILE_ROWS {
+            for c in 0..TILE_ROWS {
+                for e in 0..2 {
+                    let (kk, nn) = (k0 + 2 * p + e, n0 + c);
+                    dst[p * 32 + 2 * c + e] = if kk < k && nn < n {
+                        b.get(kk, nn, part)
                     } else {
-                        for p in 0..TILE_ROWS {
-                            for c in 0..TILE_ROWS {
-                                for e in 0..2 {
-                                    let (kk, nn) = (k0 + 2 * p + e, n0 + c);
-                                    dst[p * 32 + 2 * c + e] = if kk < k && nn < n {
-                                        b.get(kk, nn, part)
-                                    } else {
-                                        0
-                                    };
-                                }
-                            }
-                        }
-                    }
+                        0
+                    };
                 }
             }
         }
