@@ -6,6 +6,9 @@ use headroom_engine::Mesh;
 use headroom_mem::{AllocatorConfig, AllocatorPolicy, ReclaimPolicy, GIB};
 use headroom_tensor::DType;
 
+/// The trained world model's pipeline folder.
+const WORLD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/world");
+
 fn config(
     model: &str,
     mesh: Mesh,
@@ -42,6 +45,7 @@ fn planned_peaks_equal_measured_peaks() {
         ("tiny", Mesh::SINGLE, AllocatorPolicy::Planned),
         ("small", Mesh::SINGLE, AllocatorPolicy::Planned),
         ("tiny", Mesh { tp: 2, sp: 1 }, AllocatorPolicy::Planned),
+        (WORLD, Mesh::SINGLE, AllocatorPolicy::Planned),
     ] {
         let planned = run_plan(&config(model, mesh, allocator, PlanPlatform::Sim)).unwrap();
         let measured = run_plan(&config(model, mesh, allocator, PlanPlatform::Cpu)).unwrap();

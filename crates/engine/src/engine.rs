@@ -88,6 +88,9 @@ pub struct Engine {
     pool: Mutex<Option<Arc<KvPool>>>,
     next_id: AtomicU64,
     prompts: Arc<Prompts>,
+    /// The model folder's own first frame (`first_frame.png`), used when a session
+    /// brings no image.
+    first_frame: Option<image::RgbImage>,
     /// The sim twin that meta-executes sessions for the planned allocator (none on a
     /// twin itself and on sharded ranks, which record instead).
     meta: Option<crate::planned::MetaTwin>,
@@ -134,6 +137,11 @@ impl Engine {
         let dtype = config.weight_dtype;
         let folder = std::path::Path::new(&config.model);
         let pipeline = folder.join("transformer").is_dir() && folder.join("vae").is_dir();
+        let first_frame = if pipeline {
+            crate::first_frame::load(folder)?
+        } else {
+            None
+        };
         let (dit, vae) = if pipeline || import::is_wan_repo(folder) {
             // Real weights: a diffusers pipeline or an original Wan repo folder.
             let plain = ImportOptions::default();
@@ -202,6 +210,7 @@ impl Engine {
         )?;
         Ok(Self {
             prompts: Arc::new(prompts),
+            first_frame,
             config,
             device,
             dit: Arc::new(dit),
@@ -210,6 +219,14 @@ impl Engine {
             next_id: AtomicU64::new(1),
             meta: None,
         })
+    }
+
+    /// `(width, height)` of the model folder's own first frame: the size it was
+    /// trained at, if it has one.
+    pub fn native_size(&self) -> Option<(usize, usize)> {
+        self.first_frame
+            .as_ref()
+            .map(|f| (f.width() as usize, f.height() as usize))
     }
 
     /// The platform sessions run on.
@@ -507,7 +524,8 @@ impl Engine {
     }
 
     /// `[mask (4) | normalised image latent (16)]` for every latent frame: the VAE mean
-    /// of `[image, 0, 0, …]` over the session's horizon, mask 1 at frame 0 only. The
+    /// of `[image, 0, 0, …]` (the request's image, else the folder's own first frame,
+    /// else black) over the session's horizon, mask 1 at frame 0 only. The
     /// later pixel frames are zeros in the [−1, 1] range (mid-grey), as LingBot's
     /// `image2video_fast.py` (`torch.zeros`) and vllm-omni's `_prepare_condition`
     /// (`new_zeros`) build them; black (−1) frames condition a real checkpoint on a
@@ -524,12 +542,16 @@ impl Engine {
                 .to_device(&self.device)?
                 .to_dtype(DType::F32)?
                 .reshape(&[1, 3, 1, r.height, r.width])?,
-            None => Tensor::full(
-                &[1, 3, 1, r.height, r.width],
-                -1.0,
-                DType::F32,
-                &self.device,
-            )?,
+            None => match &self.first_frame {
+                Some(rgb) => crate::first_frame::to_tensor(rgb, r.width, r.height, &self.device)?
+                    .reshape(&[1, 3, 1, r.height, r.width])?,
+                None => Tensor::full(
+                    &[1, 3, 1, r.height, r.width],
+                    -1.0,
+                    DType::F32,
+                    &self.device,
+                )?,
+            },
         };
         let video = Tensor::cat(&[&first, &rest], 2)?;
         drop(rest);

@@ -6,6 +6,7 @@
 pub mod cancel;
 pub mod engine;
 pub mod error;
+pub mod first_frame;
 pub mod loop_io;
 pub mod mesh;
 mod planned;

@@ -277,8 +277,10 @@ fn session(args: SessionArgs) -> Result<()> {
         .iter()
         .map(|p| p.parse::<headroom_mem::ReclaimPolicy>())
         .collect::<std::result::Result<Vec<_>, _>>()?;
+    let model = args.shape.resolved_model("small")?;
+    let (width, height) = args.shape.size(&model);
     let config = SessionBenchConfig {
-        model: args.shape.model.clone(),
+        model,
         policies,
         allocators: args
             .allocator
@@ -296,8 +298,8 @@ fn session(args: SessionArgs) -> Result<()> {
         sample_ms: args.sample_ms,
         out: args.out.clone(),
         frames: args.shape.frames,
-        width: args.shape.width,
-        height: args.shape.height,
+        width,
+        height,
         seed: args.shape.seed,
         capacity: args.shape.capacity_bytes()?,
         dtype: args.shape.dtype.dtype(),

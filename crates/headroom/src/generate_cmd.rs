@@ -79,7 +79,8 @@ pub struct GenerateArgs {
     /// KV page budget (B, KiB, MiB, GiB); `auto` sizes it for this one session.
     #[arg(long, default_value = "auto")]
     kv_budget: String,
-    /// First frame for image-conditioned models: PNG or JPEG, resized to the video size.
+    /// First frame for image-conditioned models: PNG or JPEG, resized to the video size
+    /// (default: the model folder's own first_frame.png, if it has one).
     #[arg(long)]
     image: Option<PathBuf>,
     /// Write the allocator's snapshot with its event trace as a PyTorch memory pickle
@@ -184,20 +185,12 @@ impl Sink {
 fn load_image(path: &Path, width: usize, height: usize, device: &Device) -> Result<Tensor> {
     let image = image::open(path)
         .with_context(|| format!("--image {}: cannot read it as PNG or JPEG", path.display()))?;
-    let rgb = image::imageops::resize(
+    Ok(headroom_engine::first_frame::to_tensor(
         &image.to_rgb8(),
-        width as u32,
-        height as u32,
-        image::imageops::FilterType::CatmullRom,
-    );
-    let n = width * height;
-    let mut planar = vec![0f32; 3 * n];
-    for (i, px) in rgb.pixels().enumerate() {
-        for c in 0..3 {
-            planar[c * n + i] = f32::from(px.0[c]) / 127.5 - 1.0;
-        }
-    }
-    Ok(Tensor::from_slice(&planar, &[3, height, width], device)?)
+        width,
+        height,
+        device,
+    )?)
 }
 
 /// Frames per second of the written video.
@@ -226,8 +219,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     };
     let text_encoder: TextEncoderMode = args.text_encoder.parse().context("--text-encoder")?;
     let text_cache_bytes = parse_size(&args.text_cache).context("--text-cache")?;
+    let model = args.shape.resolved_model(crate::builtin_world::WORLD)?;
+    let (width, height) = args.shape.size(&model);
     let engine = Engine::new(EngineConfig {
-        model: args.shape.model.clone(),
+        model,
         transformer: args.transformer.clone(),
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
@@ -251,7 +246,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let image = args
         .image
         .as_ref()
-        .map(|p| load_image(p, args.shape.width, args.shape.height, &device))
+        .map(|p| load_image(p, width, height, &device))
         .transpose()?;
     let noise = match &args.noise {
         Some(path) => NoiseSource::Supplied(
@@ -277,13 +272,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         reuse_last_step_kv: args.reuse_last_step_kv,
         noise,
         latent_sink: recorder.clone().map(|r| r as _),
-        ..SessionRequest::new(args.shape.width, args.shape.height, args.shape.frames)
+        ..SessionRequest::new(width, height, args.shape.frames)
     };
     platform.reset_peak_stats();
     let start = Instant::now();
     // The request is validated (and admitted) before any output exists.
     let mut session = engine.open_session(request)?;
-    let mut sink = Sink::create(&args.out, args.shape.width, args.shape.height)?;
+    let mut sink = Sink::create(&args.out, width, height)?;
     let total = session.chunks_total();
     let progress = ProgressBar::new(total as u64);
     progress.set_style(
@@ -347,8 +342,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let report = serde_json::json!({
         "text_encoder": text_report,
         "frames": frames,
-        "width": args.shape.width,
-        "height": args.shape.height,
+        "width": width,
+        "height": height,
         "ttfc_s": ttfc,
         "chunk_mean_s": mean,
         "allocated_peak_bytes": stats.allocated_bytes.all().peak,
@@ -361,12 +356,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.json {
         println!("{report}");
     } else {
-        println!(
-            "{frames} frames {}x{} → {}",
-            args.shape.width,
-            args.shape.height,
-            args.out.display()
-        );
+        println!("{frames} frames {width}x{height} → {}", args.out.display());
         println!("time to first chunk {ttfc:.2} s, mean chunk {mean:.2} s");
         println!(
             "allocator peak: {} allocated, {} reserved; after the session: {} reserved",

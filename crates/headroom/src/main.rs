@@ -1,6 +1,7 @@
 //! `headroom`: the command line of the headroom engine.
 
 mod bench_cmd;
+mod builtin_world;
 mod cuda_cmd;
 mod device_arg;
 mod dit_cmd;

@@ -16,8 +16,8 @@ const HISTORY_EVENTS: usize = 400_000;
 /// Options of `headroom plan`.
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// Built-in model (tiny, small, wan2.1-t2v-1.3b, lingbot-world-v2-14b), a diffusers
-    /// pipeline folder or an original Wan repo folder (only headers and configs are read).
+    /// Built-in model (world, tiny, small, wan2.1-t2v-1.3b, lingbot-world-v2-14b), a
+    /// diffusers pipeline folder or an original Wan repo folder (only headers and configs are read).
     #[arg(long, default_value = "lingbot-world-v2-14b")]
     model: String,
     /// A transformer checkpoint over --model (Self-Forcing .pt, LingBot-World folder, …).
@@ -110,7 +110,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     };
     let keep_history = args.plot.is_some() || args.trace.is_some();
     let config = PlanConfig {
-        model: args.model.clone(),
+        model: crate::builtin_world::resolve(&args.model)?,
         transformer: args.transformer.clone(),
         height: args.height,
         width: args.width,

@@ -18,9 +18,9 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8000)]
     port: u16,
-    /// Built-in model (tiny, small, …), a diffusers pipeline folder with transformer/ and
-    /// vae/, or an original Wan repo folder.
-    #[arg(long, default_value = "small")]
+    /// Built-in model (world, tiny, small, …), a diffusers pipeline folder with
+    /// transformer/ and vae/, or an original Wan repo folder.
+    #[arg(long, default_value = "world")]
     model: String,
     /// What the model's weights are held and computed in.
     #[arg(long, value_enum, default_value = "f32")]
@@ -65,12 +65,14 @@ pub struct ServeArgs {
     /// Seconds a session may go without progress (a chunk or a ping) before it ends.
     #[arg(long, default_value_t = 60.0)]
     stall_timeout: f64,
-    /// Default width of a session.start that gives none (multiple of 16).
-    #[arg(long, default_value_t = 416)]
-    width: usize,
-    /// Default height of a session.start that gives none (multiple of 16).
-    #[arg(long, default_value_t = 240)]
-    height: usize,
+    /// Default width of a session.start that gives none (multiple of 16); default: the
+    /// model's own size (its first_frame.png), else 416.
+    #[arg(long)]
+    width: Option<usize>,
+    /// Default height of a session.start that gives none (multiple of 16); default: the
+    /// model's own size, else 240.
+    #[arg(long)]
+    height: Option<usize>,
     /// Default frames of a session.start that gives none (12·K − 3).
     #[arg(long, default_value_t = 33)]
     frames: usize,
@@ -141,8 +143,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_sessions == 0 {
         bail!("--max-sessions must be at least 1");
     }
+    let model = crate::builtin_world::resolve(&args.model)?;
+    let (width, height) = crate::session_args::video_size(args.width, args.height, &model);
     let engine = EngineConfig {
-        model: args.model.clone(),
+        model,
         transformer: args.transformer.clone(),
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
@@ -164,8 +168,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
             ..Limits::default()
         },
         defaults: Defaults {
-            width: args.width,
-            height: args.height,
+            width,
+            height,
             num_frames: args.frames,
             ..Defaults::default()
         },

@@ -7,20 +7,22 @@ use headroom_mem::parse_size;
 /// Which model, how much video, and on how large a device.
 #[derive(Debug, Args)]
 pub struct SessionShape {
-    /// Built-in model (tiny, small, wan2.1-t2v-1.3b, lingbot-world-v2-14b), a diffusers
-    /// pipeline folder with transformer/ and vae/, or an original Wan repo folder
-    /// (config.json, DiT safetensors, Wan2.1_VAE.pth, T5 .pth + google/umt5-xxl/).
-    #[arg(long, default_value = "small")]
-    pub model: String,
+    /// Built-in model (world, tiny, small, wan2.1-t2v-1.3b, lingbot-world-v2-14b), a
+    /// diffusers pipeline folder with transformer/ and vae/, or an original Wan repo
+    /// folder (config.json, DiT safetensors, Wan2.1_VAE.pth, T5 .pth + google/umt5-xxl/).
+    /// Default: world for generate, small for bench.
+    #[arg(long)]
+    pub model: Option<String>,
     /// Frames: 12·K − 3 for K chunks.
     #[arg(long, default_value_t = 33)]
     pub frames: usize,
-    /// Width in pixels (multiple of 16).
-    #[arg(long, default_value_t = 416)]
-    pub width: usize,
-    /// Height in pixels (multiple of 16).
-    #[arg(long, default_value_t = 240)]
-    pub height: usize,
+    /// Width in pixels (multiple of 16); default: the model's own size (its
+    /// first_frame.png), else 416.
+    #[arg(long)]
+    pub width: Option<usize>,
+    /// Height in pixels (multiple of 16); default: the model's own size, else 240.
+    #[arg(long)]
+    pub height: Option<usize>,
     /// Noise seed.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -36,7 +38,22 @@ pub struct SessionShape {
     pub dtype: crate::dtype_arg::DtypeArg,
 }
 
+/// Video size when neither the command line nor the model gives one.
+pub const DEFAULT_SIZE: (usize, usize) = (416, 240);
+
 impl SessionShape {
+    /// The model the engine loads (`world` resolved to its folder), `default` when
+    /// `--model` is absent.
+    pub fn resolved_model(&self, default: &str) -> Result<String> {
+        crate::builtin_world::resolve(self.model.as_deref().unwrap_or(default))
+    }
+
+    /// `(width, height)`: as given, else the size of the model folder's own first frame,
+    /// else [`DEFAULT_SIZE`].
+    pub fn size(&self, model: &str) -> (usize, usize) {
+        video_size(self.width, self.height, model)
+    }
+
     /// `--capacity` in bytes, if given.
     pub fn capacity_bytes(&self) -> Result<Option<u64>> {
         self.capacity
@@ -45,4 +62,12 @@ impl SessionShape {
             .transpose()
             .context("--capacity")
     }
+}
+
+/// `(width, height)` from the flags, filling what is missing from the model folder's own
+/// first frame, else [`DEFAULT_SIZE`].
+pub fn video_size(width: Option<usize>, height: Option<usize>, model: &str) -> (usize, usize) {
+    let native = headroom_engine::first_frame::native_size(std::path::Path::new(model))
+        .unwrap_or(DEFAULT_SIZE);
+    (width.unwrap_or(native.0), height.unwrap_or(native.1))
 }

@@ -318,3 +318,50 @@ fn the_planned_allocator_runs_at_its_peak_and_refuses_what_its_plan_says_will_no
     assert!(!stderr.contains("chunk 1/"), "{stderr}");
     assert!(!out.exists());
 }
+
+#[test]
+fn plain_generate_runs_the_embedded_world_model_at_its_size_from_its_first_frame() {
+    let cache = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("frames");
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_headroom"))
+            .args(["generate", "--frames", "9", "--json", "--out"])
+            .arg(&out)
+            .env("HEADROOM_CACHE", cache.path())
+            .output()
+            .unwrap()
+    };
+    let res = run();
+    common::assert_ok(&res);
+    let report: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    assert_eq!(
+        (report["width"].as_u64(), report["height"].as_u64()),
+        (Some(128), Some(96))
+    );
+    let first = image::open(out.join("frame_00000.png")).unwrap().to_rgb8();
+    assert_eq!(first.dimensions(), (128, 96));
+    // The model's own first frame conditions the video: frame 0 comes back close to it.
+    let own = image::open(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/world/first_frame.png"),
+    )
+    .unwrap()
+    .to_rgb8();
+    let mse = first
+        .as_raw()
+        .iter()
+        .zip(own.as_raw())
+        .map(|(&a, &b)| (f64::from(a) - f64::from(b)).powi(2))
+        .sum::<f64>()
+        / own.as_raw().len() as f64;
+    let psnr = 10.0 * (255.0f64 * 255.0 / mse).log10();
+    assert!(
+        psnr > 20.0,
+        "frame 0 is {psnr:.1} dB from the model's first frame"
+    );
+    // The extracted folder is reused, not rewritten, by the next run.
+    let folders: Vec<_> = std::fs::read_dir(cache.path()).unwrap().collect();
+    assert_eq!(folders.len(), 1);
+    common::assert_ok(&run());
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 1);
+}
