@@ -30,80 +30,69 @@ fn broadcast_operand(op: &'static str, t: &Tensor, shape: &[usize]) -> Result<(T
     Ok((t, layout))
 }
 
+/// `f(out_row, x_row, a_row, b_row)` for every row of `x` (contiguous f32, rows of `n`)
+/// into a new f32 tensor, with `a` and `b` broadcast to `x`'s shape (`op` names errors).
+fn rows_with_two(
+    op: &'static str,
+    x: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    n: usize,
+    f: impl Fn(&mut [f32], &[f32], &[f32], &[f32]) + Sync,
+) -> Result<Tensor> {
+    let shape = x.shape().to_vec();
+    let (ta, la) = broadcast_operand(op, a, &shape)?;
+    let (tb, lb) = broadcast_operand(op, b, &shape)?;
+    let input = super::float_f32(op, x)?.to_f32_contiguous()?;
+    let mut out = Tensor::empty(&shape, DType::F32, x.device())?;
+    if let (Some(src), Some(da), Some(db), Some(dst)) = (
+        input.as_slice::<f32>(),
+        ta.storage_as::<f32>(),
+        tb.storage_as::<f32>(),
+        out.data_mut::<f32>(),
+    ) {
+        crate::parallel::run(|| {
+            dst.par_chunks_mut(n * ROWS_PER_TASK)
+                .zip(src.par_chunks(n * ROWS_PER_TASK))
+                .enumerate()
+                .for_each(|(task, (o, x))| {
+                    for (r, (o, x)) in o.chunks_mut(n).zip(x.chunks(n)).enumerate() {
+                        let row = task * ROWS_PER_TASK + r;
+                        let (ba, bb) = (la.row_start(row), lb.row_start(row));
+                        f(o, x, &da[ba..ba + n], &db[bb..bb + n]);
+                    }
+                });
+        });
+    }
+    Ok(out)
+}
+
 impl Tensor {
     /// `layer_norm(self) · (1 + scale) + shift` over the last axis (no affine weights),
     /// `shift` and `scale` broadcast to `self`'s shape: adaLN modulation in one pass.
     pub fn layer_norm_modulate(&self, shift: &Tensor, scale: &Tensor, eps: f32) -> Result<Tensor> {
         const OP: &str = "layer_norm_modulate";
         let n = super::norm::last_axis(OP, self)?;
-        let shape = self.shape().to_vec();
-        let (sh, lsh) = broadcast_operand(OP, shift, &shape)?;
-        let (sc, lsc) = broadcast_operand(OP, scale, &shape)?;
-        let input = self.to_f32_contiguous()?;
-        let mut out = Tensor::empty(&shape, DType::F32, self.device())?;
-        if let (Some(src), Some(dsh), Some(dsc), Some(dst)) = (
-            input.as_slice::<f32>(),
-            sh.storage_as::<f32>(),
-            sc.storage_as::<f32>(),
-            out.data_mut::<f32>(),
-        ) {
-            crate::parallel::run(|| {
-                dst.par_chunks_mut(n * ROWS_PER_TASK)
-                    .zip(src.par_chunks(n * ROWS_PER_TASK))
-                    .enumerate()
-                    .for_each(|(task, (o, x))| {
-                        for (r, (o, x)) in o.chunks_mut(n).zip(x.chunks(n)).enumerate() {
-                            let row = task * ROWS_PER_TASK + r;
-                            let (bs, bc) = (lsh.row_start(row), lsc.row_start(row));
-                            let (shift, scale) = (&dsh[bs..bs + n], &dsc[bc..bc + n]);
-                            let (mean, inv) = super::norm::mean_inv_std(x, eps);
-                            for (((o, &v), &s), &c) in o.iter_mut().zip(x).zip(shift).zip(scale) {
-                                *o = (v - mean) * inv * (c + 1.0) + s;
-                            }
-                        }
-                    });
-            });
-        }
+        let out = rows_with_two(OP, self, shift, scale, n, |o, x, shift, scale| {
+            let (mean, inv) = super::norm::mean_inv_std(x, eps);
+            for (((o, &v), &s), &c) in o.iter_mut().zip(x).zip(shift).zip(scale) {
+                *o = (v - mean) * inv * (c + 1.0) + s;
+            }
+        })?;
         out.to_dtype(self.dtype())
     }
 
     /// `self + a · b`, `a` and `b` broadcast to `self`'s shape: a gated residual in one
     /// pass.
     pub fn add_mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        const OP: &str = "add_mul";
-        let shape = self.shape().to_vec();
-        let n = shape.last().copied().unwrap_or(1).max(1);
-        let (ta, la) = broadcast_operand(OP, a, &shape)?;
-        let (tb, lb) = broadcast_operand(OP, b, &shape)?;
-        let input = super::float_f32(OP, self)?.to_f32_contiguous()?;
-        let dtype = super::elementwise::promote(
-            super::elementwise::promote(self.dtype(), a.dtype()),
-            b.dtype(),
-        );
-        let mut out = Tensor::empty(&shape, DType::F32, self.device())?;
-        if let (Some(src), Some(da), Some(db), Some(dst)) = (
-            input.as_slice::<f32>(),
-            ta.storage_as::<f32>(),
-            tb.storage_as::<f32>(),
-            out.data_mut::<f32>(),
-        ) {
-            crate::parallel::run(|| {
-                dst.par_chunks_mut(n * ROWS_PER_TASK)
-                    .zip(src.par_chunks(n * ROWS_PER_TASK))
-                    .enumerate()
-                    .for_each(|(task, (o, x))| {
-                        for (r, (o, x)) in o.chunks_mut(n).zip(x.chunks(n)).enumerate() {
-                            let row = task * ROWS_PER_TASK + r;
-                            let (ba, bb) = (la.row_start(row), lb.row_start(row));
-                            let (ra, rb) = (&da[ba..ba + n], &db[bb..bb + n]);
-                            for (((o, &v), &p), &q) in o.iter_mut().zip(x).zip(ra).zip(rb) {
-                                *o = v + p * q;
-                            }
-                        }
-                    });
-            });
-        }
-        out.to_dtype(dtype)
+        let n = self.shape().last().copied().unwrap_or(1).max(1);
+        let out = rows_with_two("add_mul", self, a, b, n, |o, x, a, b| {
+            for (((o, &v), &p), &q) in o.iter_mut().zip(x).zip(a).zip(b) {
+                *o = v + p * q;
+            }
+        })?;
+        let promote = super::elementwise::promote;
+        out.to_dtype(promote(promote(self.dtype(), a.dtype()), b.dtype()))
     }
 }
 

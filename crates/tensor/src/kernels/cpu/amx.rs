@@ -121,6 +121,34 @@ unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
 
+/// The checks both GEMM entries make, and the cases with nothing to multiply: empty
+/// output (nothing to do) or `k = 0` (C becomes 0 unless accumulating). True when done.
+fn entry_is_trivial(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut Dst<'_>,
+    accumulate: bool,
+    alpha: f32,
+) -> bool {
+    assert!(enable(), "AMX tiles are not available");
+    assert!(alpha == 1.0 || !accumulate, "alpha needs a fresh output");
+    if m == 0 || n == 0 {
+        return true;
+    }
+    assert!(
+        dst.offset + (m - 1) * dst.ldc + n <= dst.data.len(),
+        "gemm destination out of bounds"
+    );
+    if k == 0 && !accumulate {
+        for r in 0..m {
+            let at = dst.offset + r * dst.ldc;
+            dst.data[at..at + n].fill(0.0);
+        }
+    }
+    k == 0
+}
+
 /// `dst = (accumulate ? dst : 0) + alpha · A[m×k] · B[k×n]` on AMX tiles with `threads`
 /// threads of the kernel pool (1: the calling thread only).
 ///
@@ -133,29 +161,14 @@ pub fn gemm(
     k: usize,
     a: &Operand<'_>,
     b: &Operand<'_>,
-    dst: Dst<'_>,
+    mut dst: Dst<'_>,
     accumulate: bool,
     alpha: f32,
     precision: Precision,
     threads: usize,
     scratch: &mut [u16],
 ) {
-    assert!(enable(), "AMX tiles are not available");
-    assert!(alpha == 1.0 || !accumulate, "alpha needs a fresh output");
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(
-        dst.offset + (m - 1) * dst.ldc + n <= dst.data.len(),
-        "gemm destination out of bounds"
-    );
-    if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                let at = dst.offset + r * dst.ldc;
-                dst.data[at..at + n].fill(0.0);
-            }
-        }
+    if entry_is_trivial(m, n, k, &mut dst, accumulate, alpha) {
         return;
     }
     let threads = threads.max(1);
@@ -312,27 +325,12 @@ pub fn gemm_packed(
     k: usize,
     a_packed: &[u16],
     b_packed: &[u16],
-    dst: Dst<'_>,
+    mut dst: Dst<'_>,
     accumulate: bool,
     alpha: f32,
     precision: Precision,
 ) {
-    assert!(enable(), "AMX tiles are not available");
-    assert!(alpha == 1.0 || !accumulate, "alpha needs a fresh output");
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(
-        dst.offset + (m - 1) * dst.ldc + n <= dst.data.len(),
-        "gemm destination out of bounds"
-    );
-    if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                let at = dst.offset + r * dst.ldc;
-                dst.data[at..at + n].fill(0.0);
-            }
-        }
+    if entry_is_trivial(m, n, k, &mut dst, accumulate, alpha) {
         return;
     }
     assert!(

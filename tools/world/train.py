@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""Trains the `world` model: a small Wan 2.1 VAE and a small causal, image-conditioned
+Wan DiT with LingBot's camera adapter, on the procedural world of ``render.py``.
+
+Stages (each resumable, each writing under ``--work``):
+
+  data     render ``--clips`` training clips (seeds 0..N-1, random key scripts, 33
+           frames); every clip is also used mirrored left-right with a<->d, j<->l
+  vae      reconstruction (L1 + L2) + KL on random crops of 9-frame windows
+  vae-long the same on whole 33-frame clips at full size (the causal caches over the
+           whole horizon), for a time budget
+  encode   posterior means of every clip and its image condition, normalised by the
+           per-channel latent statistics measured here (written to the VAE config)
+  dit      what the engine's loop does (crates/engine/src/session.rs): 3-latent-frame
+           blocks, block-causal attention to clean earlier blocks (their t = 0 commit
+           forward), x0 = x_t - sigma * v at the 4 DMD timesteps of shift 5, the
+           36-channel condition (mask | first-frame latents), the block camera tokens
+  export   a diffusers pipeline folder (transformer/ with the camera adapter's keys,
+           vae/) in bf16, plus the training curves
+
+One forward trains all three blocks of a clip: the sequence is [clean frames at t = 0 |
+noisy frames at t_b] (18 latent frames), with the noisy copy of a block seeing the
+clean earlier blocks and itself, and RoPE giving both copies the same frame positions.
+In 30% of the steps the clean context is the model's own x0 from the last DMD step's
+noise level (no gradient), as the engine commits its own output, not the truth.
+
+    ~/.headroom-reference/bin/python tools/world/train.py --stage all --work /work/world
+"""
+
+import argparse
+import json
+import math
+import multiprocessing
+import pathlib
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import render  # noqa: E402
+import reference_rollout as ref  # noqa: E402
+import diffusers  # noqa: E402
+from diffusers import AutoencoderKLWan, WanTransformer3DModel  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+FRAMES = 33
+LATENT = 9
+BLOCK = 3
+H, W = render.HEIGHT, render.WIDTH
+h, w = H // 8, W // 8
+TOKENS = (h // 2) * (w // 2)
+KEYS = "wasdjlik-"
+MIRROR = str.maketrans("adjl", "dalj")
+SELF_CONTEXT = 0.3             # share of DiT steps whose clean context is the model's own x0
+
+VAE_CFG = dict(base_dim=16, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+               temperal_downsample=[False, True, True], attn_scales=[])
+DIT_CFG = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=64,
+               in_channels=36, out_channels=16, text_dim=16, freq_dim=64, ffn_dim=1024,
+               num_layers=6, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+               eps=1e-6, rope_max_seq_len=1024)
+
+
+def key_script(rng, n=LATENT):
+    """A random key script: runs of one key set, sometimes two keys at once."""
+    out, cur = [], rng.choice(list(KEYS))
+    for _ in range(n):
+        if rng.random() < 0.45:
+            cur = rng.choice(list(KEYS))
+        out.append(cur)
+    return "".join(out)
+
+
+def log(msg):
+    print(time.strftime("%H:%M:%S"), msg, flush=True)
+
+
+# ----------------------------------------------------------------------------------
+# data
+
+def _render_clip(args):
+    seed, script = args
+    return render.render(seed, script, FRAMES)
+
+
+def stage_data(work, clips):
+    path = work / "clips.npz"
+    if path.exists():
+        return
+    rng = np.random.default_rng(1234)
+    scripts = [key_script(rng) for _ in range(clips)]
+    videos = np.zeros((clips, FRAMES, H, W, 3), np.uint8)
+    t0 = time.time()
+    with multiprocessing.Pool(2) as pool:
+        for i, v in enumerate(pool.imap(_render_clip, enumerate(scripts), chunksize=4)):
+            videos[i] = v
+            if i % 50 == 0:
+                log(f"data: clip {i}/{clips} ({time.time() - t0:.0f} s)")
+    np.savez(path, videos=videos, scripts=np.array(scripts))
+
+
+def load_clips(work):
+    d = np.load(work / "clips.npz")
+    return d["videos"], [str(s) for s in d["scripts"]]
+
+
+def to_video(frames):
+    """uint8 [F, H, W, 3] -> f32 [3, F, H, W] in [-1, 1]."""
+    return torch.from_numpy(frames).permute(3, 0, 1, 2).float() / 127.5 - 1.0
+
+
+# ----------------------------------------------------------------------------------
+# VAE
+
+def vae_step(vae, opt, x):
+    """One optimiser step of L1 + L2 reconstruction + 1e-4 * KL (per element) on `x`."""
+    post = vae.encode(x).latent_dist
+    y = vae.decode(post.sample()).sample
+    rec = (y - x).abs().mean() + ((y - x) ** 2).mean()
+    kl = post.kl().mean() / x[0].numel()
+    opt.zero_grad()
+    (rec + 1e-4 * kl).backward()
+    torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+    opt.step()
+    return rec, kl, y
+
+
+def stage_vae(work, steps):
+    out = work / "vae.pt"
+    if out.exists():
+        return
+    videos, _ = load_clips(work)
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(**VAE_CFG)
+    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=steps, pct_start=0.05)
+    rng = np.random.default_rng(0)
+    curve = []
+    t0 = time.time()
+    for step in range(steps):
+        batch = []
+        for _ in range(4):
+            c = rng.integers(len(videos))
+            f0 = 4 * rng.integers(0, (FRAMES - 9) // 4 + 1)
+            y0, x0 = 8 * rng.integers(0, (H - 64) // 8 + 1), 8 * rng.integers(0, (W - 64) // 8 + 1)
+            clip = videos[c, f0:f0 + 9, y0:y0 + 64, x0:x0 + 64]
+            if rng.random() < 0.5:
+                clip = clip[:, :, ::-1]
+            batch.append(to_video(np.ascontiguousarray(clip)))
+        x = torch.stack(batch)
+        rec, kl, y = vae_step(vae, opt, x)
+        sched.step()
+        psnr = 10 * math.log10(4.0 / max(((y - x) ** 2).mean().item(), 1e-10))
+        curve.append(dict(step=step, rec=rec.item(), kl=kl.item(), psnr=psnr))
+        if step % 25 == 0:
+            log(f"vae {step}/{steps}: rec {rec.item():.4f} kl {kl.item():.3f} psnr {psnr:.2f} dB ({time.time() - t0:.0f} s)")
+    torch.save(dict(state=vae.state_dict(), curve=curve), out)
+
+
+def stage_vae_long(work, minutes):
+    """Fine-tunes the VAE on whole 33-frame clips at full size: windows of 9 frames teach
+    it one chunk's worth of its causal caches, and over 33 frames it drifts without this."""
+    out = work / "vae_long.pt"
+    if out.exists():
+        return
+    videos, _ = load_clips(work)
+    ck = torch.load(work / "vae.pt")
+    vae = AutoencoderKLWan(**VAE_CFG)
+    vae.load_state_dict(ck["state"])
+    max_lr = 4e-4
+    opt = torch.optim.AdamW(vae.parameters(), lr=max_lr, weight_decay=0.0)
+    rng = np.random.default_rng(1)
+    curve, t0, step = [], time.time(), 0
+    while time.time() - t0 < 60 * minutes:
+        frac = (time.time() - t0) / (60 * minutes)
+        for g in opt.param_groups:
+            g["lr"] = max_lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * frac))
+        c = rng.integers(len(videos))
+        clip = videos[c][:, :, ::-1] if rng.random() < 0.5 else videos[c]
+        x = to_video(np.ascontiguousarray(clip))[None]
+        rec, kl, y = vae_step(vae, opt, x)
+        psnr = 10 * math.log10(4.0 / max(((y - x) ** 2).mean().item(), 1e-10))
+        curve.append(dict(step=step, rec=rec.item(), kl=kl.item(), psnr=psnr, long=True))
+        if step % 10 == 0:
+            log(f"vae-long {step}: rec {rec.item():.4f} psnr {psnr:.2f} dB ({time.time() - t0:.0f} s)")
+        step += 1
+    torch.save(dict(state=vae.state_dict(), curve=ck["curve"] + curve), out)
+
+
+def load_vae(work):
+    vae = AutoencoderKLWan(**VAE_CFG)
+    path = work / "vae_long.pt" if (work / "vae_long.pt").exists() else work / "vae.pt"
+    vae.load_state_dict(torch.load(path)["state"])
+    return vae.eval()
+
+
+# ----------------------------------------------------------------------------------
+# encode
+
+@torch.no_grad()
+def stage_encode(work, clips=None, batch=4):
+    out = work / "latents.pt"
+    if out.exists():
+        return
+    videos, scripts = load_clips(work)
+    if clips:
+        videos, scripts = videos[:clips], scripts[:clips]
+    vae = load_vae(work)
+    lat, cond_raw, psnr = [], [], []
+    t0 = time.time()
+    for i0 in range(0, len(videos), batch):
+        # Each clip and its mirror image, `batch` clips per encode.
+        x = torch.stack([to_video(np.ascontiguousarray(v[:, :, ::-1] if m else v))
+                         for v in videos[i0:i0 + batch] for m in (False, True)])
+        z = vae.encode(x).latent_dist.mode()
+        first = torch.cat([x[:, :, :1], torch.zeros(x.shape[0], 3, FRAMES - 1, H, W)], 2)
+        c = vae.encode(first).latent_dist.mode()
+        lat.extend(z)
+        cond_raw.extend(c)
+        if i0 % (10 * batch) == 0:
+            y = vae.decode(z[:1]).sample.clamp(-1, 1)
+            psnr.append(10 * math.log10(4.0 / ((y - x[:1]) ** 2).mean().item()))
+            log(f"encode {i0}/{len(videos)} ({time.time() - t0:.0f} s)")
+    lat = torch.stack(lat)
+    mean = lat.mean(dim=(0, 2, 3, 4))
+    std = lat.std(dim=(0, 2, 3, 4))
+    view = lambda t: t.view(1, -1, 1, 1, 1)
+    lat = (lat - view(mean)) / view(std)
+    cond = (torch.stack(cond_raw) - view(mean)) / view(std)
+    mirrored = [s.translate(MIRROR) for s in scripts]
+    all_scripts = [s for pair in zip(scripts, mirrored) for s in pair]
+    log(f"encode: VAE reconstruction PSNR on full clips {np.mean(psnr):.2f} dB")
+    torch.save(dict(latents=lat, cond=cond, scripts=all_scripts, mean=mean, std=std,
+                    vae_psnr=float(np.mean(psnr))), out)
+
+
+# ----------------------------------------------------------------------------------
+# the transformer
+
+def block_rays(script):
+    """Folded rays [384, LATENT, h, w] of the engine's per-block camera tokens."""
+    pose, pitch, out = np.eye(4), 0.0, []
+    for n in range(LATENT // BLOCK):
+        poses = [pose]
+        for ch in script[BLOCK * n:BLOCK * n + BLOCK]:
+            pose, pitch = ref.controller_step(pose, pitch, ch)
+            poses.append(pose)
+        out.append(ref.plucker(ref.relative_framewise(poses)[1:], H, W))
+    return torch.cat(out, 1)
+
+
+def camera_tokens(adapter, rays):
+    """[B, 384, F, h, w] -> [B, F*TOKENS, dim] (the adapter's patchify, batched)."""
+    b, c, f = rays.shape[:3]
+    x = rays.reshape(b, c, f, h // 2, 2, w // 2, 2).permute(0, 2, 3, 5, 1, 4, 6)
+    x = adapter.patch_embedding_wancamctrl(x.reshape(b, f * TOKENS, c * 4))
+    return x + adapter.c2ws_hidden_states_layer2(F.silu(adapter.c2ws_hidden_states_layer1(x)))
+
+
+def teacher_mask():
+    """[18F, 18F] token mask: clean frames see clean earlier-or-same blocks; the noisy
+    copy of block b sees clean blocks < b and its own noisy frames."""
+    blk = lambda f: (f % LATENT) // BLOCK
+    m = torch.zeros(2 * LATENT, 2 * LATENT, dtype=torch.bool)
+    for i in range(2 * LATENT):
+        for j in range(2 * LATENT):
+            ci, cj = i < LATENT, j < LATENT
+            if ci and cj:
+                m[i, j] = blk(j) <= blk(i)
+            elif not ci and cj:
+                m[i, j] = blk(j) < blk(i)
+            elif not ci and not cj:
+                m[i, j] = blk(j) == blk(i)
+    return m.repeat_interleave(TOKENS, 0).repeat_interleave(TOKENS, 1)
+
+
+def build_dit():
+    torch.manual_seed(1)
+    model = WanTransformer3DModel(**DIT_CFG)
+    dim = DIT_CFG["num_attention_heads"] * DIT_CFG["attention_head_dim"]
+    adapter = ref.CameraAdapter(dim, DIT_CFG["num_layers"], DIT_CFG["patch_size"])
+    for b in adapter.blocks:  # start as the identity modulation
+        for layer in (b.cam_scale_layer, b.cam_shift_layer):
+            torch.nn.init.zeros_(layer.weight)
+            torch.nn.init.zeros_(layer.bias)
+    ref.attach_camera(model, adapter)
+    base_rope = model.rope.forward
+
+    def rope(hidden_states):
+        # Both copies of a frame share its position.
+        f = hidden_states.shape[2]
+        if f == 2 * LATENT:
+            cos, sin = base_rope(hidden_states[:, :, :LATENT])
+            return torch.cat([cos, cos], 1), torch.cat([sin, sin], 1)
+        return base_rope(hidden_states)
+
+    model.rope.forward = rope
+    return model, adapter
+
+
+def dit_forward(model, adapter, latents, timesteps, rays, mask):
+    """v over [B, 16, F, h, w] with per-frame timesteps [B, F] and rays [B, 384, F, h, w]."""
+    b, _, f = latents.shape[:3]
+    cam = camera_tokens(adapter, rays)
+    for block in model.blocks:
+        block.attn1.processor.mask = mask
+        block.attn2.processor.mask = None
+        block.camera_tokens = cam
+    t = timesteps.repeat_interleave(TOKENS, 1)
+    text = torch.zeros(b, 1, DIT_CFG["text_dim"])
+    return model(hidden_states=latents, timestep=t, encoder_hidden_states=text,
+                 return_dict=False)[0]
+
+
+def stage_dit(work, steps, batch, minutes):
+    out = work / "dit.pt"
+    if out.exists():
+        return
+    data = torch.load(work / "latents.pt")
+    lat, cond, scripts = data["latents"], data["cond"], data["scripts"]
+    rays = torch.stack([block_rays(s) for s in scripts])
+    msk = torch.zeros(1, 4, LATENT, h, w)
+    msk[:, :, 0] = 1.0
+    timesteps, sigmas = ref.dmd_schedule(4, 5.0)
+    timesteps, sigmas = torch.tensor(timesteps).float(), torch.tensor(sigmas).float()
+    model, adapter = build_dit()
+    # The adapter's per-block layers are attached to the blocks too: count each once.
+    params = list({id(p): p for p in [*model.parameters(), *adapter.parameters()]}.values())
+    log(f"dit: {sum(p.numel() for p in params) / 1e6:.2f} M parameters, {len(lat)} clips")
+    max_lr = 4e-4
+    opt = torch.optim.AdamW(params, lr=max_lr, weight_decay=0.01, betas=(0.9, 0.99))
+
+    def lr_at(step, elapsed):
+        # Linear warm-up, then a cosine to zero over the step budget or, when a time
+        # budget is set, over the time budget (a shared 2-core machine runs at a speed
+        # nobody can promise).
+        warm = min(1.0, (step + 1) / 100)
+        frac = step / steps if not minutes else min(1.0, elapsed / (60 * minutes))
+        return max_lr * warm * 0.5 * (1 + math.cos(math.pi * frac))
+
+    mask = teacher_mask()
+    gen = torch.Generator().manual_seed(7)
+    curve, t0 = [], time.time()
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, time.time() - t0)
+        idx = torch.randint(len(lat), (batch,), generator=gen)
+        x0 = lat[idx]
+        c = torch.cat([msk.expand(batch, -1, -1, -1, -1), cond[idx]], 1)
+        k = torch.randint(4, (batch, LATENT // BLOCK), generator=gen)
+        sig = sigmas[k].repeat_interleave(BLOCK, 1)[:, None, :, None, None]
+        eps = torch.randn(x0.shape, generator=gen)
+        xt = (1 - sig) * x0 + sig * eps
+        r = rays[idx]
+        ctx = x0
+        if torch.rand(1, generator=gen).item() < SELF_CONTEXT:
+            # The engine commits its own last-step x0, not the truth: sometimes train on
+            # that kind of context (the model's x0 from the last DMD step's noise level).
+            with torch.no_grad():
+                s3 = sigmas[-1]
+                x3 = (1 - s3) * x0 + s3 * torch.randn(x0.shape, generator=gen)
+                inp3 = torch.cat([torch.cat([x0, x3], 2), torch.cat([c, c], 2)], 1)
+                ts3 = torch.cat([torch.zeros(batch, LATENT),
+                                 torch.full((batch, LATENT), float(timesteps[-1]))], 1)
+                v3 = dit_forward(model, adapter, inp3, ts3, torch.cat([r, r], 2), mask)
+                ctx = x3 - s3 * v3[:, :, LATENT:]
+        inp = torch.cat([torch.cat([ctx, xt], 2), torch.cat([c, c], 2)], 1)
+        ts = torch.cat([torch.zeros(batch, LATENT),
+                        timesteps[k].repeat_interleave(BLOCK, 1)], 1)
+        v = dit_forward(model, adapter, inp, ts, torch.cat([r, r], 2), mask)[:, :, LATENT:]
+        pred = xt - sig * v
+        err = ((pred - x0) ** 2).mean(dim=(1, 3, 4))  # [B, F]
+        loss = err.mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        per_sigma = [err.detach().view(batch, -1, BLOCK).mean(2)[k == i].mean().item()
+                     if (k == i).any() else None for i in range(4)]
+        curve.append(dict(step=step, loss=loss.item(), per_step=per_sigma,
+                          lr=opt.param_groups[0]["lr"], seconds=round(time.time() - t0, 1)))
+        if step % 20 == 0:
+            log(f"dit {step}/{steps}: x0 mse {loss.item():.4f} per DMD step "
+                f"{[None if p is None else round(p, 4) for p in per_sigma]} ({time.time() - t0:.0f} s)")
+        if minutes and time.time() - t0 > 60 * minutes:
+            log(f"dit: time budget reached at step {step}")
+            break
+    torch.save(dict(model=model.state_dict(), adapter=adapter.state_dict(), curve=curve,
+                    steps=step + 1, batch=batch), out)
+
+
+# ----------------------------------------------------------------------------------
+# export
+
+def stage_export(work, folder):
+    data = torch.load(work / "latents.pt")
+    vae = load_vae(work)
+    vae.register_to_config(latents_mean=[round(float(x), 6) for x in data["mean"]],
+                           latents_std=[round(float(x), 6) for x in data["std"]])
+    (folder / "vae").mkdir(parents=True, exist_ok=True)
+    vae.to(torch.bfloat16).save_pretrained(folder / "vae")
+    ck = torch.load(work / "dit.pt")
+    model = WanTransformer3DModel(**DIT_CFG)
+    own = {k: v for k, v in ck["model"].items() if ".cam_" not in k}
+    model.load_state_dict(own)
+    model.to(torch.bfloat16).save_pretrained(folder / "transformer")
+    path = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    weights = load_file(path)
+    for k, v in ck["adapter"].items():
+        weights[k] = v.to(torch.bfloat16).contiguous()
+    save_file(weights, path, metadata={"format": "pt"})
+    vck = torch.load(work / "vae_long.pt" if (work / "vae_long.pt").exists() else work / "vae.pt")
+    curves = dict(vae=vck["curve"], dit=ck["curve"], dit_steps=ck["steps"],
+                  dit_batch=ck["batch"], vae_psnr_full_clips=data["vae_psnr"])
+    (folder / "training.json").write_text(json.dumps(curves))
+    log(f"export: wrote {folder}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stage", default="all", choices=["all", "data", "vae", "vae-long", "encode", "dit", "export"])
+    ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/world-train"))
+    ap.add_argument("--out", type=pathlib.Path,
+                    default=pathlib.Path(__file__).resolve().parents[2] / "models" / "world")
+    ap.add_argument("--clips", type=int, default=320)
+    ap.add_argument("--vae-steps", type=int, default=900)
+    ap.add_argument("--dit-steps", type=int, default=100_000)
+    ap.add_argument("--dit-batch", type=int, default=4)
+    ap.add_argument("--dit-minutes", type=float, default=0.0,
+                    help="train the DiT for this long (the cosine schedule follows the clock)")
+    ap.add_argument("--vae-long-minutes", type=float, default=18.0)
+    ap.add_argument("--encode-clips", type=int, default=0, help="encode only the first N clips")
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    diffusers.utils.logging.set_verbosity_error()
+    a.work.mkdir(parents=True, exist_ok=True)
+    stages = ["data", "vae", "vae-long", "encode", "dit", "export"] if a.stage == "all" else [a.stage]
+    for s in stages:
+        log(f"stage {s}")
+        if s == "data":
+            stage_data(a.work, a.clips)
+        elif s == "vae":
+            stage_vae(a.work, a.vae_steps)
+        elif s == "vae-long":
+            stage_vae_long(a.work, a.vae_long_minutes)
+        elif s == "encode":
+            stage_encode(a.work, a.encode_clips)
+        elif s == "dit":
+            stage_dit(a.work, a.dit_steps, a.dit_batch, a.dit_minutes)
+        else:
+            stage_export(a.work, a.out)
+
+
+if __name__ == "__main__":
+    main()
