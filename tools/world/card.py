@@ -89,7 +89,7 @@ with the mirrors).
    window-trained VAE drifted from 21 to 15 dB; the long fine-tune fixes its caches).
    Reconstruction PSNR on whole training clips after training:
    {tr['vae_psnr_full_clips']:.2f} dB.
-2. DiT: {tr['dit_steps']} steps of batch {tr['dit_batch']} in {minutes:.0f} minutes
+2. DiT: {tr["dit_steps"]} steps of batch {tr["dit_batch"]} in {minutes:.0f} minutes (30, then 18 more resumed)
    (AdamW, lr 4e-4, warm-up then a cosine that follows the clock). One forward trains
    all three blocks of a clip: the sequence is [clean latent frames at t = 0 | noisy
    frames at t_b], the noisy copy of block b sees the clean blocks < b and itself

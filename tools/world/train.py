@@ -316,9 +316,9 @@ def dit_forward(model, adapter, latents, timesteps, rays, mask):
                  return_dict=False)[0]
 
 
-def stage_dit(work, steps, batch, minutes):
+def stage_dit(work, steps, batch, minutes, resume=False):
     out = work / "dit.pt"
-    if out.exists():
+    if out.exists() and not resume:
         return
     data = torch.load(work / "latents.pt")
     lat, cond, scripts = data["latents"], data["cond"], data["scripts"]
@@ -328,6 +328,12 @@ def stage_dit(work, steps, batch, minutes):
     timesteps, sigmas = ref.dmd_schedule(4, 5.0)
     timesteps, sigmas = torch.tensor(timesteps).float(), torch.tensor(sigmas).float()
     model, adapter = build_dit()
+    before = {"curve": [], "steps": 0}
+    if resume:
+        # Continue from the saved DiT with a fresh warm-up and cosine (no optimiser state).
+        before = torch.load(out)
+        model.load_state_dict(before["model"])
+        adapter.load_state_dict(before["adapter"])
     # The adapter's per-block layers are attached to the blocks too: count each once.
     params = list({id(p): p for p in [*model.parameters(), *adapter.parameters()]}.values())
     log(f"dit: {sum(p.numel() for p in params) / 1e6:.2f} M parameters, {len(lat)} clips")
@@ -389,8 +395,12 @@ def stage_dit(work, steps, batch, minutes):
         if minutes and time.time() - t0 > 60 * minutes:
             log(f"dit: time budget reached at step {step}")
             break
-    torch.save(dict(model=model.state_dict(), adapter=adapter.state_dict(), curve=curve,
-                    steps=step + 1, batch=batch), out)
+    done = before["steps"]
+    for c in curve:
+        c["step"] += done
+        c["seconds"] += before["curve"][-1]["seconds"] if before["curve"] else 0.0
+    torch.save(dict(model=model.state_dict(), adapter=adapter.state_dict(),
+                    curve=before["curve"] + curve, steps=done + step + 1, batch=batch), out)
 
 
 # ----------------------------------------------------------------------------------
@@ -434,6 +444,7 @@ def main():
                     help="train the DiT for this long (the cosine schedule follows the clock)")
     ap.add_argument("--vae-long-minutes", type=float, default=18.0)
     ap.add_argument("--encode-clips", type=int, default=0, help="encode only the first N clips")
+    ap.add_argument("--dit-resume", action="store_true", help="train the saved DiT further")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -451,7 +462,7 @@ def main():
         elif s == "encode":
             stage_encode(a.work, a.encode_clips)
         elif s == "dit":
-            stage_dit(a.work, a.dit_steps, a.dit_batch, a.dit_minutes)
+            stage_dit(a.work, a.dit_steps, a.dit_batch, a.dit_minutes, a.dit_resume)
         else:
             stage_export(a.work, a.out)
 
