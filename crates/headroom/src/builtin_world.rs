@@ -72,7 +72,9 @@ fn fingerprint() -> u64 {
 /// Writes the folder under `root` unless a complete copy is there; returns its path.
 /// The copy is written beside and renamed into place, so a reader never sees half.
 fn materialise(root: &Path) -> Result<PathBuf> {
-    let dir = root.join(format!("world-{:016x}", fingerprint()));
+    // Hashing the ~20 MB of weights is the costly part: once per call.
+    let print = fingerprint();
+    let dir = root.join(format!("world-{print:016x}"));
     let complete = |d: &Path| {
         FILES.iter().all(|(name, bytes)| {
             std::fs::metadata(d.join(name)).is_ok_and(|m| m.len() == bytes.len() as u64)
@@ -81,7 +83,7 @@ fn materialise(root: &Path) -> Result<PathBuf> {
     if complete(&dir) {
         return Ok(dir);
     }
-    let tmp = root.join(format!(".world-{}-{}", std::process::id(), fingerprint()));
+    let tmp = root.join(format!(".world-{}-{print:016x}", std::process::id()));
     let write = || -> std::io::Result<()> {
         for (name, bytes) in FILES {
             let path = tmp.join(name);

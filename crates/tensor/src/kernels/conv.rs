@@ -459,10 +459,8 @@ fn tiled(
             });
     }
     let weights_packed: &[u16] = as_u16(shared);
-    let (lead, result_at) = match plan.amx {
-        Some(_) => (PANEL * plan.tile, PANEL * plan.tile),
-        None => (k * plan.tile, k * plan.tile),
-    };
+    // Each slot starts with its cols (32 staged rows on the AMX path), then the result.
+    let lead = if plan.amx.is_some() { PANEL } else { k } * plan.tile;
     for round in 0..plan.rounds {
         // Exactly `slots` contiguous scratch chunks, one per tile of the round.
         scratch
@@ -530,7 +528,7 @@ fn tiled(
             .for_each(|(co, row)| {
                 for slot in 0..plan.slots {
                     let (p0, n) = plan.tile_range(pixels, round, slot);
-                    let result = &scratch[slot * plan.per_slot + result_at..];
+                    let result = &scratch[slot * plan.per_slot + lead..];
                     let from = &result[co * n..(co + 1) * n];
                     let to = &mut row[p0..p0 + n];
                     match bias {
