@@ -72,8 +72,11 @@ fn every_supported_path_matches_the_scalar_gemm() {
         (64, 96, 128),
         (130, 33, 300),
         (5, 200, 31),
-        // More packed B than one 32 MiB column block, in every precision.
+        // More packed B than one 32 MiB column block, in every precision (and, for
+        // near-f32, more K than one packed A block).
         (1, 16_400, 1_100),
+        // More K than one packed bf16 A block (2,048), with a K tail.
+        (40, 70, 2_100),
     ] {
         let av = values(m * k, 1);
         let bv = values(k * n, 2);

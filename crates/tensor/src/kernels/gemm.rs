@@ -50,6 +50,14 @@ impl<'a, T> MatRef<'a, T> {
         }
     }
 
+    /// The columns from `c0` on (no copy); `c0` is a column of the matrix.
+    pub fn cols_from(self, c0: usize) -> Self {
+        Self {
+            offset: self.index(0, c0),
+            ..self
+        }
+    }
+
     /// Index of element (r, c) in `data`.
     #[inline(always)]
     pub fn index(&self, r: usize, c: usize) -> usize {

@@ -4,13 +4,15 @@
 //! two 16 × 32 bf16 tiles of A and two VNNI-paired 32 × 16 tiles of B; one k-step of 32 is
 //! four `tdpbf16ps` (16 × 16 × 32 multiply-adds each). Operands are packed by
 //! [`super::pack`] (zero-padded, so K, M and N tails need no special case): B once per call
-//! in column blocks for all threads, A per thread in blocks of up to [`MC`] rows (1 MiB packed). Loops, outside
-//! in: a thread's rows in blocks of `MC` → B panels → K in blocks of [`KC`] k-steps → A
-//! panels, so a B panel stays in L2 while the A panels pass it and the `MC × 32` block of
-//! C being summed stays in L1/L2. C stays in tiles across one K block and in `dst`
-//! between blocks. Threads own disjoint row
-//! ranges, and every element sums its products in one fixed order, so the bytes do not
-//! depend on the thread that computes them.
+//! in column blocks for all threads, A per thread in blocks of [`MC`] rows × up to 2,048
+//! values of K (1 MiB packed). Loops, outside in: a thread's rows in blocks of `MC` → K
+//! in A-block ranges → B panels → K in blocks of [`KC`] k-steps → A panels, so a B panel
+//! stays in L2 while the A panels pass it and the `MC × 32` block of C being summed stays
+//! in L1/L2. C stays in tiles across one K block and in `dst` between blocks. Every
+//! packed buffer starts on a 64-byte boundary: an unaligned tile load measured 6× slower.
+//! Threads own disjoint row ranges, and every element sums its products in one fixed
+//! order (K ascending, whatever the blocking), so the bytes do not depend on the thread
+//! that computes them.
 //!
 //! The tiles need the kernel's permission (`arch_prctl(ARCH_REQ_XCOMP_PERM,
 //! XFEATURE_XTILEDATA)`, asked once per process by [`enable`]) and a tile configuration
@@ -25,11 +27,17 @@ pub const MC: usize = 256;
 /// Bytes of one thread's packed A block, kept in L2 while every B panel passes it.
 const A_BLOCK_BYTES: usize = 1 << 20;
 
-/// Rows of A packed at once for this K and part count: a multiple of 32 whose packed
-/// block fits [`A_BLOCK_BYTES`], at least one panel and at most [`MC`].
-fn mc_for(k: usize, parts: usize) -> usize {
-    let per_row = 2 * k.div_ceil(super::pack::TILE_K) * super::pack::TILE_K * parts;
-    (A_BLOCK_BYTES / per_row.max(1) / PANEL * PANEL).clamp(PANEL, MC)
+/// Packed k-steps of one A block row range: [`MC`] rows × this many fill
+/// [`A_BLOCK_BYTES`] (64 for bf16: K up to 2,048 in one block).
+const A_BLOCK_STEPS: usize = A_BLOCK_BYTES / (2 * MC * super::pack::TILE_K);
+
+/// K values packed at once per A block for this K and part count: all of K when it fits
+/// [`A_BLOCK_STEPS`], else whole k-steps of it. A large K is cut into such blocks (C
+/// carried in the output between them) rather than shrinking the rows per block, so
+/// every B panel still meets [`MC`] rows of A while it is in cache.
+fn kb_for(k: usize, parts: usize) -> usize {
+    let steps = (A_BLOCK_STEPS / parts).max(1);
+    k.min(steps * super::pack::TILE_K)
 }
 /// Packed k-steps per K block (of 32 values each): C stays in tiles over up to 2,048
 /// values of K (measured on SPR: 48 k-steps per block ran 1.15–1.2× faster than 8 or 16).
@@ -101,7 +109,7 @@ pub fn enable() -> bool {
 pub fn scratch_len(n: usize, k: usize, precision: Precision, threads: usize) -> usize {
     let (pa, pb) = precision.parts();
     panels_per_block(n, k, pb.len()) * packed_len(PANEL, k, pb.len())
-        + threads.max(1) * packed_len(mc_for(k, pa.len()), k, pa.len())
+        + threads.max(1) * packed_len(MC, kb_for(k, pa.len()), pa.len())
 }
 
 /// The output of a GEMM: row-major f32 with `ldc` elements between rows.
@@ -176,8 +184,9 @@ pub fn gemm(
     let panel_len = packed_len(PANEL, k, pb.len());
     let per_block = panels_per_block(n, k, pb.len());
     let b_len = per_block * panel_len;
-    let mc_rows = mc_for(k, pa.len());
-    let a_len = packed_len(mc_rows, k, pa.len());
+    let mc_rows = MC;
+    let kb = kb_for(k, pa.len());
+    let a_len = packed_len(mc_rows, kb, pa.len());
     assert!(
         scratch.len() >= b_len + threads * a_len,
         "gemm scratch too short"
@@ -189,14 +198,11 @@ pub fn gemm(
     let out = SendPtr(dst.data[dst.offset..].as_mut_ptr());
     let out_len = dst.data.len() - dst.offset;
     let out = &out;
-    let k_packed = k.div_ceil(super::pack::TILE_K) * pa.len();
     let shape = Shape {
         m,
         n,
-        k_packed,
         panel_len,
         ldc,
-        accumulate,
         alpha,
     };
     // Thread `t`'s share of the rows against the packed B panels `panels`.
@@ -211,22 +217,32 @@ pub fn gemm(
         let _tiles = unsafe { Tiles::configure() };
         for r0 in rows.clone().step_by(mc_rows) {
             let mc = mc_rows.min(rows.end - r0);
-            pack_a(a, r0, mc, k, pa, a_buf);
-            // SAFETY: tiles configured; `a_buf` holds rows r0.. packed, `packed_b` the
-            // panels; this thread alone writes rows `rows` of the output (bounds asserted
-            // at entry).
-            unsafe {
-                multiply(
-                    &shape,
-                    a_buf,
-                    r0,
-                    mc,
-                    packed_b,
-                    panels.clone(),
-                    out.0,
-                    out_len,
-                )
-            };
+            for k0 in (0..k).step_by(kb) {
+                let kn = kb.min(k - k0);
+                pack_a(&a.cols_from(k0), r0, mc, kn, pa, a_buf);
+                let span = Span {
+                    b_step0: k0 / super::pack::TILE_K * pa.len(),
+                    steps: kn.div_ceil(super::pack::TILE_K) * pa.len(),
+                    load: accumulate || k0 > 0,
+                    last: k0 + kn == k,
+                };
+                // SAFETY: tiles configured; `a_buf` holds rows r0.. over K values
+                // k0..k0 + kn packed, `packed_b` the panels; this thread alone writes
+                // rows `rows` of the output (bounds asserted at entry).
+                unsafe {
+                    multiply(
+                        &shape,
+                        &span,
+                        a_buf,
+                        r0,
+                        mc,
+                        packed_b,
+                        panels.clone(),
+                        out.0,
+                        out_len,
+                    )
+                };
+            }
         }
     };
     for j0 in (0..nb).step_by(per_block) {
@@ -253,13 +269,22 @@ pub fn gemm(
 struct Shape {
     m: usize,
     n: usize,
-    /// Packed k-steps per panel (k-steps × parts).
-    k_packed: usize,
     /// `u16` values of one packed B panel.
     panel_len: usize,
     ldc: usize,
-    accumulate: bool,
     alpha: f32,
+}
+
+/// The K range one [`multiply`] call sums, in packed k-steps (k-steps × parts).
+struct Span {
+    /// The range's first packed k-step within a B panel.
+    b_step0: usize,
+    /// Packed k-steps in the range (all of them in the A block).
+    steps: usize,
+    /// C starts from the output (accumulating, or a later K range) rather than zeros.
+    load: bool,
+    /// The range ends K (the scale applies after it).
+    last: bool,
 }
 
 /// C rows `r0..r0 + mc` × B panels `panels` from `a_packed` (rows `r0..` packed, panel
@@ -273,6 +298,7 @@ struct Shape {
 #[allow(clippy::too_many_arguments)]
 unsafe fn multiply(
     g: &Shape,
+    span: &Span,
     a_packed: &[u16],
     r0: usize,
     mc: usize,
@@ -282,13 +308,13 @@ unsafe fn multiply(
     out_len: usize,
 ) {
     for (i, jb) in panels.enumerate() {
-        for s0 in (0..g.k_packed).step_by(KC) {
-            let steps = KC.min(g.k_packed - s0);
-            let load = g.accumulate || s0 > 0;
-            let last = s0 + steps == g.k_packed;
-            let bp = &packed_b[i * g.panel_len + s0 * KSTEP_LEN..];
+        for s0 in (0..span.steps).step_by(KC) {
+            let steps = KC.min(span.steps - s0);
+            let load = span.load || s0 > 0;
+            let last = span.last && s0 + steps == span.steps;
+            let bp = &packed_b[i * g.panel_len + (span.b_step0 + s0) * KSTEP_LEN..];
             for ib in 0..mc.div_ceil(PANEL) {
-                let ap = &a_packed[(ib * g.k_packed + s0) * KSTEP_LEN..];
+                let ap = &a_packed[(ib * span.steps + s0) * KSTEP_LEN..];
                 let (row, col) = (r0 + ib * PANEL, jb * PANEL);
                 let (h, w) = (PANEL.min(g.m - row), PANEL.min(g.n - col));
                 let scale = (last && g.alpha != 1.0).then_some(g.alpha);
@@ -345,11 +371,15 @@ pub fn gemm_packed(
     let shape = Shape {
         m,
         n,
-        k_packed: k.div_ceil(super::pack::TILE_K) * pa.len(),
         panel_len: packed_len(PANEL, k, pb.len()),
         ldc: dst.ldc,
-        accumulate,
         alpha,
+    };
+    let span = Span {
+        b_step0: 0,
+        steps: k.div_ceil(super::pack::TILE_K) * pa.len(),
+        load: accumulate,
+        last: true,
     };
     let out_len = dst.data.len() - dst.offset;
     let out = dst.data[dst.offset..].as_mut_ptr();
@@ -360,6 +390,7 @@ pub fn gemm_packed(
     unsafe {
         multiply(
             &shape,
+            &span,
             a_packed,
             0,
             m,

@@ -68,6 +68,14 @@ impl Operand<'_> {
         }
     }
 
+    /// The same operand from column `c0` on (no copy).
+    pub(crate) fn cols_from(&self, c0: usize) -> Self {
+        match *self {
+            Operand::F32(m) => Operand::F32(m.cols_from(c0)),
+            Operand::Bf16(m) => Operand::Bf16(m.cols_from(c0)),
+        }
+    }
+
     /// (row stride, column stride) in elements.
     fn strides(&self) -> (isize, isize) {
         match self {
@@ -117,28 +125,39 @@ pub fn pack_a(a: &Operand<'_>, r0: usize, rows: usize, k: usize, parts: &[Part],
     let len = packed_len(rows, k, np);
     let out = &mut out[..len];
     let fast = super::features().avx512 && a.strides().1 == 1;
+    // Whole k-steps a row packs in one AVX-512 pass; the K tail goes value by value.
+    let full = if fast { k / TILE_K } else { 0 };
     for row in 0..rows.div_ceil(PANEL) * PANEL {
         let (ib, t, r) = (row / PANEL, (row % PANEL) / TILE_ROWS, row % TILE_ROWS);
-        for s in 0..ks {
+        let at = |s: usize, q: usize| ((ib * ks + s) * np + q) * KSTEP_LEN + t * 512 + r * TILE_K;
+        if row >= rows {
+            for s in 0..ks {
+                for q in 0..np {
+                    out[at(s, q)..at(s, q) + TILE_K].fill(0);
+                }
+            }
+            continue;
+        }
+        if full > 0 {
             for (q, &part) in parts.iter().enumerate() {
-                let at = ((ib * ks + s) * np + q) * KSTEP_LEN + t * 512 + r * TILE_K;
-                let dst = &mut out[at..at + TILE_K];
+                // SAFETY: AVX-512 is present (checked above); the row's first
+                // `full · 32` values exist with unit column stride (full · 32 <= k), and
+                // `row_steps` asserts its output and input bounds.
+                unsafe {
+                    avx512::row_steps(a, r0 + row, full, part, out, at(0, q), np * KSTEP_LEN)
+                };
+            }
+        }
+        for s in full..ks {
+            for (q, &part) in parts.iter().enumerate() {
+                let dst = &mut out[at(s, q)..at(s, q) + TILE_K];
                 let k0 = s * TILE_K;
-                if row >= rows {
-                    dst.fill(0);
-                } else if fast && k0 + TILE_K <= k {
-                    // SAFETY: AVX-512 is present (checked above); the 32 values
-                    // (r0 + row, k0..k0 + 32) are inside the operand (k0 + 32 <= k, unit
-                    // column stride) and `dst` holds 32 values.
-                    unsafe { avx512::row32(a, r0 + row, k0, part, dst) };
-                } else {
-                    for (kk, d) in dst.iter_mut().enumerate() {
-                        *d = if k0 + kk < k {
-                            a.get(r0 + row, k0 + kk, part)
-                        } else {
-                            0
-                        };
-                    }
+                for (kk, d) in dst.iter_mut().enumerate() {
+                    *d = if k0 + kk < k {
+                        a.get(r0 + row, k0 + kk, part)
+                    } else {
+                        0
+                    };
                 }
             }
         }
@@ -157,12 +176,38 @@ pub fn pack_b(
 ) {
     let np = parts.len();
     let ks = k.div_ceil(TILE_K);
+    let k_contiguous = super::features().avx512 && b.strides().0 == 1;
     for (i, jb) in panels.enumerate() {
         for t in 0..2 {
-            for s in 0..ks {
+            let n0 = jb * PANEL + t * TILE_ROWS;
+            let at = |s: usize, q: usize| ((i * ks + s) * np + q) * KSTEP_LEN + t * 512;
+            // Whole tiles of a k-contiguous operand in one AVX-512 pass per part.
+            let full = if k_contiguous && n0 + TILE_ROWS <= n {
+                k / TILE_K
+            } else {
+                0
+            };
+            if full > 0 {
                 for (q, &part) in parts.iter().enumerate() {
-                    let at = ((i * ks + s) * np + q) * KSTEP_LEN + t * 512;
-                    let n0 = jb * PANEL + t * TILE_ROWS;
+                    // SAFETY: AVX-512 is present; columns n0..n0 + 16 and rows
+                    // 0..32·full are inside the operand (n0 + 16 <= n, 32·full <= k) with
+                    // unit row stride; `b_tiles_k_contiguous` asserts the output bounds.
+                    unsafe {
+                        avx512::b_tiles_k_contiguous(
+                            b,
+                            n0,
+                            full,
+                            part,
+                            out,
+                            at(0, q),
+                            np * KSTEP_LEN,
+                        )
+                    };
+                }
+            }
+            for s in full..ks {
+                for (q, &part) in parts.iter().enumerate() {
+                    let at = at(s, q);
                     b_tile(b, k, n, s * TILE_K, n0, part, &mut out[at..at + 512]);
                 }
             }
@@ -273,9 +318,7 @@ mod avx512 {
                     let p = m.data.as_ptr().add(i);
                     (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
                 };
-                let lo = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(split16(x0, part)));
-                let hi = _mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(split16(x1, part)));
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+                high_words(split16(x0, part), split16(x1, part))
             }
             Operand::Bf16(m) => match part {
                 Part::Lo => _mm512_setzero_si512(),
@@ -289,23 +332,66 @@ mod avx512 {
         }
     }
 
-    /// One A tile row: 32 values of row `row` from `k0`.
+    /// The high halves of the 32-bit lanes of `lo` then `hi`: 32 bf16 words in order.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn high_words(lo: __m512i, hi: __m512i) -> __m512i {
+        let idx = _mm512_set_epi16(
+            63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25, 23, 21,
+            19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
+        );
+        _mm512_permutex2var_epi16(lo, idx, hi)
+    }
+
+    /// The first `steps · 32` values of row `row`, part `part`, as `steps` runs of 32
+    /// bf16 words at `out[at + s · stride..]`.
     ///
     /// # Safety
-    /// As [`load_row32`]; `dst` holds at least 32 values.
+    /// AVX-512 F/BW present; the values exist with unit column stride.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn row32(
+    pub(super) unsafe fn row_steps(
         a: &Operand<'_>,
         row: usize,
-        k0: usize,
+        steps: usize,
         part: Part,
-        dst: &mut [u16],
+        out: &mut [u16],
+        at: usize,
+        stride: usize,
     ) {
-        assert!(dst.len() >= 32);
-        // SAFETY: forwarded contract; dst has room for 64 bytes (asserted).
-        unsafe {
-            let v = load_row32(a, row, k0, part);
-            _mm512_storeu_si512(dst.as_mut_ptr().cast(), v);
+        if steps == 0 {
+            return;
+        }
+        assert!(at + (steps - 1) * stride + 32 <= out.len());
+        let dst = out.as_mut_ptr();
+        match a {
+            Operand::F32(m) => {
+                let i = m.index(row, 0);
+                assert!(i + steps * 32 <= m.data.len());
+                for s in 0..steps {
+                    // SAFETY: values i + 32s .. i + 32s + 32 are inside the slice and
+                    // the 32 words at at + s·stride inside `out` (both asserted).
+                    unsafe {
+                        let p = m.data.as_ptr().add(i + 32 * s);
+                        let x0 = split16(_mm512_loadu_ps(p), part);
+                        let x1 = split16(_mm512_loadu_ps(p.add(16)), part);
+                        _mm512_storeu_si512(dst.add(at + s * stride).cast(), high_words(x0, x1));
+                    }
+                }
+            }
+            Operand::Bf16(m) => {
+                let i = m.index(row, 0);
+                assert!(i + steps * 32 <= m.data.len());
+                for s in 0..steps {
+                    // SAFETY: as above, for 32 bf16 values.
+                    unsafe {
+                        let v = match part {
+                            Part::Hi => _mm512_loadu_si512(m.data.as_ptr().add(i + 32 * s).cast()),
+                            Part::Lo => _mm512_setzero_si512(),
+                        };
+                        _mm512_storeu_si512(dst.add(at + s * stride).cast(), v);
+                    }
+                }
+            }
         }
     }
 
@@ -316,6 +402,7 @@ mod avx512 {
     /// # Safety
     /// AVX-512 present; the tile lies inside the operand, row stride 1; `dst` holds 512.
     #[target_feature(enable = "avx512f,avx512bw")]
+    #[inline]
     pub(super) unsafe fn b_tile_k_contiguous(
         b: &Operand<'_>,
         k0: usize,
@@ -334,6 +421,32 @@ mod avx512 {
         for (p, reg) in r.iter().enumerate() {
             // SAFETY: dst holds 512 values (asserted); row p is values p·32..p·32 + 32.
             unsafe { _mm512_storeu_si512(dst.as_mut_ptr().add(p * 32).cast(), *reg) };
+        }
+    }
+
+    /// `steps` consecutive B tiles (k-steps 0..steps) of columns `n0..n0 + 16` of a
+    /// k-contiguous operand, tile `s` at `out[at + s · stride..]`.
+    ///
+    /// # Safety
+    /// As [`b_tile_k_contiguous`] for every k-step.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn b_tiles_k_contiguous(
+        b: &Operand<'_>,
+        n0: usize,
+        steps: usize,
+        part: Part,
+        out: &mut [u16],
+        at: usize,
+        stride: usize,
+    ) {
+        if steps == 0 {
+            return;
+        }
+        assert!(at + (steps - 1) * stride + 512 <= out.len());
+        for s in 0..steps {
+            let o = at + s * stride;
+            // SAFETY: forwarded contract; the 512 values at `o` are inside `out`.
+            unsafe { b_tile_k_contiguous(b, 32 * s, n0, part, &mut out[o..o + 512]) };
         }
     }
 
@@ -436,7 +549,15 @@ mod avx512 {
 mod avx512 {
     //! No AVX-512 off x86_64: the scalar packers run (`features().avx512` is false).
     use super::{Operand, Part};
-    pub(super) unsafe fn row32(_: &Operand<'_>, _: usize, _: usize, _: Part, _: &mut [u16]) {
+    pub(super) unsafe fn row_steps(
+        _: &Operand<'_>,
+        _: usize,
+        _: usize,
+        _: Part,
+        _: &mut [u16],
+        _: usize,
+        _: usize,
+    ) {
         unreachable!("AVX-512 is never detected off x86_64")
     }
     pub(super) unsafe fn b_tile_k_contiguous(
@@ -445,6 +566,17 @@ mod avx512 {
         _: usize,
         _: Part,
         _: &mut [u16],
+    ) {
+        unreachable!("AVX-512 is never detected off x86_64")
+    }
+    pub(super) unsafe fn b_tiles_k_contiguous(
+        _: &Operand<'_>,
+        _: usize,
+        _: usize,
+        _: Part,
+        _: &mut [u16],
+        _: usize,
+        _: usize,
     ) {
         unreachable!("AVX-512 is never detected off x86_64")
     }
@@ -564,6 +696,34 @@ mod tests {
         assert_eq!(pack_both(&b_n, k, n, &parts), pack_both(&b_k, k, n, &parts));
         let hi_only = pack_both(&b_n, k, n, &[Part::Hi]);
         assert_eq!(hi_only, pack_both(&n_contig, k, n, &[Part::Hi]));
+        // bf16 A: row-major (fast path) vs strided, and equal to f32 A's high part.
+        let ab: Vec<bf16> = av.iter().map(|&x| bf16::from_bits(bf16_bits(x))).collect();
+        let abt: Vec<bf16> = at.iter().map(|&x| bf16::from_bits(bf16_bits(x))).collect();
+        let (mut x, mut y, mut z) = (
+            vec![1u16; packed_len(m, k, 2)],
+            vec![2u16; packed_len(m, k, 2)],
+            vec![3u16; packed_len(m, k, 1)],
+        );
+        pack_a(
+            &Operand::Bf16(MatRef::row_major(&ab, 0, k)),
+            0,
+            m,
+            k,
+            &parts,
+            &mut x,
+        );
+        pack_a(
+            &Operand::Bf16(MatRef::row_major(&abt, 0, m).t()),
+            0,
+            m,
+            k,
+            &parts,
+            &mut y,
+        );
+        pack_a(&fast, 0, m, k, &[Part::Hi], &mut z);
+        assert_eq!(x, y);
+        let x_hi: Vec<u16> = x.chunks(KSTEP_LEN).step_by(2).flatten().copied().collect();
+        assert_eq!(x_hi, z);
     }
 
     #[test]
