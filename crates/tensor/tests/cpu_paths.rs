@@ -223,3 +223,41 @@ fn near_f32_amx_gemm_is_within_f32_rounding_of_the_exact_product() {
     eprintln!("amx vs f64: near-f32 {e3:.2e}, bf16 {e16:.2e}");
     assert!(e3 < 2e-5 && e3 * 50.0 < e16, "near-f32 {e3}, bf16 {e16}");
 }
+
+#[test]
+fn a_packed_linear_weight_gives_the_bits_of_the_plain_one() {
+    use headroom_tensor::{DType, Device, Tensor};
+    let device = Device::cpu().expect("cpu device");
+    // Odd shapes: an N tail (out 70), a K tail (in 100), more K than one A block (2,100).
+    for &(rows, inp, out) in &[(37, 100, 70), (300, 64, 96), (5, 2_100, 33)] {
+        let w = Tensor::from_f32(&values(out * inp, 7), &[out, inp], DType::BF16, &device)
+            .expect("weight");
+        let Some(packed) = w.pack_linear().expect("pack") else {
+            eprintln!("skipped: the selected CPU path does not run bf16 products on AMX");
+            return;
+        };
+        let bias = Tensor::from_f32(&values(out, 8), &[out], DType::F32, &device).expect("bias");
+        for dtype in [DType::F32, DType::BF16] {
+            let x = Tensor::from_f32(&values(rows * inp, 9), &[rows, inp], dtype, &device)
+                .expect("input");
+            for b in [None, Some(&bias)] {
+                let plain = x
+                    .linear(&w, b)
+                    .expect("plain")
+                    .to_vec::<f32>()
+                    .expect("values");
+                let fast = x
+                    .linear_packed(&packed, b)
+                    .expect("packed")
+                    .to_vec::<f32>()
+                    .expect("values");
+                assert_eq!(
+                    plain,
+                    fast,
+                    "{rows}x{inp}x{out} {dtype:?} bias {}",
+                    b.is_some()
+                );
+            }
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! The condition embedder (WAN.md §3.5): sinusoidal timestep → `temb` and the 6-way
 //! modulation `tproj`; text → context tokens.
 
+use headroom_tensor::ops::packed::PackedLinear;
 use headroom_tensor::{DType, Device, Tensor};
 
 use super::config::DitConfig;
@@ -25,12 +26,47 @@ pub fn timestep_sinusoid(t: f32, freq_dim: usize) -> Vec<f32> {
 #[derive(Debug)]
 pub struct Linear {
     /// `[out, in]`.
-    pub weight: Tensor,
+    pub weight: LinearWeight,
     /// `[out]`.
     pub bias: Tensor,
 }
 
+/// A linear layer's weight as the products read it.
+#[derive(Debug)]
+pub enum LinearWeight {
+    /// The `[out, in]` tensor as loaded.
+    Plain(Tensor),
+    /// Packed once for the AMX tiles (bf16 weights where the CPU path has them): the
+    /// plain tensor is dropped, so the packed one costs no extra memory.
+    Packed(PackedLinear),
+}
+
+impl LinearWeight {
+    /// `weight` packed where the products would pack it on every call, else as it is.
+    pub fn new(weight: Tensor) -> Result<Self> {
+        Ok(match weight.pack_linear()? {
+            Some(p) => LinearWeight::Packed(p),
+            None => LinearWeight::Plain(weight),
+        })
+    }
+
+    /// The dtype the products compute in follows: bf16 for a packed weight.
+    pub fn dtype(&self) -> DType {
+        match self {
+            LinearWeight::Plain(t) => t.dtype(),
+            LinearWeight::Packed(_) => DType::BF16,
+        }
+    }
+}
+
 impl Linear {
+    fn new(weight: Tensor, bias: Tensor) -> Result<Self> {
+        Ok(Self {
+            weight: LinearWeight::new(weight)?,
+            bias,
+        })
+    }
+
     /// Loads `{prefix}.weight` `[out, in]` and `{prefix}.bias`, in `dtype`.
     pub fn load(
         w: &WeightStore,
@@ -41,16 +77,16 @@ impl Linear {
     ) -> Result<Self> {
         let weight_key = format!("{prefix}.weight");
         let bias_key = format!("{prefix}.bias");
-        Ok(match dtype {
-            Some(d) => Self {
-                weight: w.get_as(&weight_key, &[output, input], Init::FanIn, d)?,
-                bias: w.get_as(&bias_key, &[output], Init::Scaled(0.05), d)?,
-            },
-            None => Self {
-                weight: w.get(&weight_key, &[output, input], Init::FanIn)?,
-                bias: w.get_as(&bias_key, &[output], Init::Scaled(0.05), DType::F32)?,
-            },
-        })
+        match dtype {
+            Some(d) => Self::new(
+                w.get_as(&weight_key, &[output, input], Init::FanIn, d)?,
+                w.get_as(&bias_key, &[output], Init::Scaled(0.05), d)?,
+            ),
+            None => Self::new(
+                w.get(&weight_key, &[output, input], Init::FanIn)?,
+                w.get_as(&bias_key, &[output], Init::Scaled(0.05), DType::F32)?,
+            ),
+        }
     }
 
     /// This rank's part of a tensor-parallel `Linear` in the store's dtype: `Split::Rows`
@@ -74,8 +110,8 @@ impl Linear {
             Split::Rows(part) => part,
             Split::Cols(_) => (0, 1),
         };
-        Ok(Self {
-            weight: w.get_part(
+        Self::new(
+            w.get_part(
                 &weight_key,
                 &[output, input],
                 Init::FanIn,
@@ -83,7 +119,7 @@ impl Linear {
                 weight_axis,
                 part,
             )?,
-            bias: w.get_part(
+            w.get_part(
                 &bias_key,
                 &[output],
                 Init::Scaled(0.05),
@@ -91,17 +127,24 @@ impl Linear {
                 0,
                 bias_part,
             )?,
-        })
+        )
     }
 
     /// `x · Wᵀ + b`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.linear(&self.weight, Some(&self.bias))?)
+        self.product(x, Some(&self.bias))
     }
 
     /// `x · Wᵀ` without the bias (a column shard, before its all-reduce).
     pub fn forward_no_bias(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.linear(&self.weight, None)?)
+        self.product(x, None)
+    }
+
+    fn product(&self, x: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        Ok(match &self.weight {
+            LinearWeight::Plain(w) => x.linear(w, bias)?,
+            LinearWeight::Packed(w) => x.linear_packed(w, bias)?,
+        })
     }
 }
 

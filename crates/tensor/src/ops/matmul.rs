@@ -215,26 +215,8 @@ impl Tensor {
             ));
         }
         let (out_features, in_features) = (weight.shape()[0], weight.shape()[1]);
-        let last = self.shape().last().copied().unwrap_or(0);
-        if self.rank() == 0 || last != in_features {
-            return Err(TensorError::shape(
-                op,
-                format!(
-                    "input {:?} does not end in {in_features} features (weight {:?})",
-                    self.shape(),
-                    weight.shape()
-                ),
-            ));
-        }
-        if let Some(b) = bias {
-            if b.shape() != [out_features] {
-                return Err(TensorError::shape(
-                    op,
-                    format!("bias {:?} is not [{out_features}]", b.shape()),
-                ));
-            }
-        }
-        let rows = self.numel() / in_features.max(1);
+        let rows =
+            super::packed::check_linear(op, self, out_features, in_features, weight.shape(), bias)?;
         let compute = compute_of(self, weight);
         let x = gemm_input(op, self, compute)?.contiguous()?;
         let w = gemm_input(op, weight, compute)?;
@@ -279,11 +261,7 @@ impl Tensor {
                     Threads::Pool,
                     scratch,
                 );
-                if let Some(bias) = bias {
-                    dst.par_chunks_mut(out_features).for_each(|row| {
-                        row.iter_mut().zip(bias).for_each(|(o, &b)| *o += b);
-                    });
-                }
+                super::packed::add_bias(dst, out_features, bias);
             });
         }
         Ok(out)

@@ -9,6 +9,7 @@ pub mod elementwise;
 pub mod fused;
 pub mod matmul;
 pub mod norm;
+pub mod packed;
 pub mod pixels;
 pub mod random;
 pub mod reduce;

@@ -169,6 +169,86 @@ pub fn gemm(
     k: usize,
     a: &Operand<'_>,
     b: &Operand<'_>,
+    dst: Dst<'_>,
+    accumulate: bool,
+    alpha: f32,
+    precision: Precision,
+    threads: usize,
+    scratch: &mut [u16],
+) {
+    gemm_from(
+        m,
+        n,
+        k,
+        a,
+        BSource::Pack(b),
+        dst,
+        accumulate,
+        alpha,
+        precision,
+        threads,
+        scratch,
+    );
+}
+
+/// `u16` scratch [`gemm_prepacked_b`] needs: one packed A block per thread.
+pub fn prepacked_b_scratch_len(k: usize, precision: Precision, threads: usize) -> usize {
+    let parts = precision.parts().0.len();
+    threads.max(1) * packed_len(MC, kb_for(k, parts), parts)
+}
+
+/// [`gemm`] with B packed beforehand: `b_packed` holds every panel of B ([`pack_b`] of
+/// panels `0..`, [`packed_b_len`] values), so a weight is packed once, not per call. The
+/// same loops as [`gemm`], so the same bits; the scratch is
+/// [`prepacked_b_scratch_len`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_prepacked_b(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &Operand<'_>,
+    b_packed: &[u16],
+    dst: Dst<'_>,
+    accumulate: bool,
+    alpha: f32,
+    precision: Precision,
+    threads: usize,
+    scratch: &mut [u16],
+) {
+    assert!(
+        b_packed.len() >= packed_b_len(n, k, precision),
+        "packed B too short"
+    );
+    gemm_from(
+        m,
+        n,
+        k,
+        a,
+        BSource::Packed(b_packed),
+        dst,
+        accumulate,
+        alpha,
+        precision,
+        threads,
+        scratch,
+    );
+}
+
+/// Where [`gemm_from`] finds B.
+enum BSource<'a> {
+    /// An operand packed here, in column blocks of at most [`B_BLOCK_BYTES`].
+    Pack(&'a Operand<'a>),
+    /// Every panel packed beforehand.
+    Packed(&'a [u16]),
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_from(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &Operand<'_>,
+    b: BSource<'_>,
     mut dst: Dst<'_>,
     accumulate: bool,
     alpha: f32,
@@ -182,8 +262,15 @@ pub fn gemm(
     let threads = threads.max(1);
     let (pa, pb) = precision.parts();
     let panel_len = packed_len(PANEL, k, pb.len());
-    let per_block = panels_per_block(n, k, pb.len());
-    let b_len = per_block * panel_len;
+    let nb = n.div_ceil(PANEL);
+    let per_block = match b {
+        BSource::Pack(_) => panels_per_block(n, k, pb.len()),
+        BSource::Packed(_) => nb,
+    };
+    let b_len = match b {
+        BSource::Pack(_) => per_block * panel_len,
+        BSource::Packed(_) => 0,
+    };
     let mc_rows = MC;
     let kb = kb_for(k, pa.len());
     let a_len = packed_len(mc_rows, kb, pa.len());
@@ -191,8 +278,7 @@ pub fn gemm(
         scratch.len() >= b_len + threads * a_len,
         "gemm scratch too short"
     );
-    let (packed_b, rest) = scratch.split_at_mut(b_len);
-    let nb = n.div_ceil(PANEL);
+    let (b_buf, rest) = scratch.split_at_mut(b_len);
     let m_panels = m.div_ceil(PANEL);
     let ldc = dst.ldc;
     let out = SendPtr(dst.data[dst.offset..].as_mut_ptr());
@@ -245,24 +331,53 @@ pub fn gemm(
             }
         }
     };
-    for j0 in (0..nb).step_by(per_block) {
-        let panels = j0..(j0 + per_block).min(nb);
-        let used = &mut packed_b[..panels.len() * panel_len];
+    let run = |a_bufs: &mut [u16], used: &[u16], panels: std::ops::Range<usize>| {
         if threads == 1 {
-            pack_b(b, k, n, panels.clone(), pb, used);
-            job(0, &mut rest[..a_len], used, panels);
+            job(0, &mut a_bufs[..a_len], used, panels);
         } else {
             use rayon::prelude::*;
-            used.par_chunks_mut(panel_len)
-                .enumerate()
-                .for_each(|(i, chunk)| pack_b(b, k, n, j0 + i..j0 + i + 1, pb, chunk));
-            let used = &*used;
-            rest[..threads * a_len]
+            a_bufs[..threads * a_len]
                 .par_chunks_mut(a_len)
                 .enumerate()
                 .for_each(|(t, a_buf)| job(t, a_buf, used, panels.clone()));
         }
+    };
+    match b {
+        BSource::Packed(all) => run(rest, all, 0..nb),
+        BSource::Pack(b) => {
+            for j0 in (0..nb).step_by(per_block) {
+                let panels = j0..(j0 + per_block).min(nb);
+                let used = &mut b_buf[..panels.len() * panel_len];
+                pack_b_panels(b, k, n, panels.clone(), pb, used, threads);
+                run(rest, used, panels);
+            }
+        }
     }
+}
+
+/// Packs B panels `panels` into `out` ([`pack_b`]), on `threads` threads of the pool.
+pub fn pack_b_panels(
+    b: &Operand<'_>,
+    k: usize,
+    n: usize,
+    panels: std::ops::Range<usize>,
+    parts: &[Part],
+    out: &mut [u16],
+    threads: usize,
+) {
+    if threads <= 1 {
+        pack_b(b, k, n, panels, parts, out);
+        return;
+    }
+    use rayon::prelude::*;
+    let panel_len = packed_len(PANEL, k, parts.len());
+    out[..panels.len() * panel_len]
+        .par_chunks_mut(panel_len)
+        .enumerate()
+        .for_each(|(i, chunk)| {
+            let jb = panels.start + i;
+            pack_b(b, k, n, jb..jb + 1, parts, chunk);
+        });
 }
 
 /// What [`multiply`] needs to know of the whole GEMM.

@@ -24,6 +24,9 @@
 //! tile's arithmetic does not depend on which chunk holds it, so the bytes are the same
 //! on every call with the same thread count.
 
+mod amx;
+
+use self::amx::{amx_chunk, amx_precision, kept_kv_tiles, kv_tile_lens, qp_lens, Input};
 use crate::kernels::cpu::pack::Operand;
 use crate::kernels::gemm::{gemm, gemm_scratch_len, Compute, MatRef, Threads};
 use crate::kernels::softmax::{exp_with_max, scale_in_place};
@@ -105,15 +108,29 @@ fn gemm_len(head_dim: usize, compute: Compute) -> usize {
     qk.max(pv)
 }
 
-/// Floats of scratch one thread slot uses.
-fn slot_len(head_dim: usize, compute: Compute) -> usize {
-    BLOCK_Q * BLOCK_KV + BLOCK_Q * head_dim + 2 * BLOCK_Q + gemm_len(head_dim, compute)
+/// Most keys whose packed K and V tiles a slot keeps for a whole head (2 MiB of bf16 at
+/// head_dim 128): up to this many keys, every query tile of the slot's chunk reuses one
+/// packing of the head's keys and values instead of repacking them per query tile.
+pub const KV_PACKED_MAX: usize = 4096;
+
+/// Floats of scratch one thread slot uses (`cap`: see [`attention_with_cap`]).
+fn slot_len(p: &AttentionParams, cap: Option<usize>) -> usize {
+    let d = p.head_dim;
+    let tiles = BLOCK_Q * BLOCK_KV + BLOCK_Q * d + 2 * BLOCK_Q;
+    match (amx_precision(p.compute), cap) {
+        (Some(prec), Some(cap)) => {
+            let (qa, pa) = qp_lens(d, prec);
+            let (kt, vt) = kv_tile_lens(d, prec);
+            tiles + (qa + pa + (kept_kv_tiles(p.kv_len, cap) + 1) * (kt + vt)).div_ceil(2)
+        }
+        _ => tiles + gemm_len(d, p.compute),
+    }
 }
 
-/// Floats of scratch [`attention`] needs: a fixed tile set per kernel thread,
-/// independent of `q_len` and `kv_len`.
+/// Floats of scratch [`attention`] needs: a fixed tile set per kernel thread, independent
+/// of `q_len`, growing with `kv_len` only up to [`KV_PACKED_MAX`] keys on the AMX path.
 pub fn attention_scratch_len(p: &AttentionParams) -> usize {
-    parallel::num_threads() * slot_len(p.head_dim, p.compute)
+    parallel::num_threads() * slot_len(p, Some(KV_PACKED_MAX))
 }
 
 /// How the output is walked so that work items own disjoint, increasing ranges of it.
@@ -229,6 +246,20 @@ pub fn attention(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
+    attention_with_cap(p, q, k, v, out, scratch, Some(KV_PACKED_MAX));
+}
+
+/// [`attention`] keeping whole heads of packed keys up to `cap` keys on the AMX path;
+/// `None` takes the generic path (a GEMM call per product) on every CPU path.
+fn attention_with_cap(
+    p: &AttentionParams,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    scratch: &mut [f32],
+    cap: Option<usize>,
+) {
     debug_assert!(p.head_dim > 0, "head_dim must be positive");
     debug_assert!(
         !matches!(p.mask, Mask::BlockCausal { block_len: 0, .. }),
@@ -238,7 +269,7 @@ pub fn attention(
         return;
     }
     let slots = parallel::num_threads();
-    let per_slot = slot_len(p.head_dim, p.compute);
+    let per_slot = slot_len(p, cap);
     assert!(
         scratch.len() >= slots * per_slot,
         "attention scratch too small"
@@ -273,10 +304,18 @@ pub fn attention(
                 scratch_rest = scratch_tail;
                 if first < item {
                     s.spawn(move |_| {
-                        for i in first..item {
-                            let (heads, rows) = plan.item(i);
-                            for h in heads {
-                                tile(p, h, rows.clone(), q, k, v, mine, base, slot);
+                        let input = Input { q, k, v };
+                        match (amx_precision(p.compute), cap) {
+                            (Some(prec), Some(cap)) => {
+                                amx_chunk(p, plan, prec, first..item, input, mine, base, slot, cap)
+                            }
+                            _ => {
+                                for i in first..item {
+                                    let (heads, rows) = plan.item(i);
+                                    for h in heads {
+                                        tile(p, h, rows.clone(), q, k, v, mine, base, slot);
+                                    }
+                                }
                             }
                         }
                     });
@@ -345,27 +384,7 @@ fn tile(
             packing,
         );
 
-        for i in 0..n_rows {
-            let visible = p.visible_keys(rows.start + i).saturating_sub(c0).min(cols);
-            let s_row = &mut s[i * BLOCK_KV..i * BLOCK_KV + cols];
-            if visible == 0 {
-                // Masked out: contributes nothing, and must not touch m/l (−∞ − −∞).
-                s_row.fill(0.0);
-                continue;
-            }
-            let m_old = m[i];
-            let (m_new, sum) = exp_with_max(&mut s_row[..visible], m_old);
-            s_row[visible..].fill(0.0);
-            if m_new > m_old && m_old != f32::NEG_INFINITY {
-                // The running max grew: earlier terms were exponentiated against a
-                // smaller shift and must shrink by exp(m_old − m_new) ≤ 1.
-                let correction = (m_old - m_new).exp();
-                scale_in_place(&mut acc[i * d..(i + 1) * d], correction);
-                l[i] *= correction;
-            }
-            l[i] += sum;
-            m[i] = m_new;
-        }
+        online_softmax(p, &rows, c0, cols, s, acc, m, l);
 
         let p_tile = MatRef::row_major(s, 0, BLOCK_KV);
         let v_tile = MatRef {
@@ -391,7 +410,59 @@ fn tile(
         );
     }
 
-    for i in 0..n_rows {
+    write_rows(p, h, &rows, acc, l, out, out_base);
+}
+
+/// The online softmax step for key tile `c0..c0 + cols` (see the module doc): the scores
+/// in `s` (rows `BLOCK_KV` apart) become probabilities against the running maxima `m`,
+/// and the accumulator rows and sums `l` are rescaled where a maximum grew.
+#[allow(clippy::too_many_arguments)]
+fn online_softmax(
+    p: &AttentionParams,
+    rows: &std::ops::Range<usize>,
+    c0: usize,
+    cols: usize,
+    s: &mut [f32],
+    acc: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+) {
+    let d = p.head_dim;
+    for i in 0..rows.len() {
+        let visible = p.visible_keys(rows.start + i).saturating_sub(c0).min(cols);
+        let s_row = &mut s[i * BLOCK_KV..i * BLOCK_KV + cols];
+        if visible == 0 {
+            // Masked out: contributes nothing, and must not touch m/l (−∞ − −∞).
+            s_row.fill(0.0);
+            continue;
+        }
+        let m_old = m[i];
+        let (m_new, sum) = exp_with_max(&mut s_row[..visible], m_old);
+        s_row[visible..].fill(0.0);
+        if m_new > m_old && m_old != f32::NEG_INFINITY {
+            // The running max grew: earlier terms were exponentiated against a
+            // smaller shift and must shrink by exp(m_old − m_new) ≤ 1.
+            let correction = (m_old - m_new).exp();
+            scale_in_place(&mut acc[i * d..(i + 1) * d], correction);
+            l[i] *= correction;
+        }
+        l[i] += sum;
+        m[i] = m_new;
+    }
+}
+
+/// `out` rows of head `h` for query rows `rows`: `acc / l` (zeros where no key was seen).
+fn write_rows(
+    p: &AttentionParams,
+    h: usize,
+    rows: &std::ops::Range<usize>,
+    acc: &[f32],
+    l: &[f32],
+    out: &mut [f32],
+    out_base: usize,
+) {
+    let d = p.head_dim;
+    for i in 0..rows.len() {
         let at = h * p.out_head_stride + (rows.start + i) * p.out_token_stride - out_base;
         let dst = &mut out[at..at + d];
         if l[i] > 0.0 {
@@ -630,14 +701,69 @@ mod tests {
     }
 
     #[test]
-    fn scratch_len_is_independent_of_sequence_lengths() {
-        let short = params([12, 100, 1_000, 128], 0.1, Mask::None, SAME);
-        let long = params([12, 50_000, 100_000, 128], 0.1, Mask::None, SAME);
-        assert_eq!(attention_scratch_len(&short), attention_scratch_len(&long));
-        assert_eq!(
-            attention_scratch_len(&short),
-            parallel::num_threads() * (BLOCK_Q * BLOCK_KV + BLOCK_Q * 128 + 2 * BLOCK_Q)
-        );
+    fn scratch_len_is_bounded_whatever_the_sequence_lengths() {
+        for compute in [Compute::F32, Compute::Bf16, Compute::NearF32] {
+            let with = |q_len, kv_len| AttentionParams {
+                compute,
+                ..params([12, q_len, kv_len, 128], 0.1, Mask::None, SAME)
+            };
+            let (short, long) = (with(100, 1_000), with(50_000, 100_000));
+            let at_cap = with(100, KV_PACKED_MAX);
+            assert_eq!(
+                attention_scratch_len(&with(50_000, 1_000)),
+                attention_scratch_len(&short)
+            );
+            assert!(attention_scratch_len(&long) <= attention_scratch_len(&at_cap));
+            if amx_precision(compute).is_none() {
+                assert_eq!(attention_scratch_len(&short), attention_scratch_len(&long));
+                assert_eq!(
+                    attention_scratch_len(&short),
+                    parallel::num_threads()
+                        * (BLOCK_Q * BLOCK_KV
+                            + BLOCK_Q * 128
+                            + 2 * BLOCK_Q
+                            + gemm_len(128, compute))
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn amx_path_keeps_the_bits_of_the_generic_path_with_and_without_kept_keys() {
+        let mask = Mask::BlockCausal {
+            block_len: 96,
+            q_start: 32,
+        };
+        for compute in [Compute::Bf16, Compute::NearF32] {
+            if amx_precision(compute).is_none() {
+                eprintln!("skipped: the selected CPU path does not run {compute:?} on AMX");
+                return;
+            }
+            for (layouts, mask) in [(SAME, Mask::None), (HEADS_FIRST, mask), (SAME, mask)] {
+                let p = AttentionParams {
+                    compute,
+                    ..params([3, 333, 777, 40], 0.125, mask, layouts)
+                };
+                let mut rng = Rng(7);
+                let q = rng.vec(3 * 333 * 40 + 64);
+                let k = rng.vec(3 * 777 * 40 + 64);
+                let v = rng.vec(3 * 777 * 40 + 64);
+                let run = |cap: Option<usize>| {
+                    let mut out = vec![0.0; out_len(&p)];
+                    let slots = parallel::num_threads();
+                    let mut scratch =
+                        vec![
+                            f32::NAN;
+                            slots * slot_len(&p, cap).max(slot_len(&p, Some(KV_PACKED_MAX)))
+                        ];
+                    attention_with_cap(&p, &q, &k, &v, &mut out, &mut scratch, cap);
+                    out
+                };
+                let generic = run(None);
+                assert_eq!(run(Some(KV_PACKED_MAX)), generic, "{compute:?} kept keys");
+                assert_eq!(run(Some(0)), generic, "{compute:?} keys packed per tile");
+            }
+        }
     }
 
     #[test]
