@@ -204,6 +204,43 @@ impl<'a> AmxTile<'a> {
         );
     }
 
+    /// The online softmax of the score tile into the packed P tile: fused for bf16
+    /// products, else through the shared f32 step and the packer (near-f32 needs the f32
+    /// probabilities' low parts).
+    fn probabilities(
+        &mut self,
+        p: &AttentionParams,
+        prec: Precision,
+        rows: &std::ops::Range<usize>,
+        c0: usize,
+        cols: usize,
+    ) {
+        let n_rows = rows.len();
+        let d = p.head_dim;
+        #[cfg(target_arch = "x86_64")]
+        if prec == Precision::Bf16 {
+            let mut run = super::probs::Running {
+                m: &mut *self.m,
+                l: &mut *self.l,
+                acc: &mut self.acc[..n_rows * d],
+            };
+            super::probs::softmax_into_packed(p, rows, c0, cols, self.s, &mut run, self.p_packed);
+            return;
+        }
+        online_softmax(
+            p,
+            rows,
+            c0,
+            cols,
+            self.s,
+            &mut self.acc[..n_rows * d],
+            self.m,
+            self.l,
+        );
+        let p_tile = Operand::F32(MatRef::row_major(self.s, 0, BLOCK_KV));
+        pack_a(&p_tile, 0, n_rows, cols, prec.parts().0, self.p_packed);
+    }
+
     /// Query rows `rows` of head `h` into `out` (element 0 = element `out_base` of the
     /// whole output); the key tiles are kept packed already when `kept`.
     #[allow(clippy::too_many_arguments)]
@@ -243,7 +280,8 @@ impl<'a> AmxTile<'a> {
                 self.kept
             };
             let (kt, vt) = (self.kt_len, self.vt_len);
-            let (k_packed, v_packed) = self.kv[at * (kt + vt)..(at + 1) * (kt + vt)].split_at(kt);
+            let k_range = at * (kt + vt)..at * (kt + vt) + kt;
+            let v_range = k_range.end..k_range.end + vt;
             let dst = amx::Dst {
                 data: &mut *self.s,
                 offset: 0,
@@ -254,24 +292,13 @@ impl<'a> AmxTile<'a> {
                 cols,
                 d,
                 self.q_packed,
-                k_packed,
+                &self.kv[k_range],
                 dst,
                 false,
                 p.scale,
                 prec,
             );
-            online_softmax(
-                p,
-                &rows,
-                c0,
-                cols,
-                self.s,
-                &mut self.acc[..n_rows * d],
-                self.m,
-                self.l,
-            );
-            let p_tile = Operand::F32(MatRef::row_major(self.s, 0, BLOCK_KV));
-            pack_a(&p_tile, 0, n_rows, cols, prec.parts().0, self.p_packed);
+            self.probabilities(p, prec, &rows, c0, cols);
             let dst = amx::Dst {
                 data: &mut self.acc[..n_rows * d],
                 offset: 0,
@@ -282,7 +309,7 @@ impl<'a> AmxTile<'a> {
                 d,
                 cols,
                 self.p_packed,
-                v_packed,
+                &self.kv[v_range],
                 dst,
                 true,
                 1.0,

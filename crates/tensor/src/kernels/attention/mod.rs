@@ -25,6 +25,8 @@
 //! on every call with the same thread count.
 
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod probs;
 
 use self::amx::{amx_chunk, amx_precision, kept_kv_tiles, kv_tile_lens, qp_lens, Input};
 use crate::kernels::cpu::pack::Operand;
@@ -729,7 +731,7 @@ mod tests {
     }
 
     #[test]
-    fn amx_path_keeps_the_bits_of_the_generic_path_with_and_without_kept_keys() {
+    fn amx_path_matches_the_generic_path_with_and_without_kept_keys() {
         let mask = Mask::BlockCausal {
             block_len: 96,
             q_start: 32,
@@ -760,8 +762,23 @@ mod tests {
                     out
                 };
                 let generic = run(None);
-                assert_eq!(run(Some(KV_PACKED_MAX)), generic, "{compute:?} kept keys");
-                assert_eq!(run(Some(0)), generic, "{compute:?} keys packed per tile");
+                let (kept, per_tile) = (run(Some(KV_PACKED_MAX)), run(Some(0)));
+                assert_eq!(
+                    kept, per_tile,
+                    "{compute:?} kept keys vs keys packed per tile"
+                );
+                if compute == Compute::NearF32 {
+                    assert_eq!(kept, generic, "{compute:?} kept keys");
+                } else {
+                    // bf16 products: the fused softmax's exponential is ~1 ulp like the
+                    // shared one but not bit-equal; after bf16 rounding they stay close.
+                    let scale = generic.iter().fold(0.0f32, |a, b| a.max(b.abs()));
+                    let err = kept
+                        .iter()
+                        .zip(&generic)
+                        .fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+                    assert!(err <= 1e-2 * scale, "{compute:?}: {err} against {scale}");
+                }
             }
         }
     }
