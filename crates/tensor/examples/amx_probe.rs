@@ -146,14 +146,19 @@ fn prepacked(m: usize, k: usize, n: usize, threads: usize, copies: usize) {
     let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1).collect();
     let ao = pack::Operand::F32(MatRef::row_major(&a, 0, k));
     let len = amx::packed_b_len(n, k, amx::Precision::Bf16);
-    let bufs: Vec<Vec<u16>> = (0..copies).map(|c| {
-        let mut v = vec![0u16; len + 32];
-        for (i, x) in v.iter_mut().enumerate() { *x = 0x3f80 + ((i + c) % 5) as u16; }
-        v
-    }).collect();
+    let bufs: Vec<Vec<u16>> = (0..copies)
+        .map(|c| {
+            let mut v = vec![0u16; len + 32];
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = 0x3f80 + ((i + c) % 5) as u16;
+            }
+            v
+        })
+        .collect();
     let al = |v: &Vec<u16>| (64 - v.as_ptr() as usize % 64) % 64 / 2;
     let mut c = vec![0f32; m * n];
-    let mut scratch = vec![0u16; amx::prepacked_b_scratch_len(k, amx::Precision::Bf16, threads) + 64];
+    let mut scratch =
+        vec![0u16; amx::prepacked_b_scratch_len(k, amx::Precision::Bf16, threads) + 64];
     let off = (64 - scratch.as_ptr() as usize % 64) % 64 / 2;
     let scratch = &mut scratch[off..];
     let flops = 2.0 * (m * n * k) as f64;
@@ -162,9 +167,31 @@ fn prepacked(m: usize, k: usize, n: usize, threads: usize, copies: usize) {
     for _ in 0..rounds {
         for b in &bufs {
             let bp = &b[al(b)..];
-            headroom_tensor::parallel::run(|| amx::gemm_prepacked_b(m, n, k, &ao, bp, amx::Dst { data: &mut c, offset: 0, ldc: n }, false, 1.0, amx::Precision::Bf16, threads, &mut *scratch));
+            headroom_tensor::parallel::run(|| {
+                amx::gemm_prepacked_b(
+                    m,
+                    n,
+                    k,
+                    &ao,
+                    bp,
+                    amx::Dst {
+                        data: &mut c,
+                        offset: 0,
+                        ldc: n,
+                    },
+                    false,
+                    1.0,
+                    amx::Precision::Bf16,
+                    threads,
+                    &mut *scratch,
+                )
+            });
         }
     }
     let s = t.elapsed().as_secs_f64() / (rounds * copies) as f64;
-    println!("prepacked {m}x{k}x{n} {threads} threads, {copies} weight copies: {:.2} ms, {:.0} GFLOP/s", s * 1e3, flops / s / 1e9);
+    println!(
+        "prepacked {m}x{k}x{n} {threads} threads, {copies} weight copies: {:.2} ms, {:.0} GFLOP/s",
+        s * 1e3,
+        flops / s / 1e9
+    );
 }

@@ -226,6 +226,7 @@ fn near_f32_amx_gemm_is_within_f32_rounding_of_the_exact_product() {
 
 #[test]
 fn a_packed_linear_weight_gives_the_bits_of_the_plain_one() {
+    use headroom_tensor::kernels::activation::Activation;
     use headroom_tensor::{DType, Device, Tensor};
     let device = Device::cpu().expect("cpu device");
     // Odd shapes: an N tail (out 70), a K tail (in 100), more K than one A block (2,100).
@@ -240,6 +241,18 @@ fn a_packed_linear_weight_gives_the_bits_of_the_plain_one() {
         for dtype in [DType::F32, DType::BF16] {
             let x = Tensor::from_f32(&values(rows * inp, 9), &[rows, inp], dtype, &device)
                 .expect("input");
+            let fused = x
+                .linear_packed_then(&packed, Some(&bias), Some(Activation::GeluTanh))
+                .expect("fused");
+            let apart = x
+                .linear(&w, Some(&bias))
+                .and_then(|y| y.gelu_tanh())
+                .expect("apart");
+            assert_eq!(
+                fused.to_vec::<f32>().expect("values"),
+                apart.to_vec::<f32>().expect("values"),
+                "{rows}x{inp}x{out} {dtype:?}: fused bias + GELU"
+            );
             for b in [None, Some(&bias)] {
                 let plain = x
                     .linear(&w, b)

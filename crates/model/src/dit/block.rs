@@ -317,7 +317,7 @@ impl Block {
                 .attend(&a, None, text, Mask::None, shard, false)?,
         )?;
         let a = modulate(&h, &m[3], &m[4], self.eps)?;
-        let hidden = self.ffn_in.forward(&a)?.gelu_tanh()?;
+        let hidden = self.ffn_in.forward_gelu_tanh(&a)?;
         let f = shard::col_split_forward(shard, &self.ffn_out, &hidden)?;
         Ok((h.add_mul(&f, &m[5])?, own))
     }

@@ -1,6 +1,7 @@
 //! The condition embedder (WAN.md §3.5): sinusoidal timestep → `temb` and the 6-way
 //! modulation `tproj`; text → context tokens.
 
+use headroom_tensor::kernels::activation::Activation;
 use headroom_tensor::ops::packed::PackedLinear;
 use headroom_tensor::{DType, Device, Tensor};
 
@@ -138,6 +139,17 @@ impl Linear {
     /// `x · Wᵀ` without the bias (a column shard, before its all-reduce).
     pub fn forward_no_bias(&self, x: &Tensor) -> Result<Tensor> {
         self.product(x, None)
+    }
+
+    /// `gelu_tanh(x · Wᵀ + b)`, fused into the product where the weight is packed (the
+    /// same bits either way).
+    pub fn forward_gelu_tanh(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(match &self.weight {
+            LinearWeight::Plain(w) => x.linear(w, Some(&self.bias))?.gelu_tanh()?,
+            LinearWeight::Packed(w) => {
+                x.linear_packed_then(w, Some(&self.bias), Some(Activation::GeluTanh))?
+            }
+        })
     }
 
     fn product(&self, x: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {

@@ -62,6 +62,61 @@ pub fn map(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
     map_impl(dst, src, f);
 }
 
+/// An activation a producer can apply to its output as it writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// [`gelu_tanh`].
+    GeluTanh,
+    /// [`silu`].
+    Silu,
+}
+
+impl Activation {
+    /// Applies the activation to every element of `buf` (the bits of [`map`] with it).
+    pub fn apply_in_place(self, buf: &mut [f32]) {
+        match self {
+            Activation::GeluTanh => map_in_place(buf, gelu_tanh),
+            Activation::Silu => map_in_place(buf, silu),
+        }
+    }
+}
+
+#[inline(always)]
+fn map_in_place_impl(buf: &mut [f32], f: impl Fn(f32) -> f32) {
+    for x in buf.iter_mut() {
+        *x = f(*x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn map_in_place_avx512(buf: &mut [f32], f: impl Fn(f32) -> f32) {
+    map_in_place_impl(buf, f);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn map_in_place_avx2(buf: &mut [f32], f: impl Fn(f32) -> f32) {
+    map_in_place_impl(buf, f);
+}
+
+/// `buf[i] = f(buf[i])` at the widest SIMD the CPU has (the bits of [`map`]).
+#[inline]
+pub fn map_in_place(buf: &mut [f32], f: impl Fn(f32) -> f32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F, checked at run time just above.
+            return unsafe { map_in_place_avx512(buf, f) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked at run time just above.
+            return unsafe { map_in_place_avx2(buf, f) };
+        }
+    }
+    map_in_place_impl(buf, f);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::kernels::activation::Activation;
 use crate::kernels::cpu::amx::{self, Precision};
 use crate::kernels::cpu::pack::{Operand, PANEL};
 use crate::kernels::cpu::{self, CpuPath};
@@ -147,6 +148,18 @@ impl Tensor {
     /// `x @ weightᵀ + bias` over the last axis with a weight from
     /// [`Tensor::pack_linear`]: the bits of [`Tensor::linear`] with the plain weight.
     pub fn linear_packed(&self, weight: &PackedLinear, bias: Option<&Tensor>) -> Result<Tensor> {
+        self.linear_packed_then(weight, bias, None)
+    }
+
+    /// [`Tensor::linear_packed`] followed by `activation` on every element, applied to
+    /// each block of the output while it is in cache (no pass over the whole output):
+    /// the bits of the two ops one after the other.
+    pub fn linear_packed_then(
+        &self,
+        weight: &PackedLinear,
+        bias: Option<&Tensor>,
+        activation: Option<Activation>,
+    ) -> Result<Tensor> {
         let op = "linear";
         self.same_device(op, &weight.packed)?;
         let (out_features, in_features) = (weight.out_features, weight.in_features);
@@ -196,6 +209,15 @@ impl Tensor {
             std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u16>(), scratch.len() * 2)
         };
         let bias = b.as_ref().and_then(|b| b.as_slice::<f32>());
+        let epilogue = move |_row: usize, col: usize, seg: &mut [f32]| {
+            if let Some(bias) = bias {
+                seg.iter_mut().zip(&bias[col..]).for_each(|(o, &b)| *o += b);
+            }
+            if let Some(a) = activation {
+                a.apply_in_place(seg);
+            }
+        };
+        let fused = bias.is_some() || activation.is_some();
         crate::parallel::run(|| {
             let d = amx::Dst {
                 data: dst,
@@ -214,8 +236,8 @@ impl Tensor {
                 Precision::Bf16,
                 threads,
                 scratch,
+                fused.then_some(&epilogue as &amx::Epilogue<'_>),
             );
-            add_bias(dst, out_features, bias);
         });
         Ok(out)
     }

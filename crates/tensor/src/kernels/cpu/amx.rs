@@ -188,6 +188,7 @@ pub fn gemm(
         precision,
         threads,
         scratch,
+        None,
     );
 }
 
@@ -200,7 +201,7 @@ pub fn prepacked_b_scratch_len(k: usize, precision: Precision, threads: usize) -
 /// [`gemm`] with B packed beforehand: `b_packed` holds every panel of B ([`pack_b`] of
 /// panels `0..`, [`packed_b_len`] values), so a weight is packed once, not per call. The
 /// same loops as [`gemm`], so the same bits; the scratch is
-/// [`prepacked_b_scratch_len`].
+/// [`prepacked_b_scratch_len`]. `epilogue` runs on every finished row segment.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_prepacked_b(
     m: usize,
@@ -214,6 +215,7 @@ pub fn gemm_prepacked_b(
     precision: Precision,
     threads: usize,
     scratch: &mut [u16],
+    epilogue: Option<&Epilogue<'_>>,
 ) {
     assert!(
         b_packed.len() >= packed_b_len(n, k, precision),
@@ -231,6 +233,7 @@ pub fn gemm_prepacked_b(
         precision,
         threads,
         scratch,
+        epilogue,
     );
 }
 
@@ -255,6 +258,7 @@ fn gemm_from(
     precision: Precision,
     threads: usize,
     scratch: &mut [u16],
+    epilogue: Option<&Epilogue<'_>>,
 ) {
     if entry_is_trivial(m, n, k, &mut dst, accumulate, alpha) {
         return;
@@ -290,6 +294,7 @@ fn gemm_from(
         panel_len,
         ldc,
         alpha,
+        epilogue,
     };
     // Thread `t`'s share of the rows against the packed B panels `panels`.
     let job = |t: usize, a_buf: &mut [u16], packed_b: &[u16], panels: std::ops::Range<usize>| {
@@ -381,13 +386,15 @@ pub fn pack_b_panels(
 }
 
 /// What [`multiply`] needs to know of the whole GEMM.
-struct Shape {
+struct Shape<'e> {
     m: usize,
     n: usize,
     /// `u16` values of one packed B panel.
     panel_len: usize,
     ldc: usize,
     alpha: f32,
+    /// Runs on every finished row segment.
+    epilogue: Option<&'e Epilogue<'e>>,
 }
 
 /// The K range one [`multiply`] call sums, in packed k-steps (k-steps × parts).
@@ -412,7 +419,7 @@ struct Span {
 /// inside it and no other thread accesses them.
 #[allow(clippy::too_many_arguments)]
 unsafe fn multiply(
-    g: &Shape,
+    g: &Shape<'_>,
     span: &Span,
     a_packed: &[u16],
     r0: usize,
@@ -433,11 +440,12 @@ unsafe fn multiply(
                 let (row, col) = (r0 + ib * PANEL, jb * PANEL);
                 let (h, w) = (PANEL.min(g.m - row), PANEL.min(g.n - col));
                 let scale = (last && g.alpha != 1.0).then_some(g.alpha);
+                let epilogue = if last { g.epilogue } else { None };
                 // SAFETY: `ap`/`bp` hold `steps` packed k-steps; the h × w block at
                 // (row, col) is inside the output and this thread's (caller).
                 unsafe {
                     block(
-                        ap, bp, out, out_len, g.ldc, row, col, h, w, steps, load, scale,
+                        ap, bp, out, out_len, g.ldc, row, col, h, w, steps, load, scale, epilogue,
                     )
                 };
             }
@@ -489,6 +497,7 @@ pub fn gemm_packed(
         panel_len: packed_len(PANEL, k, pb.len()),
         ldc: dst.ldc,
         alpha,
+        epilogue: None,
     };
     let span = Span {
         b_step0: 0,
@@ -537,6 +546,7 @@ unsafe fn block(
     steps: usize,
     load: bool,
     scale: Option<f32>,
+    epilogue: Option<&Epilogue<'_>>,
 ) {
     debug_assert!(a.len() >= steps * KSTEP_LEN && b.len() >= steps * KSTEP_LEN);
     debug_assert!((row + h - 1) * ldc + col + w <= out_len);
@@ -545,11 +555,10 @@ unsafe fn block(
         unsafe {
             let c = out.add(row * ldc + col);
             tile_kernel(a.as_ptr(), b.as_ptr(), c, ldc * 4, steps, load);
-            if let Some(s) = scale {
+            if scale.is_some() || epilogue.is_some() {
                 for r in 0..PANEL {
-                    std::slice::from_raw_parts_mut(c.add(r * ldc), PANEL)
-                        .iter_mut()
-                        .for_each(|x| *x *= s);
+                    let d = std::slice::from_raw_parts_mut(c.add(r * ldc), PANEL);
+                    finish(d, row + r, col, scale, epilogue);
                 }
             }
         }
@@ -577,10 +586,30 @@ unsafe fn block(
         for r in 0..h {
             let d = std::slice::from_raw_parts_mut(out.add((row + r) * ldc + col), w);
             d.copy_from_slice(&tmp[r * PANEL..r * PANEL + w]);
-            if let Some(s) = scale {
-                d.iter_mut().for_each(|x| *x *= s);
-            }
+            finish(d, row + r, col, scale, epilogue);
         }
+    }
+}
+
+/// What runs on each finished row segment of C, in L1 right after its block is done:
+/// `(row, first column, values)`. Fusing a bias and an activation here saves the passes
+/// over the whole output that would apply them afterwards.
+pub type Epilogue<'a> = dyn Fn(usize, usize, &mut [f32]) + Sync + 'a;
+
+/// A finished row segment: scaled, then the epilogue.
+#[inline]
+fn finish(
+    d: &mut [f32],
+    row: usize,
+    col: usize,
+    scale: Option<f32>,
+    epilogue: Option<&Epilogue<'_>>,
+) {
+    if let Some(s) = scale {
+        d.iter_mut().for_each(|x| *x *= s);
+    }
+    if let Some(e) = epilogue {
+        e(row, col, d);
     }
 }
 
