@@ -181,6 +181,35 @@ fn matmul_row(device: &Device, m: usize, k: usize, n: usize, reps: usize) -> Res
     ))
 }
 
+/// `x · Wᵀ` with `W` packed once as a model holds it ([`Tensor::pack_linear`]); none
+/// where the path and dtype do not pack weights (only bf16 on AMX does).
+fn linear_row(
+    device: &Device,
+    m: usize,
+    k: usize,
+    n: usize,
+    reps: usize,
+) -> Result<Option<KernelRow>> {
+    let x = random(&[m, k], 1, device)?.to_dtype(DType::F32)?;
+    let w = random(&[n, k], 2, device)?;
+    let Some(packed) = w.pack_linear()? else {
+        return Ok(None);
+    };
+    let mut reference = BareGemm::new(m, k, n);
+    let (secs, ref_secs, scratch) =
+        compare(device, reps, (m * n * 4) as u64, &mut reference, || {
+            Ok(x.linear_packed(&packed, None)?)
+        })?;
+    Ok(Some(row(
+        format!("linear {m}x{k}x{n} (packed weight)"),
+        2.0 * (m * n * k) as f64,
+        secs,
+        &reference,
+        ref_secs,
+        scratch,
+    )))
+}
+
 fn attention_row(
     device: &Device,
     q_len: usize,
@@ -241,9 +270,14 @@ fn conv3d_row(
 fn kernel_rows(device: &Device, config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     let s = config.shrink.max(1);
     let tokens = 4680 / s;
-    Ok(vec![
+    let mut rows = vec![
         matmul_row(device, tokens, 1536, 1536 / s, config.reps)?,
         matmul_row(device, tokens, 1536, 8960 / s, config.reps)?,
+    ];
+    for n in [1536 / s, 8960 / s] {
+        rows.extend(linear_row(device, tokens, 1536, n, config.reps)?);
+    }
+    rows.extend([
         attention_row(device, tokens, 2 * tokens, 12, 128, config.reps)?,
         conv3d_row(
             device,
@@ -253,7 +287,8 @@ fn kernel_rows(device: &Device, config: &KernelBenchConfig) -> Result<Vec<Kernel
             (104 / s).max(3),
             config.reps,
         )?,
-    ])
+    ]);
+    Ok(rows)
 }
 
 /// Runs every kernel benchmark on every path this CPU runs (AMX, AVX-512, else the best

@@ -1,197 +1,104 @@
-//! Times the AMX GEMM and its packing steps at one shape (a development probe).
+//! Times the AMX bf16 GEMM at one shape, and its packing steps apart (a development
+//! probe; `headroom bench kernels` is the measurement of record):
+//!
+//! `amx_probe M K N THREADS` with f32 activations; `A_BF16=1` for bf16 activations;
+//! `PREPACKED=1` for a weight packed once (`gemm_prepacked_b`, as a model's linears run).
 use half::bf16;
 use headroom_tensor::kernels::cpu::{amx, pack};
 use headroom_tensor::kernels::gemm::MatRef;
 use std::time::Instant;
 
+/// A 64-byte aligned window of `len` values of `v` (tile loads need the alignment).
+fn aligned(v: &mut Vec<u16>, len: usize) -> &mut [u16] {
+    v.resize(len + 32, 0);
+    let off = (64 - v.as_ptr() as usize % 64) % 64 / 2;
+    &mut v[off..off + len]
+}
+
+/// Best wall time of `reps` runs of `f`, in seconds.
+fn best(reps: usize, mut f: impl FnMut()) -> f64 {
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
+
 fn main() {
     let args: Vec<usize> = std::env::args()
         .skip(1)
-        .map(|s| s.parse().unwrap())
+        .filter_map(|s| s.parse().ok())
         .collect();
-    let (m, k, n, threads) = (args[0], args[1], args[2], args[3]);
-    if let Some(copies) = std::env::var("PREPACKED").ok().and_then(|v| v.parse().ok()) {
-        prepacked(m, k, n, threads, copies);
-        return;
-    }
-    let a: Vec<bf16> = (0..m * k)
+    let [m, k, n, threads] = args[..] else {
+        eprintln!("usage: amx_probe M K N THREADS");
+        std::process::exit(2);
+    };
+    let prec = amx::Precision::Bf16;
+    let a16: Vec<bf16> = (0..m * k)
         .map(|i| bf16::from_f32((i % 13) as f32 * 0.1))
         .collect();
-    let b: Vec<bf16> = (0..k * n)
-        .map(|i| bf16::from_f32((i % 7) as f32 * 0.1))
-        .collect();
-    let mut c = vec![0f32; m * n];
-    let mut scratch = vec![0u16; amx::scratch_len(n, k, amx::Precision::Bf16, threads) + 64];
-    let off = (64 - scratch.as_ptr() as usize % 64) % 64 / 2;
-    let scratch = &mut scratch[off..];
-    let af: Vec<f32> = a.iter().map(|x| x.to_f32()).collect();
-    let ao = if std::env::var_os("A_F32").is_some() {
-        pack::Operand::F32(MatRef::row_major(&af, 0, k))
+    let a32: Vec<f32> = a16.iter().map(|x| x.to_f32()).collect();
+    let a = if std::env::var_os("A_BF16").is_some_and(|v| !v.is_empty()) {
+        pack::Operand::Bf16(MatRef::row_major(&a16, 0, k))
     } else {
-        pack::Operand::Bf16(MatRef::row_major(&a, 0, k))
+        pack::Operand::F32(MatRef::row_major(&a32, 0, k))
     };
     // B = Wᵀ of a row-major [n, k] weight (k-contiguous), as a linear layer's.
-    let bo = pack::Operand::Bf16(MatRef {
-        data: &b,
-        offset: 0,
-        row_stride: 1,
-        col_stride: k as isize,
-    });
-    let flops = 2.0 * (m * n * k) as f64;
-    let run = || {
-        let mut best = f64::MAX;
-        for _ in 0..5 {
-            let t = Instant::now();
-            headroom_tensor::parallel::run(|| {
-                amx::gemm(
-                    m,
-                    n,
-                    k,
-                    &ao,
-                    &bo,
-                    amx::Dst {
-                        data: &mut c,
-                        offset: 0,
-                        ldc: n,
-                    },
-                    false,
-                    1.0,
-                    amx::Precision::Bf16,
-                    threads,
-                    scratch,
-                )
-            });
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        best
-    };
-    let _ = run;
-    let mut best = f64::MAX;
-    for _ in 0..30 {
-        let t = Instant::now();
-        headroom_tensor::parallel::run(|| {
-            amx::gemm(
-                m,
-                n,
-                k,
-                &ao,
-                &bo,
-                amx::Dst {
-                    data: &mut c,
-                    offset: 0,
-                    ldc: n,
-                },
-                false,
-                1.0,
-                amx::Precision::Bf16,
-                threads,
-                &mut *scratch,
-            )
-        });
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    println!(
-        "gemm {m}x{k}x{n} {threads} threads: {:.2} ms, {:.0} GFLOP/s",
-        best * 1e3,
-        flops / best / 1e9
-    );
-    let mut pb = vec![0u16; pack::packed_len(n, k, 1)];
-    pack::pack_b(&bo, k, n, 0..n.div_ceil(32), &[pack::Part::Hi], &mut pb);
-    let t = Instant::now();
-    pack::pack_b(&bo, k, n, 0..n.div_ceil(32), &[pack::Part::Hi], &mut pb);
-    println!(
-        "pack_b (1 thread): {:.2} ms",
-        t.elapsed().as_secs_f64() * 1e3
-    );
-    let mut pa_raw = vec![0u16; pack::packed_len(m, k, 1) + 32];
-    let o = (64 - pa_raw.as_ptr() as usize % 64) % 64 / 2;
-    let pa = &mut pa_raw[o..];
-    pack::pack_a(&ao, 0, m, k, &[pack::Part::Hi], pa);
-    let t = Instant::now();
-    pack::pack_a(&ao, 0, m, k, &[pack::Part::Hi], pa);
-    println!(
-        "pack_a (1 thread): {:.2} ms",
-        t.elapsed().as_secs_f64() * 1e3
-    );
-    let t = Instant::now();
-    amx::gemm_packed(
-        m,
-        n,
-        k,
-        &*pa,
-        &pb,
-        amx::Dst {
-            data: &mut c,
-            offset: 0,
-            ldc: n,
-        },
-        false,
-        1.0,
-        amx::Precision::Bf16,
-    );
-    let s = t.elapsed().as_secs_f64();
-    println!(
-        "gemm_packed (1 thread, no packing; pa aligned {}): {:.2} ms, {:.0} GFLOP/s",
-        pa.as_ptr() as usize % 64,
-        s * 1e3,
-        flops / s / 1e9
-    );
-    println!("{}", c[3]);
-}
-
-/// Prepacked B, cycling through `copies` weight buffers so each call meets a cold one
-/// (as a model's layers do): `PREPACKED=copies amx_probe M K N THREADS`.
-#[allow(dead_code)]
-fn prepacked(m: usize, k: usize, n: usize, threads: usize, copies: usize) {
-    let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1).collect();
-    let ao = pack::Operand::F32(MatRef::row_major(&a, 0, k));
-    let len = amx::packed_b_len(n, k, amx::Precision::Bf16);
-    let bufs: Vec<Vec<u16>> = (0..copies)
-        .map(|c| {
-            let mut v = vec![0u16; len + 32];
-            for (i, x) in v.iter_mut().enumerate() {
-                *x = 0x3f80 + ((i + c) % 5) as u16;
-            }
-            v
-        })
+    let w: Vec<bf16> = (0..k * n)
+        .map(|i| bf16::from_f32((i % 7) as f32 * 0.1))
         .collect();
-    let al = |v: &Vec<u16>| (64 - v.as_ptr() as usize % 64) % 64 / 2;
+    let b = pack::Operand::Bf16(MatRef::row_major(&w, 0, k).t());
     let mut c = vec![0f32; m * n];
-    let mut scratch =
-        vec![0u16; amx::prepacked_b_scratch_len(k, amx::Precision::Bf16, threads) + 64];
-    let off = (64 - scratch.as_ptr() as usize % 64) % 64 / 2;
-    let scratch = &mut scratch[off..];
     let flops = 2.0 * (m * n * k) as f64;
-    let t = Instant::now();
-    let rounds = 3;
-    for _ in 0..rounds {
-        for b in &bufs {
-            let bp = &b[al(b)..];
+    let (mut s_buf, mut b_buf) = (Vec::new(), Vec::new());
+    let secs = if std::env::var_os("PREPACKED").is_some_and(|v| !v.is_empty()) {
+        let packed = aligned(&mut b_buf, amx::packed_b_len(n, k, prec));
+        pack::pack_b(&b, k, n, 0..n.div_ceil(pack::PANEL), prec.parts().1, packed);
+        let packed = &*packed;
+        let scratch = aligned(&mut s_buf, amx::prepacked_b_scratch_len(k, prec, threads));
+        best(20, || {
+            let dst = amx::Dst {
+                data: &mut c,
+                offset: 0,
+                ldc: n,
+            };
             headroom_tensor::parallel::run(|| {
                 amx::gemm_prepacked_b(
-                    m,
-                    n,
-                    k,
-                    &ao,
-                    bp,
-                    amx::Dst {
-                        data: &mut c,
-                        offset: 0,
-                        ldc: n,
-                    },
-                    false,
-                    1.0,
-                    amx::Precision::Bf16,
-                    threads,
-                    &mut *scratch,
+                    m, n, k, &a, packed, dst, false, 1.0, prec, threads, scratch, None,
                 )
-            });
-        }
-    }
-    let s = t.elapsed().as_secs_f64() / (rounds * copies) as f64;
+            })
+        })
+    } else {
+        let scratch = aligned(&mut s_buf, amx::scratch_len(n, k, prec, threads));
+        best(20, || {
+            let dst = amx::Dst {
+                data: &mut c,
+                offset: 0,
+                ldc: n,
+            };
+            headroom_tensor::parallel::run(|| {
+                amx::gemm(m, n, k, &a, &b, dst, false, 1.0, prec, threads, scratch)
+            })
+        })
+    };
     println!(
-        "prepacked {m}x{k}x{n} {threads} threads, {copies} weight copies: {:.2} ms, {:.0} GFLOP/s",
-        s * 1e3,
-        flops / s / 1e9
+        "gemm {m}x{k}x{n}, {threads} threads: {:.2} ms, {:.0} GFLOP/s",
+        secs * 1e3,
+        flops / secs / 1e9
+    );
+    let mut pa = Vec::new();
+    let pa = aligned(&mut pa, pack::packed_len(m, k, 1));
+    let t = best(5, || pack::pack_a(&a, 0, m, k, prec.parts().0, pa));
+    let mut pb = Vec::new();
+    let pb = aligned(&mut pb, pack::packed_len(n, k, 1));
+    let u = best(5, || {
+        pack::pack_b(&b, k, n, 0..n.div_ceil(pack::PANEL), prec.parts().1, pb)
+    });
+    println!(
+        "packing on one thread: A {:.2} ms, B {:.2} ms",
+        t * 1e3,
+        u * 1e3
     );
 }
