@@ -174,12 +174,7 @@ impl<'a> AmxTile<'a> {
         let d = p.head_dim;
         let (kt, vt) = (self.kt_len, self.vt_len);
         let (k_dst, v_dst) = self.kv[at * (kt + vt)..(at + 1) * (kt + vt)].split_at_mut(kt);
-        let k_t = Operand::F32(MatRef {
-            data: x.k,
-            offset: h * p.k_head_stride + c0 * p.k_token_stride,
-            row_stride: 1,
-            col_stride: p.k_token_stride as isize,
-        });
+        let k_t = Operand::F32(p.k_t(x.k, h, c0));
         pack_b(
             &k_t,
             d,
@@ -188,12 +183,7 @@ impl<'a> AmxTile<'a> {
             prec.parts().1,
             k_dst,
         );
-        let v_tile = Operand::F32(MatRef {
-            data: x.v,
-            offset: h * p.v_head_stride + c0 * p.v_token_stride,
-            row_stride: p.v_token_stride as isize,
-            col_stride: 1,
-        });
+        let v_tile = Operand::F32(p.v_rows(x.v, h, c0));
         pack_b(
             &v_tile,
             cols,
@@ -260,12 +250,7 @@ impl<'a> AmxTile<'a> {
         self.acc[..n_rows * d].fill(0.0);
         self.m.fill(f32::NEG_INFINITY);
         self.l.fill(0.0);
-        let q_tile = Operand::F32(MatRef {
-            data: x.q,
-            offset: h * p.q_head_stride + rows.start * p.q_token_stride,
-            row_stride: p.q_token_stride as isize,
-            col_stride: 1,
-        });
+        let q_tile = Operand::F32(p.q_rows(x.q, h, rows.start));
         pack_a(&q_tile, 0, n_rows, d, prec.parts().0, self.q_packed);
         let kv_end = p.visible_keys(rows.end - 1);
         for c0 in (0..kv_end).step_by(BLOCK_KV) {

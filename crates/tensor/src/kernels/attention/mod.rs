@@ -91,6 +91,36 @@ pub struct AttentionParams {
 }
 
 impl AttentionParams {
+    /// The query rows from `row` on of head `h`: `[rows, head_dim]`.
+    fn q_rows<'a>(&self, q: &'a [f32], h: usize, row: usize) -> MatRef<'a, f32> {
+        MatRef {
+            data: q,
+            offset: h * self.q_head_stride + row * self.q_token_stride,
+            row_stride: self.q_token_stride as isize,
+            col_stride: 1,
+        }
+    }
+
+    /// Kᵀ of head `h` from key `c0` on: element (dim, key).
+    fn k_t<'a>(&self, k: &'a [f32], h: usize, c0: usize) -> MatRef<'a, f32> {
+        MatRef {
+            data: k,
+            offset: h * self.k_head_stride + c0 * self.k_token_stride,
+            row_stride: 1,
+            col_stride: self.k_token_stride as isize,
+        }
+    }
+
+    /// V of head `h` from key `c0` on: `[keys, head_dim]`.
+    fn v_rows<'a>(&self, v: &'a [f32], h: usize, c0: usize) -> MatRef<'a, f32> {
+        MatRef {
+            data: v,
+            offset: h * self.v_head_stride + c0 * self.v_token_stride,
+            row_stride: self.v_token_stride as isize,
+            col_stride: 1,
+        }
+    }
+
     /// Number of keys (a prefix `0..n`) that query row `row` sees.
     fn visible_keys(&self, row: usize) -> usize {
         match self.mask {
@@ -352,24 +382,13 @@ fn tile(
     m.fill(f32::NEG_INFINITY);
     l.fill(0.0);
 
-    let q_tile = MatRef {
-        data: q,
-        offset: h * p.q_head_stride + rows.start * p.q_token_stride,
-        row_stride: p.q_token_stride as isize,
-        col_stride: 1,
-    };
+    let q_tile = p.q_rows(q, h, rows.start);
     // Visibility is a prefix per row and grows with the row, so the last row bounds the
     // key tiles this query tile needs; later tiles are skipped entirely.
     let kv_end = p.visible_keys(rows.end - 1);
     for c0 in (0..kv_end).step_by(BLOCK_KV) {
         let cols = BLOCK_KV.min(kv_end - c0);
-        // K tile transposed: element (dim, key) of Kᵀ.
-        let k_t = MatRef {
-            data: k,
-            offset: h * p.k_head_stride + c0 * p.k_token_stride,
-            row_stride: 1,
-            col_stride: p.k_token_stride as isize,
-        };
+        let k_t = p.k_t(k, h, c0);
         gemm(
             n_rows,
             cols,
@@ -389,12 +408,7 @@ fn tile(
         online_softmax(p, &rows, c0, cols, s, acc, m, l);
 
         let p_tile = MatRef::row_major(s, 0, BLOCK_KV);
-        let v_tile = MatRef {
-            data: v,
-            offset: h * p.v_head_stride + c0 * p.v_token_stride,
-            row_stride: p.v_token_stride as isize,
-            col_stride: 1,
-        };
+        let v_tile = p.v_rows(v, h, c0);
         gemm(
             n_rows,
             d,
