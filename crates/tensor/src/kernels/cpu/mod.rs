@@ -3,11 +3,13 @@
 //! One path is picked once per process: the best the CPU offers (CPUID and XCR0, read
 //! directly because `is_x86_feature_detected!("amx-bf16")` is not stable), or the one
 //! `HEADROOM_CPU_PATH` names. Every GEMM in the runtime goes through [`crate::kernels::gemm`],
-//! which routes to the file of the chosen path:
+//! which routes to the file of the chosen path, except where operands stay packed for the
+//! AMX tiles across products (weights packed at load in `ops::packed`, attention's tiles in
+//! `kernels::attention`): those call [`amx`] directly, with the same loops.
 //!
 //! | path | bf16 GEMM | f32 GEMM |
 //! |---|---|---|
-//! | `amx` | AMX tiles (`tdpbf16ps`) | AMX, each operand split into a bf16 high and low part (three products) |
+//! | `amx` | AMX tiles (`tdpbf16ps`) | the `gemm` crate; near-f32 (`HEADROOM_F32_GEMM=amx`): AMX, each operand split into a bf16 high and low part (three products) |
 //! | `avx512bf16`, `avx512`, `avx2` | bf16-rounded operands through the `gemm` crate | the `gemm` crate (it picks AVX-512 or AVX2 itself) |
 //! | `scalar` | plain loops | plain loops |
 //!
