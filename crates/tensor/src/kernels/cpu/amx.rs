@@ -304,10 +304,15 @@ fn gemm_from(
         if rows.is_empty() {
             return;
         }
+        // Blocks of equal size (whole panels, at most MC rows): 585 rows become three of
+        // 224, 224 and 137 rather than 256, 256 and 73, so no block meets B for a few rows.
+        let panels_here = rows.len().div_ceil(PANEL);
+        let blocks = panels_here.div_ceil(mc_rows / PANEL);
+        let block_rows = panels_here.div_ceil(blocks) * PANEL;
         // SAFETY: AMX was enabled above; the tile configuration is this thread's own.
         let _tiles = unsafe { Tiles::configure() };
-        for r0 in rows.clone().step_by(mc_rows) {
-            let mc = mc_rows.min(rows.end - r0);
+        for r0 in rows.clone().step_by(block_rows) {
+            let mc = block_rows.min(rows.end - r0);
             for k0 in (0..k).step_by(kb) {
                 let kn = kb.min(k - k0);
                 pack_a(&a.cols_from(k0), r0, mc, kn, pa, a_buf);
