@@ -39,6 +39,9 @@ def main():
         dit_rows.append(f"| {a}–{b - 1} | {mean_of(dit, 'loss', a, b):.4f} | "
                         + " | ".join(f"{p:.4f}" for p in per) + " |")
     minutes = dit[-1].get("seconds", 0) / 60
+    # The first two runs (2133 steps, 48 minutes) ran alone; later ones shared the machine.
+    first_steps = min(2133, n)
+    first_minutes = dit[first_steps - 1].get("seconds", 0) / 60
     cases = "\n".join(
         f"| {c['seed']} | `{c['actions']}` | {c['psnr_db']:.2f} | {c['baseline_db']:.2f} | "
         f"{c['psnr_db'] - c['baseline_db']:+.2f} |" for c in ev["per_case"])
@@ -89,7 +92,10 @@ with the mirrors).
    window-trained VAE drifted from 21 to 15 dB; the long fine-tune fixes its caches).
    Reconstruction PSNR on whole training clips after training:
    {tr['vae_psnr_full_clips']:.2f} dB.
-2. DiT: {tr["dit_steps"]} steps of batch {tr["dit_batch"]} in {minutes:.0f} minutes (30, then 18 more resumed)
+2. DiT: {tr["dit_steps"]} steps of batch {tr["dit_batch"]} in three runs: {first_steps} steps in {first_minutes:.0f} minutes
+   (30, then 18 more resumed) on the otherwise idle machine, then {tr["dit_steps"] - first_steps}
+   more resumed over {minutes - first_minutes:.0f} minutes of wall clock at low priority beside other work
+   (paused while benchmarks ran)
    (AdamW, lr 4e-4, warm-up then a cosine that follows the clock). One forward trains
    all three blocks of a clip: the sequence is [clean latent frames at t = 0 | noisy
    frames at t_b], the noisy copy of block b sees the clean blocks < b and itself
@@ -135,7 +141,7 @@ Yaw l vs j: opposite {yl['opposite']}, as the truth {yl['matches_truth']}, frame
 ## Limits
 
 - 128×96, 33 frames (three blocks); longer videos run but were never trained.
-- Trained for well under an hour of 2 CPU cores: frames are blurred where the view
+- Trained for about 2.5 hours of 2 CPU cores in all (VAE and DiT): frames are blurred where the view
   uncovers what the first frame did not show, and textures soften over the blocks.
 - Only this procedural world; no text conditioning.
 """
