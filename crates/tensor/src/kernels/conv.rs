@@ -28,7 +28,7 @@
 use rayon::prelude::*;
 
 use super::cpu::amx::{self, Precision};
-use super::cpu::pack::{pack_a, pack_b_kstep, Operand, PANEL, TILE_K};
+use super::cpu::pack::{as_u16, pack_a, pack_b_kstep, Operand, PANEL, TILE_K};
 use super::cpu::{self, CpuPath};
 use super::gemm::{gemm, gemm_scratch_len, Compute, MatRef, Threads};
 use crate::parallel;
@@ -244,13 +244,6 @@ fn amx_lead(cout: usize, tile: usize) -> usize {
 /// `u16` scratch seen as f32 elements (rounded up).
 fn u16_in_f32(len: usize) -> usize {
     len.div_ceil(2)
-}
-
-/// An f32 scratch slice reused as twice as many `u16` values.
-fn as_u16(buf: &mut [f32]) -> &mut [u16] {
-    // SAFETY: u16 is smaller and no more aligned than f32, and every bit pattern is a
-    // valid u16; the new slice covers exactly the same bytes and borrows `buf`.
-    unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u16>(), buf.len() * 2) }
 }
 
 impl Plan {

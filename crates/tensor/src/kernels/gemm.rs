@@ -324,11 +324,7 @@ pub fn gemm_on(
             offset: dst_offset,
             ldc,
         };
-        // SAFETY: u16 is smaller and no more aligned than f32, and every bit pattern is
-        // a valid u16: the f32 scratch is reused as twice as many u16 values.
-        let scratch = unsafe {
-            std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u16>(), scratch.len() * 2)
-        };
+        let scratch = super::cpu::pack::as_u16(scratch);
         amx::gemm(
             m,
             n,

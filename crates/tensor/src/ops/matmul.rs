@@ -25,7 +25,7 @@ fn compute_of(a: &Tensor, b: &Tensor) -> Compute {
 }
 
 /// `t` in a dtype [`gemm`] reads for `compute` on the selected path.
-fn gemm_input(op: &'static str, t: &Tensor, compute: Compute) -> Result<Tensor> {
+pub(super) fn gemm_input(op: &'static str, t: &Tensor, compute: Compute) -> Result<Tensor> {
     t.require_float(op)?;
     let path = crate::kernels::cpu::selected();
     let keep_bf16 = compute == Compute::Bf16
@@ -39,7 +39,7 @@ fn gemm_input(op: &'static str, t: &Tensor, compute: Compute) -> Result<Tensor> 
 }
 
 /// The strided matrix view of `t`'s storage with `layout` (last two axes the matrix).
-fn operand<'a>(t: &'a Tensor, layout: &Layout, offset: usize) -> Option<Operand<'a>> {
+pub(super) fn operand<'a>(t: &'a Tensor, layout: &Layout, offset: usize) -> Option<Operand<'a>> {
     let r = layout.strides().len();
     let (rs, cs) = (
         layout.strides()[r - 2] as isize,
@@ -84,6 +84,45 @@ fn batch_offset(layout: &Layout, mut index: usize) -> usize {
         index /= shape[axis];
     }
     offset
+}
+
+/// Checks `x` ends in `in_features` and `bias` is `[out_features]`; the number of rows.
+pub(super) fn check_linear(
+    op: &'static str,
+    x: &Tensor,
+    out_features: usize,
+    in_features: usize,
+    weight_shape: &[usize],
+    bias: Option<&Tensor>,
+) -> Result<usize> {
+    let last = x.shape().last().copied().unwrap_or(0);
+    if x.rank() == 0 || last != in_features {
+        return Err(TensorError::shape(
+            op,
+            format!(
+                "input {:?} does not end in {in_features} features (weight {weight_shape:?})",
+                x.shape(),
+            ),
+        ));
+    }
+    if let Some(b) = bias {
+        if b.shape() != [out_features] {
+            return Err(TensorError::shape(
+                op,
+                format!("bias {:?} is not [{out_features}]", b.shape()),
+            ));
+        }
+    }
+    Ok(x.numel() / in_features.max(1))
+}
+
+/// Adds `bias` to every `out_features`-long row of `dst` (on the pool).
+pub(super) fn add_bias(dst: &mut [f32], out_features: usize, bias: Option<&[f32]>) {
+    if let Some(bias) = bias {
+        dst.par_chunks_mut(out_features).for_each(|row| {
+            row.iter_mut().zip(bias).for_each(|(o, &b)| *o += b);
+        });
+    }
 }
 
 impl Tensor {
@@ -215,8 +254,7 @@ impl Tensor {
             ));
         }
         let (out_features, in_features) = (weight.shape()[0], weight.shape()[1]);
-        let rows =
-            super::packed::check_linear(op, self, out_features, in_features, weight.shape(), bias)?;
+        let rows = check_linear(op, self, out_features, in_features, weight.shape(), bias)?;
         let compute = compute_of(self, weight);
         let x = gemm_input(op, self, compute)?.contiguous()?;
         let w = gemm_input(op, weight, compute)?;
@@ -261,7 +299,7 @@ impl Tensor {
                     Threads::Pool,
                     scratch,
                 );
-                super::packed::add_bias(dst, out_features, bias);
+                add_bias(dst, out_features, bias);
             });
         }
         Ok(out)

@@ -10,15 +10,15 @@
 //! meta device the packed tensor is allocated like any other and nothing is computed.
 
 use half::bf16;
-use rayon::prelude::*;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::kernels::activation::Activation;
 use crate::kernels::cpu::amx::{self, Precision};
-use crate::kernels::cpu::pack::{Operand, PANEL};
+use crate::kernels::cpu::pack::{as_u16, Operand, PANEL};
 use crate::kernels::cpu::{self, CpuPath};
-use crate::kernels::gemm::MatRef;
+use crate::kernels::gemm::{Compute, MatRef};
+use crate::layout::Layout;
 use crate::tensor::Tensor;
 
 /// A linear layer's `[out, in]` bf16 weight packed as the B operand of `x · Wᵀ`.
@@ -57,45 +57,6 @@ fn bits(v: &[bf16]) -> &[u16] {
 fn bits_mut(v: &mut [bf16]) -> &mut [u16] {
     // SAFETY: as in `bits`; the new slice borrows `v` exclusively.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u16>(), v.len()) }
-}
-
-/// Checks `x` ends in `in_features` and `bias` is `[out_features]`; the number of rows.
-pub(crate) fn check_linear(
-    op: &'static str,
-    x: &Tensor,
-    out_features: usize,
-    in_features: usize,
-    weight_shape: &[usize],
-    bias: Option<&Tensor>,
-) -> Result<usize> {
-    let last = x.shape().last().copied().unwrap_or(0);
-    if x.rank() == 0 || last != in_features {
-        return Err(TensorError::shape(
-            op,
-            format!(
-                "input {:?} does not end in {in_features} features (weight {weight_shape:?})",
-                x.shape(),
-            ),
-        ));
-    }
-    if let Some(b) = bias {
-        if b.shape() != [out_features] {
-            return Err(TensorError::shape(
-                op,
-                format!("bias {:?} is not [{out_features}]", b.shape()),
-            ));
-        }
-    }
-    Ok(x.numel() / in_features.max(1))
-}
-
-/// Adds `bias` to every `out_features`-long row of `dst` (on the pool).
-pub(crate) fn add_bias(dst: &mut [f32], out_features: usize, bias: Option<&[f32]>) {
-    if let Some(bias) = bias {
-        dst.par_chunks_mut(out_features).for_each(|row| {
-            row.iter_mut().zip(bias).for_each(|(o, &b)| *o += b);
-        });
-    }
 }
 
 impl Tensor {
@@ -163,7 +124,7 @@ impl Tensor {
         let op = "linear";
         self.same_device(op, &weight.packed)?;
         let (out_features, in_features) = (weight.out_features, weight.in_features);
-        let rows = check_linear(
+        let rows = super::matmul::check_linear(
             op,
             self,
             out_features,
@@ -171,11 +132,7 @@ impl Tensor {
             &[out_features, in_features],
             bias,
         )?;
-        self.require_float(op)?;
-        let x = match self.dtype() {
-            DType::F32 | DType::BF16 => self.contiguous()?,
-            _ => self.to_dtype(DType::F32)?.contiguous()?,
-        };
+        let x = super::matmul::gemm_input(op, self, Compute::Bf16)?.contiguous()?;
         let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
         let mut out_shape = self.shape().to_vec();
         *out_shape.last_mut().expect("rank checked above") = out_features;
@@ -186,28 +143,16 @@ impl Tensor {
         if self.device().is_meta() {
             return Ok(out);
         }
-        let offset = x.layout().offset();
-        let a = match x.dtype() {
-            DType::F32 => x
-                .storage_as::<f32>()
-                .map(|d| Operand::F32(MatRef::row_major(d, offset, in_features))),
-            _ => x
-                .storage_as::<bf16>()
-                .map(|d| Operand::Bf16(MatRef::row_major(d, offset, in_features))),
-        };
+        let x_layout = Layout::contiguous(&[rows, in_features]);
         let (Some(a), Some(wb), Some(dst), Some(scratch)) = (
-            a,
+            super::matmul::operand(&x, &x_layout, x.layout().offset()),
             weight.packed.as_slice::<bf16>(),
             out.data_mut::<f32>(),
             scratch.data_mut::<f32>(),
         ) else {
             return Err(TensorError::Meta { op });
         };
-        // SAFETY: u16 is smaller and no more aligned than f32, and every bit pattern is a
-        // valid u16: the f32 scratch is reused as twice as many u16 values.
-        let scratch = unsafe {
-            std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<u16>(), scratch.len() * 2)
-        };
+        let scratch = as_u16(scratch);
         let bias = b.as_ref().and_then(|b| b.as_slice::<f32>());
         let epilogue = move |_row: usize, col: usize, seg: &mut [f32]| {
             if let Some(bias) = bias {

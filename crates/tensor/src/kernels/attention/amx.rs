@@ -7,7 +7,7 @@
 
 use super::{online_softmax, write_rows, AttentionParams, Plan, BLOCK_KV, BLOCK_Q};
 use crate::kernels::cpu::amx::{self, Precision};
-use crate::kernels::cpu::pack::{pack_a, pack_b, Operand, PANEL};
+use crate::kernels::cpu::pack::{as_u16, pack_a, pack_b, Operand, PANEL};
 use crate::kernels::cpu::{self, CpuPath};
 use crate::kernels::gemm::{Compute, MatRef};
 
@@ -88,9 +88,9 @@ pub(super) fn amx_chunk(
         .map(|(_, rows)| p.visible_keys(rows.end - 1))
         .max()
         .unwrap_or(0);
+    let mut t = AmxTile::new(p, prec, slot, cap);
     let mut packed_head = None;
     for (h, rows) in work {
-        let mut t = AmxTile::new(p, prec, slot, cap);
         if keep && packed_head != Some(h) {
             for c0 in (0..kv_end).step_by(BLOCK_KV) {
                 t.pack_kv(
@@ -134,11 +134,7 @@ impl<'a> AmxTile<'a> {
         let (acc, rest) = rest.split_at_mut(BLOCK_Q * d);
         let (m, rest) = rest.split_at_mut(BLOCK_Q);
         let (l, packing) = rest.split_at_mut(BLOCK_Q);
-        // SAFETY: every bit pattern is a valid u16 and u16 is no more aligned than f32;
-        // the new slice covers exactly `packing`'s bytes and borrows it.
-        let packing = unsafe {
-            std::slice::from_raw_parts_mut(packing.as_mut_ptr().cast::<u16>(), packing.len() * 2)
-        };
+        let packing = as_u16(packing);
         let (qa, pa) = qp_lens(d, prec);
         let (kt_len, vt_len) = kv_tile_lens(d, prec);
         let (q_packed, rest) = packing.split_at_mut(qa);

@@ -9,7 +9,7 @@
 //! a fixed order, so the bits depend only on the inputs.
 
 use super::{AttentionParams, BLOCK_KV};
-use crate::kernels::cpu::pack::{KSTEP_LEN, PANEL, TILE_K, TILE_ROWS};
+use crate::kernels::cpu::pack::{bf16_words, KSTEP_LEN, PANEL, TILE_K, TILE_ROWS};
 
 /// The running state of one query tile: maxima, sums and the output accumulator.
 pub(super) struct Running<'a> {
@@ -143,11 +143,7 @@ unsafe fn exp_row(
                 );
                 w
             } else {
-                let idx = _mm512_set_epi16(
-                    63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27, 25,
-                    23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
-                );
-                _mm512_permutex2var_epi16(bf16_high(halves[0]), idx, bf16_high(halves[1]))
+                bf16_words(halves[0], halves[1])
             };
             _mm512_storeu_si512(out.as_mut_ptr().add(at(st)).cast(), words);
         }
@@ -184,16 +180,4 @@ fn exp512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
         _mm512_add_ps(r, _mm512_set1_ps(1.0)),
     );
     _mm512_scalef_ps(y, n)
-}
-
-/// 16 f32 → bf16 by round-to-nearest-even (as the packers round), each in the high half
-/// of its 32-bit lane. The inputs are finite and non-negative here.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn bf16_high(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512i {
-    use std::arch::x86_64::*;
-    let b = _mm512_castps_si512(x);
-    let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(b), _mm512_set1_epi32(1));
-    let r = _mm512_add_epi32(b, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-    _mm512_and_si512(r, _mm512_set1_epi32(0xffff_0000_u32 as i32))
 }

@@ -105,11 +105,16 @@ pub fn enable() -> bool {
     })
 }
 
+/// `u16` values of one thread's packed A block for this K and A part count.
+fn a_block_len(k: usize, parts: usize) -> usize {
+    packed_len(MC, kb_for(k, parts), parts)
+}
+
 /// `u16` scratch [`gemm`] needs: packed B, then one packed A block per thread.
 pub fn scratch_len(n: usize, k: usize, precision: Precision, threads: usize) -> usize {
-    let (pa, pb) = precision.parts();
-    panels_per_block(n, k, pb.len()) * packed_len(PANEL, k, pb.len())
-        + threads.max(1) * packed_len(MC, kb_for(k, pa.len()), pa.len())
+    let pb = precision.parts().1.len();
+    panels_per_block(n, k, pb) * packed_len(PANEL, k, pb)
+        + prepacked_b_scratch_len(k, precision, threads)
 }
 
 /// The output of a GEMM: row-major f32 with `ldc` elements between rows.
@@ -194,8 +199,7 @@ pub fn gemm(
 
 /// `u16` scratch [`gemm_prepacked_b`] needs: one packed A block per thread.
 pub fn prepacked_b_scratch_len(k: usize, precision: Precision, threads: usize) -> usize {
-    let parts = precision.parts().0.len();
-    threads.max(1) * packed_len(MC, kb_for(k, parts), parts)
+    threads.max(1) * a_block_len(k, precision.parts().0.len())
 }
 
 /// [`gemm`] with B packed beforehand: `b_packed` holds every panel of B ([`pack_b`] of
@@ -267,17 +271,16 @@ fn gemm_from(
     let (pa, pb) = precision.parts();
     let panel_len = packed_len(PANEL, k, pb.len());
     let nb = n.div_ceil(PANEL);
-    let per_block = match b {
-        BSource::Pack(_) => panels_per_block(n, k, pb.len()),
-        BSource::Packed(_) => nb,
+    // Panels packed at once and the scratch they take (none when B comes packed).
+    let (per_block, b_len) = match b {
+        BSource::Pack(_) => {
+            let per_block = panels_per_block(n, k, pb.len());
+            (per_block, per_block * panel_len)
+        }
+        BSource::Packed(_) => (nb, 0),
     };
-    let b_len = match b {
-        BSource::Pack(_) => per_block * panel_len,
-        BSource::Packed(_) => 0,
-    };
-    let mc_rows = MC;
     let kb = kb_for(k, pa.len());
-    let a_len = packed_len(mc_rows, kb, pa.len());
+    let a_len = a_block_len(k, pa.len());
     assert!(
         scratch.len() >= b_len + threads * a_len,
         "gemm scratch too short"
@@ -307,7 +310,7 @@ fn gemm_from(
         // Blocks of equal size (whole panels, at most MC rows): 585 rows become three of
         // 224, 224 and 137 rather than 256, 256 and 73, so no block meets B for a few rows.
         let panels_here = rows.len().div_ceil(PANEL);
-        let blocks = panels_here.div_ceil(mc_rows / PANEL);
+        let blocks = panels_here.div_ceil(MC / PANEL);
         let block_rows = panels_here.div_ceil(blocks) * PANEL;
         // SAFETY: AMX was enabled above; the tile configuration is this thread's own.
         let _tiles = unsafe { Tiles::configure() };

@@ -85,6 +85,14 @@ impl Operand<'_> {
     }
 }
 
+/// An f32 scratch buffer seen as twice as many `u16` values (the packed operands live in
+/// f32 scratch from the allocator).
+pub fn as_u16(buf: &mut [f32]) -> &mut [u16] {
+    // SAFETY: u16 is smaller and no more aligned than f32, and every bit pattern is a
+    // valid u16; the new slice covers exactly the same bytes and borrows `buf`.
+    unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u16>(), buf.len() * 2) }
+}
+
 /// f32 → bf16 bits, round to nearest even; every NaN becomes the canonical quiet NaN.
 #[inline(always)]
 pub fn bf16_bits(x: f32) -> u16 {
@@ -265,6 +273,11 @@ fn b_tile(b: &Operand<'_>, k: usize, n: usize, k0: usize, n0: usize, part: Part,
     }
 }
 
+/// The packers' bf16 rounding of 32 f32 lanes (AVX-512), for kernels that write packed
+/// operands themselves.
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::bf16_words;
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     //! The AVX-512 packers: the same bytes as the scalar loops, 16 values at a time.
@@ -341,6 +354,14 @@ mod avx512 {
             19, 17, 15, 13, 11, 9, 7, 5, 3, 1,
         );
         _mm512_permutex2var_epi16(lo, idx, hi)
+    }
+
+    /// 16 + 16 f32 rounded to bf16 as the packers round them, as 32 bf16 words in order
+    /// (`lo` first).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(crate) fn bf16_words(lo: __m512, hi: __m512) -> __m512i {
+        high_words(rne16(lo), rne16(hi))
     }
 
     /// The first `steps · 32` values of row `row`, part `part`, as `steps` runs of 32
