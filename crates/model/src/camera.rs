@@ -213,6 +213,12 @@ pub fn ray_embedding(
     intrinsics: &[[f64; 4]],
     device: &Device,
 ) -> Result<Tensor> {
+    if device.launcher().is_some() {
+        // Built on the host, then one upload.
+        let host = Device::cpu()?;
+        let rays = ray_embedding(deltas, height, width, intrinsics, &host)?;
+        return Ok(rays.to_device(device)?);
+    }
     if intrinsics.len() != 1 && intrinsics.len() != deltas.len() {
         return Err(ModelError::input(
             "camera",

@@ -5,13 +5,16 @@ use std::sync::Arc;
 
 use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy};
 
+use crate::cuda::launch::Launcher;
 use crate::error::Result;
 
-/// A cheap, shared handle to a [`Platform`].
+/// A cheap, shared handle to a [`Platform`], and the [`Launcher`] that computes on it when
+/// its bytes live on a GPU.
 #[derive(Clone)]
 pub struct Device {
     platform: Arc<dyn Platform>,
     meta: bool,
+    launcher: Option<Arc<dyn Launcher>>,
 }
 
 impl fmt::Debug for Device {
@@ -19,6 +22,7 @@ impl fmt::Debug for Device {
         f.debug_struct("Device")
             .field("platform", &self.platform.kind())
             .field("meta", &self.meta)
+            .field("launcher", &self.launcher.as_ref().map(|l| l.describe()))
             .finish()
     }
 }
@@ -33,7 +37,36 @@ impl Device {
     /// A device over `platform`; meta (shape-only) when its allocator holds no bytes.
     pub fn new(platform: Arc<dyn Platform>) -> Self {
         let meta = !platform.allocator().holds_bytes();
-        Self { platform, meta }
+        Self {
+            platform,
+            meta,
+            launcher: None,
+        }
+    }
+
+    /// A GPU device: bytes from `platform`'s allocator (device addresses), every op
+    /// computed by `launcher`.
+    pub fn with_launcher(platform: Arc<dyn Platform>, launcher: Arc<dyn Launcher>) -> Self {
+        Self {
+            platform,
+            meta: false,
+            launcher: Some(launcher),
+        }
+    }
+
+    /// A GPU device without a GPU: a modelled device of `capacity` bytes whose every op
+    /// goes through the launch path and is validated by a
+    /// [`CheckedLauncher`](crate::cuda::check::CheckedLauncher) (no values are computed).
+    pub fn checked_gpu(capacity: u64) -> Result<Self> {
+        let platform =
+            CachingPlatform::sim(capacity, AllocatorConfig::default(), ReclaimPolicy::Never)?;
+        let launcher = crate::cuda::check::CheckedLauncher::new()?;
+        Ok(Self::with_launcher(Arc::new(platform), Arc::new(launcher)))
+    }
+
+    /// The launcher that computes on this device (`None` on host and meta devices).
+    pub fn launcher(&self) -> Option<&Arc<dyn Launcher>> {
+        self.launcher.as_ref()
     }
 
     /// Host memory with the default allocator and no reclaim (tests, tools).

@@ -33,6 +33,9 @@ pub enum TensorError {
     /// The allocator could not provide memory (out of memory and friends).
     #[error(transparent)]
     Mem(#[from] headroom_mem::MemError),
+    /// The GPU path failed: a launch the kernels do not take, or a driver error.
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
     /// A file could not be read or written.
     #[error("{path}: {reason}")]
     Io {

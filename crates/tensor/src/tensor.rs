@@ -76,7 +76,9 @@ impl Tensor {
     /// A tensor of zeros.
     pub fn zeros(shape: &[usize], dtype: DType, device: &Device) -> Result<Self> {
         let mut t = Self::empty(shape, dtype, device)?;
-        if let Some(bytes) = t.bytes_mut() {
+        if let Some(l) = device.launcher() {
+            l.zero(t.device_addr(), t.storage_bytes() as u64)?;
+        } else if let Some(bytes) = t.bytes_mut() {
             bytes.fill(0);
         }
         Ok(t)
@@ -84,6 +86,12 @@ impl Tensor {
 
     /// A tensor filled with `value` (rounded into `dtype`).
     pub fn full(shape: &[usize], value: f32, dtype: DType, device: &Device) -> Result<Self> {
+        if device.launcher().is_some() {
+            let host = Device::cpu()?;
+            return Self::full(&[numel(shape)], value, dtype, &host)?
+                .to_device(device)?
+                .reshape(shape);
+        }
         let mut t = Self::empty(shape, dtype, device)?;
         if !device.is_meta() {
             match dtype {
@@ -116,7 +124,14 @@ impl Tensor {
             ));
         }
         let mut t = Self::empty(shape, T::DTYPE, device)?;
-        if let Some(out) = t.data_mut::<T>() {
+        if let Some(l) = device.launcher() {
+            // SAFETY: the element types are plain numbers without padding; the byte view
+            // covers exactly `data`.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+            };
+            l.upload(t.device_addr(), bytes)?;
+        } else if let Some(out) = t.data_mut::<T>() {
             out.copy_from_slice(data);
         }
         Ok(t)
@@ -146,7 +161,9 @@ impl Tensor {
             ));
         }
         let mut t = Self::empty(shape, dtype, device)?;
-        if let Some(out) = t.bytes_mut() {
+        if let Some(l) = device.launcher() {
+            l.upload(t.device_addr(), bytes)?;
+        } else if let Some(out) = t.bytes_mut() {
             out.copy_from_slice(bytes);
         }
         Ok(t)
@@ -193,6 +210,11 @@ impl Tensor {
                     *o = T::from_f32(read(chunk));
                 }
             }
+        }
+        if device.launcher().is_some() {
+            // Converted on the host, then one upload.
+            let host = Device::cpu()?;
+            return Self::from_bytes_as(bytes, shape, stored, target, &host)?.to_device(device);
         }
         let mut t = Self::empty(shape, target, device)?;
         match target {
@@ -375,6 +397,10 @@ impl Tensor {
     /// A dense copy of the elements, converted to `dtype`.
     pub fn copy_as(&self, dtype: DType) -> Result<Self> {
         let mut out = Self::empty(self.shape(), dtype, &self.device)?;
+        if let Some(l) = self.device.launcher() {
+            crate::cuda::dispatch::copy_into(l.as_ref(), self, &out)?;
+            return Ok(out);
+        }
         if self.device.is_meta() {
             return Ok(out);
         }
@@ -406,7 +432,9 @@ impl Tensor {
                 "the destination must be a contiguous tensor that owns its storage alone",
             ));
         }
-        if !self.device.is_meta() {
+        if let Some(l) = self.device.launcher() {
+            crate::cuda::dispatch::copy_into(l.as_ref(), src, self)?;
+        } else if !self.device.is_meta() {
             crate::ops::copy::copy_into(src, self);
         }
         Ok(())
@@ -469,6 +497,9 @@ impl Tensor {
                 got: T::DTYPE,
             });
         }
+        if self.device.launcher().is_some() {
+            return self.to_device(&Device::cpu()?)?.to_vec::<T>();
+        }
         let data = self
             .storage_as::<T>()
             .ok_or(TensorError::Meta { op: "to_vec" })?;
@@ -480,6 +511,9 @@ impl Tensor {
     /// The elements widened to f32 in row-major order.
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
         let t = self.to_f32_contiguous()?;
+        if self.device.launcher().is_some() {
+            return t.to_vec::<f32>();
+        }
         t.as_slice::<f32>()
             .map(<[f32]>::to_vec)
             .ok_or(TensorError::Meta { op: "to_f32_vec" })
@@ -494,6 +528,11 @@ impl Tensor {
         if device.is_meta() {
             return Tensor::empty(self.shape(), self.dtype, device);
         }
+        if let Some(l) = self.device.launcher() {
+            let mut host = vec![0u8; self.numel() * self.dtype.size()];
+            l.download(dense.device_addr(), &mut host)?;
+            return Tensor::from_bytes(&host, self.shape(), self.dtype, device);
+        }
         let bytes = dense
             .storage_data()
             .ok_or(TensorError::Meta { op: "to_device" })?;
@@ -504,6 +543,52 @@ impl Tensor {
             self.dtype,
             device,
         )
+    }
+
+    /// Device address of the first element (on a GPU device; fake on meta devices).
+    pub fn device_addr(&self) -> u64 {
+        self.storage.addr() + (self.layout.offset() * self.dtype.size()) as u64
+    }
+
+    /// Bytes from [`Self::device_addr`] to the end of the last element the view reaches.
+    pub(crate) fn span_bytes(&self) -> u64 {
+        if self.numel() == 0 {
+            return 0;
+        }
+        let last: usize = self
+            .shape()
+            .iter()
+            .zip(self.layout.strides())
+            .map(|(&n, &s)| (n - 1) * s)
+            .sum();
+        ((last + 1) * self.dtype.size()) as u64
+    }
+
+    /// This tensor as a kernel argument the kernel reads.
+    pub(crate) fn read_arg(&self) -> crate::cuda::launch::Arg {
+        crate::cuda::launch::Arg::Ptr {
+            addr: self.device_addr(),
+            bytes: self.span_bytes(),
+            access: crate::cuda::launch::Access::Read,
+        }
+    }
+
+    /// This tensor as a kernel argument the kernel writes.
+    pub(crate) fn write_arg(&self) -> crate::cuda::launch::Arg {
+        crate::cuda::launch::Arg::Ptr {
+            addr: self.device_addr(),
+            bytes: self.span_bytes(),
+            access: crate::cuda::launch::Access::Write,
+        }
+    }
+
+    /// This tensor with its bytes in host memory (a copy from a GPU device, else itself).
+    pub fn to_host(&self) -> Result<Tensor> {
+        if self.device.launcher().is_some() {
+            self.to_device(&Device::cpu()?)
+        } else {
+            Ok(self.clone())
+        }
     }
 
     /// Checks that this tensor holds floats (f32, bf16, f16), naming `op` otherwise.

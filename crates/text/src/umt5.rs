@@ -204,6 +204,15 @@ impl Umt5Encoder {
                 }
             }
         }
+        if self.device.launcher().is_some() {
+            // One row copy per token on the GPU.
+            let rows = ids
+                .iter()
+                .map(|&id| self.embed.narrow(0, id as usize, 1))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let refs: Vec<&Tensor> = rows.iter().collect();
+            return Ok(Tensor::cat(&refs, 0)?.to_dtype(DType::F32)?);
+        }
         let table = self.embed.contiguous()?;
         let mut out = Tensor::empty(&[ids.len(), d], DType::F32, &self.device)?;
         if let Some(dst) = out.data_mut::<f32>() {

@@ -66,6 +66,23 @@ pub enum CudaError {
         /// The error name.
         reason: String,
     },
+    /// A launch, GEMM or copy the kernels do not take (wrong argument sizes, a buffer
+    /// out of bounds or read before it was written), found by the checked launcher.
+    #[error("GPU launch {kernel}: {reason}")]
+    Launch {
+        /// The kernel, GEMM or copy.
+        kernel: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An op or dtype the GPU path does not implement.
+    #[error("{op} on a GPU: {reason}")]
+    Unsupported {
+        /// The op.
+        op: &'static str,
+        /// What is missing.
+        reason: String,
+    },
     /// No usable GPU: the driver is missing, has no device, or this build lacks the
     /// `cuda` feature.
     #[error("no CUDA device: {0}")]

@@ -19,42 +19,7 @@ use cudarc::driver::CudaStream;
 
 use super::error::{CudaError, Result};
 
-/// Input dtype of a GEMM (the output is f32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum GemmInput {
-    /// bf16 X and W, f32 accumulation.
-    Bf16,
-    /// f32 X and W, f32 accumulation (`CUBLAS_COMPUTE_32F`).
-    F32,
-}
-
-/// What is fused after the product.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Epilogue {
-    /// `Y = X·Wᵀ`.
-    None,
-    /// `Y = X·Wᵀ + bias` (f32 bias of `n`).
-    Bias,
-    /// `Y = gelu_tanh(X·Wᵀ + bias)`.
-    BiasGelu,
-}
-
-/// One GEMM's shape: the cache key of its plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct GemmShape {
-    /// Rows of X and Y.
-    pub m: u64,
-    /// Output features: rows of W, columns of Y.
-    pub n: u64,
-    /// Inner dim: columns of X and W.
-    pub k: u64,
-    /// Input dtype.
-    pub input: GemmInput,
-    /// Fused epilogue.
-    pub epilogue: Epilogue,
-    /// W is `[n, k]` (a linear layer's weight) when true, `[k, n]` when false.
-    pub weight_transposed: bool,
-}
+pub use super::launch::{Epilogue, GemmInput, GemmShape};
 
 /// A device block for cuBLASLt's scratch (from the `CachingAllocator`).
 #[derive(Debug, Clone, Copy)]
@@ -65,18 +30,7 @@ pub struct Workspace {
     pub bytes: usize,
 }
 
-/// Device addresses of one GEMM's operands.
-#[derive(Debug, Clone, Copy)]
-pub struct GemmOperands {
-    /// X, `[m, k]` row-major, of the shape's input dtype.
-    pub x: u64,
-    /// W, `[n, k]` (or `[k, n]`) row-major, of the shape's input dtype.
-    pub w: u64,
-    /// f32 bias of `n`, for the epilogues that add one.
-    pub bias: Option<u64>,
-    /// Y, `[m, n]` f32 row-major.
-    pub y: u64,
-}
+pub use super::launch::GemmOperands;
 
 /// The cached descriptors of one shape.
 struct Plan {

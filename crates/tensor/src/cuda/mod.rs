@@ -5,16 +5,24 @@
 //! for an arch with ptxas's register / spill / shared-memory report, and the on-disk
 //! cubin cache. This is what `headroom cuda kernels` and the compile test use.
 //!
+//! Also always built: the GPU side of every tensor op ([`dispatch`]) as launches on a
+//! [`launch::Launcher`], and the [`check::CheckedLauncher`] that validates those launches
+//! against the cubins' parameter tables on a machine without a GPU.
+//!
 //! Behind the `cuda` feature: loading the cubins on a device and launching them
-//! ([`backend`]), cuBLASLt GEMM, and streams and events.
+//! ([`backend`]), cuBLASLt GEMM, and the [`runtime::CudaRuntime`] launcher.
 
 #[cfg(feature = "cuda")]
 pub mod backend;
 pub mod cache;
+pub mod check;
 pub mod compile;
+pub mod cubin;
+pub mod dispatch;
 pub mod error;
 #[cfg(feature = "cuda")]
 pub mod gemm;
+pub mod launch;
 pub mod modules;
 pub mod nvrtc;
 pub mod ptxas;

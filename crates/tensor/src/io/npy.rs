@@ -113,7 +113,8 @@ pub fn write_npy(path: impl AsRef<Path>, tensor: &Tensor) -> Result<()> {
     let tensor = match tensor.dtype() {
         DType::BF16 => tensor.to_dtype(DType::F32)?,
         _ => tensor.contiguous()?,
-    };
+    }
+    .to_host()?;
     let descr = match tensor.dtype() {
         DType::F32 | DType::BF16 => "<f4",
         DType::F16 => "<f2",

@@ -168,7 +168,7 @@ pub fn save_safetensors(path: impl AsRef<Path>, tensors: &[(&str, &Tensor)]) -> 
     let path = path.as_ref();
     let mut owned = Vec::new();
     for (name, t) in tensors {
-        let dense = t.contiguous()?;
+        let dense = t.to_host()?.contiguous()?;
         let bytes = dense.storage_data().ok_or(TensorError::Meta {
             op: "save_safetensors",
         })?;

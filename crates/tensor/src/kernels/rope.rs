@@ -82,6 +82,11 @@ impl RopeTable {
         (cos[j], sin[j])
     }
 
+    /// The whole cosine and sine tables (per axis `[max_positions, pairs]`, axes in order).
+    pub(crate) fn tables(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
+
     /// The cosines and sines of all pairs of axis `axis` at position `pos`.
     fn axis_rows(&self, axis: usize, pos: usize) -> (&[f32], &[f32]) {
         assert!(pos < self.max_positions, "rope position beyond the table");

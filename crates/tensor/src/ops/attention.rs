@@ -80,6 +80,31 @@ impl Tensor {
             ));
         }
         let lk = k.shape()[1];
+        let scale = scale.unwrap_or(1.0 / (d as f32).sqrt());
+        if let Some(l) = q.device().launcher() {
+            // bf16 operands go to the tensor-core kernels (head_dim 64 / 128), else f32.
+            let dt = if compute == Compute::Bf16 && (d == 64 || d == 128) {
+                DType::BF16
+            } else {
+                DType::F32
+            };
+            let rows = |t: &Tensor| -> Result<Tensor> {
+                let t = t.to_dtype(dt)?;
+                let s = t.layout().strides();
+                // Unit head stride and even token / head strides (the kernels' 32-bit loads).
+                if s[3] == 1 && s.iter().take(3).all(|&x| x % 2 == 0) {
+                    Ok(t)
+                } else {
+                    t.copy_as(dt)
+                }
+            };
+            let (qd, kd, vd) = (rows(q)?, rows(k)?, rows(v)?);
+            let out = Tensor::empty(&[b, lq, h, d], DType::F32, q.device())?;
+            if out.numel() > 0 {
+                crate::cuda::dispatch::attention(l.as_ref(), &qd, &kd, &vd, &out, mask, scale)?;
+            }
+            return Ok(out);
+        }
         let (qf, kf, vf) = (f32_rows(q)?, f32_rows(k)?, f32_rows(v)?);
         let mut out = Tensor::empty(&[b, lq, h, d], DType::F32, q.device())?;
         let params = AttentionParams {
@@ -87,7 +112,7 @@ impl Tensor {
             q_len: lq,
             kv_len: lk,
             head_dim: d,
-            scale: scale.unwrap_or(1.0 / (d as f32).sqrt()),
+            scale,
             mask,
             q_head_stride: qf.layout().strides()[2],
             q_token_stride: qf.layout().strides()[1],
@@ -160,7 +185,9 @@ impl Tensor {
             ));
         }
         let mut out = self.copy_as(DType::F32)?;
-        if let Some(data) = out.data_mut::<f32>() {
+        if let Some(l) = self.device().launcher() {
+            crate::cuda::dispatch::rope(l.as_ref(), &out, table, positions, batch, h)?;
+        } else if let Some(data) = out.data_mut::<f32>() {
             let per = l * h * d;
             for bi in 0..batch {
                 apply_rope(table, &mut data[bi * per..(bi + 1) * per], positions, h, d);

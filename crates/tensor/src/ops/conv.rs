@@ -1,6 +1,7 @@
 //! Convolutions: causal 3-D (Wan's `CausalConv3d`) and 2-D, as tiled im2col + GEMM with
 //! the im2col scratch taken from the allocator.
 
+use crate::cuda::dispatch::ConvDims;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 pub use crate::kernels::conv::TimePad;
@@ -145,6 +146,17 @@ impl Tensor {
             compute: compute_of(weight),
         };
         let [to, ho, wo] = p.out_dims();
+        if self.device().launcher().is_some() {
+            let dims = ConvDims {
+                input: [s[0], cin, s[2], s[3], s[4]],
+                weight: [cout, w[2], w[3], w[4]],
+                stride: options.stride,
+                pad: [options.pad_t_front, options.pad_hw[0], options.pad_hw[1]],
+                out: [to, ho, wo],
+                replicate: options.time_pad == TimePad::Replicate,
+            };
+            return run_conv_gpu(self, weight, bias, &[s[0], cout, to, ho, wo], dims);
+        }
         run_conv(
             self,
             weight,
@@ -183,6 +195,17 @@ impl Tensor {
             compute: compute_of(weight),
         };
         let [ho, wo] = p.out_dims();
+        if self.device().launcher().is_some() {
+            let dims = ConvDims {
+                input: [s[0], cin, 1, s[2], s[3]],
+                weight: [cout, 1, w[2], w[3]],
+                stride: [1, stride[0], stride[1]],
+                pad: [0, padding[0], padding[1]],
+                out: [1, ho, wo],
+                replicate: false,
+            };
+            return run_conv_gpu(self, weight, bias, &[s[0], cout, ho, wo], dims);
+        }
         run_conv(
             self,
             weight,
@@ -205,6 +228,25 @@ fn compute_of(weight: &Tensor) -> Compute {
 
 /// Allocates the output and the im2col scratch (in that order, on every device) and runs
 /// the kernel where there are bytes.
+/// A convolution on a GPU device: f32 operands, the implicit-GEMM kernel.
+fn run_conv_gpu(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    out_shape: &[usize],
+    dims: ConvDims,
+) -> Result<Tensor> {
+    let l = x.device().launcher().expect("called on GPU devices only");
+    let xf = x.to_f32_contiguous()?;
+    let wf = weight.to_f32_contiguous()?;
+    let bf = bias.map(Tensor::to_f32_contiguous).transpose()?;
+    let out = Tensor::empty(out_shape, DType::F32, x.device())?;
+    if out.numel() > 0 {
+        crate::cuda::dispatch::conv(l.as_ref(), &xf, &wf, bf.as_ref(), &out, dims)?;
+    }
+    Ok(out)
+}
+
 fn run_conv(
     x: &Tensor,
     weight: &Tensor,

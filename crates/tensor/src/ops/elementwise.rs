@@ -3,6 +3,8 @@
 
 use rayon::prelude::*;
 
+use crate::cuda::dispatch;
+use crate::cuda::launch::Launcher;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::kernels::activation;
@@ -34,7 +36,9 @@ pub fn binary(
     let fa = super::float_f32(op, a)?;
     let fb = super::float_f32(op, b)?;
     let mut out = Tensor::empty(&shape, DType::F32, a.device())?;
-    if let (Some(da), Some(db), Some(dst)) = (
+    if let Some(l) = a.device().launcher() {
+        dispatch::binary(l.as_ref(), op, &fa, &fb, &out)?;
+    } else if let (Some(da), Some(db), Some(dst)) = (
         fa.storage_as::<f32>(),
         fb.storage_as::<f32>(),
         out.data_mut::<f32>(),
@@ -69,11 +73,24 @@ pub fn binary(
 }
 
 /// Applies `f` to every element (SIMD-dispatched through [`activation::map`], the same
-/// bits on every path); float dtypes are kept.
+/// bits on every path); float dtypes are kept. On a GPU the elementwise kernel named `op`
+/// runs.
 pub fn unary(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Result<Tensor> {
+    unary_on(op, x, f, |l, input, out| dispatch::unary(l, op, input, out))
+}
+
+/// [`unary`] with the GPU side given as `gpu(launcher, f32 input, f32 output)`.
+fn unary_on(
+    op: &'static str,
+    x: &Tensor,
+    f: impl Fn(f32) -> f32 + Sync,
+    gpu: impl FnOnce(&dyn Launcher, &Tensor, &Tensor) -> Result<()>,
+) -> Result<Tensor> {
     let input = super::float_f32(op, x)?.to_f32_contiguous()?;
     let mut out = Tensor::empty(x.shape(), DType::F32, x.device())?;
-    if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+    if let Some(l) = x.device().launcher() {
+        gpu(l.as_ref(), &input, &out)?;
+    } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
         crate::parallel::run(|| {
             dst.par_chunks_mut(1 << 14)
                 .zip(src.par_chunks(1 << 14))
@@ -117,15 +134,30 @@ impl Tensor {
     }
     /// `self + value`.
     pub fn add_scalar(&self, value: f32) -> Result<Tensor> {
-        unary("add_scalar", self, move |x| x + value)
+        unary_on(
+            "add_scalar",
+            self,
+            move |x| x + value,
+            |l, i, o| dispatch::affine(l, i, o, 1.0, value),
+        )
     }
     /// `self * value`.
     pub fn mul_scalar(&self, value: f32) -> Result<Tensor> {
-        unary("mul_scalar", self, move |x| x * value)
+        unary_on(
+            "mul_scalar",
+            self,
+            move |x| x * value,
+            |l, i, o| dispatch::affine(l, i, o, value, 0.0),
+        )
     }
     /// `self * scale + shift`.
     pub fn affine(&self, scale: f32, shift: f32) -> Result<Tensor> {
-        unary("affine", self, move |x| x * scale + shift)
+        unary_on(
+            "affine",
+            self,
+            move |x| x * scale + shift,
+            |l, i, o| dispatch::affine(l, i, o, scale, shift),
+        )
     }
     /// `e^x`.
     pub fn exp(&self) -> Result<Tensor> {
@@ -167,6 +199,11 @@ impl Tensor {
                 format!("min {min} is above max {max}"),
             ));
         }
-        unary("clamp", self, move |x| x.clamp(min, max))
+        unary_on(
+            "clamp",
+            self,
+            move |x| x.clamp(min, max),
+            |l, i, o| dispatch::clamp(l, i, o, min, max),
+        )
     }
 }

@@ -73,6 +73,17 @@ impl Tensor {
     pub fn layer_norm_modulate(&self, shift: &Tensor, scale: &Tensor, eps: f32) -> Result<Tensor> {
         const OP: &str = "layer_norm_modulate";
         let n = super::norm::last_axis(OP, self)?;
+        if self.device().launcher().is_some() {
+            // The op chain whose bytes the fused pass gives (see the test below).
+            broadcast_operand(OP, shift, self.shape())?;
+            broadcast_operand(OP, scale, self.shape())?;
+            // In f32 throughout, rounded once at the end as the fused pass does.
+            let normed = self.to_dtype(DType::F32)?.layer_norm(None, None, eps)?;
+            let out = normed.mul(&scale.to_dtype(DType::F32)?.add_scalar(1.0)?)?;
+            return out
+                .add(&shift.to_dtype(DType::F32)?)?
+                .to_dtype(self.dtype());
+        }
         let out = rows_with_two(OP, self, shift, scale, n, |o, x, shift, scale| {
             let (mean, inv) = super::norm::mean_inv_std(x, eps);
             for (((o, &v), &s), &c) in o.iter_mut().zip(x).zip(shift).zip(scale) {
@@ -86,6 +97,14 @@ impl Tensor {
     /// pass.
     pub fn add_mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let n = self.shape().last().copied().unwrap_or(1).max(1);
+        if self.device().launcher().is_some() {
+            broadcast_operand("add_mul", a, self.shape())?;
+            broadcast_operand("add_mul", b, self.shape())?;
+            let f = |t: &Tensor| t.to_dtype(DType::F32);
+            let out = f(self)?.add(&f(a)?.mul(&f(b)?)?)?;
+            let promote = super::elementwise::promote;
+            return out.to_dtype(promote(promote(self.dtype(), a.dtype()), b.dtype()));
+        }
         let out = rows_with_two("add_mul", self, a, b, n, |o, x, a, b| {
             for (((o, &v), &p), &q) in o.iter_mut().zip(x).zip(a).zip(b) {
                 *o = v + p * q;

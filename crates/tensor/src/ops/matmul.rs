@@ -8,6 +8,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
+use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::kernels::cpu::pack::Operand;
@@ -154,6 +155,24 @@ impl Tensor {
             ));
         }
         let batch = broadcast_shapes(op, &self.shape()[..ra - 2], &other.shape()[..rb - 2])?;
+        if let Some(l) = self.device().launcher() {
+            self.require_float(op)?;
+            other.require_float(op)?;
+            let (input, dt) = dispatch::gemm_input(self.dtype(), other.dtype());
+            let full = |last: [usize; 2]| batch.iter().copied().chain(last).collect::<Vec<_>>();
+            let a = self
+                .to_dtype(dt)?
+                .broadcast_to(&full([m, k]))?
+                .contiguous()?;
+            let b = other
+                .to_dtype(dt)?
+                .broadcast_to(&full([k, n]))?
+                .contiguous()?;
+            let out = Tensor::empty(&full([m, n]), DType::F32, self.device())?;
+            let batches = batch.iter().product();
+            dispatch::matmul(l.as_ref(), &a, &b, &out, [batches, m, k, n], input)?;
+            return Ok(out);
+        }
         let compute = compute_of(self, other);
         let a = gemm_input(op, self, compute)?;
         let b = gemm_input(op, other, compute)?;
@@ -255,6 +274,21 @@ impl Tensor {
         }
         let (out_features, in_features) = (weight.shape()[0], weight.shape()[1]);
         let rows = check_linear(op, self, out_features, in_features, weight.shape(), bias)?;
+        if let Some(l) = self.device().launcher() {
+            self.require_float(op)?;
+            weight.require_float(op)?;
+            let (input, dt) = dispatch::gemm_input(self.dtype(), weight.dtype());
+            let x = self.to_dtype(dt)?.contiguous()?;
+            let w = weight.to_dtype(dt)?.contiguous()?;
+            let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
+            let mut out_shape = self.shape().to_vec();
+            *out_shape.last_mut().expect("rank checked above") = out_features;
+            let out = Tensor::empty(&out_shape, DType::F32, self.device())?;
+            if rows > 0 && out_features > 0 {
+                dispatch::linear(l.as_ref(), &x, &w, b.as_ref(), &out, input)?;
+            }
+            return Ok(out);
+        }
         let compute = compute_of(self, weight);
         let x = gemm_input(op, self, compute)?.contiguous()?;
         let w = gemm_input(op, weight, compute)?;

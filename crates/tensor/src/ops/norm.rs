@@ -3,6 +3,7 @@
 
 use rayon::prelude::*;
 
+use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::tensor::Tensor;
@@ -74,7 +75,9 @@ impl Tensor {
         let b = check_param("layer_norm", bias, n)?;
         let input = self.to_f32_contiguous()?;
         let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
-        if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+        if let Some(l) = self.device().launcher() {
+            dispatch::layer_norm(l.as_ref(), &input, w.as_ref(), b.as_ref(), &out, n, eps)?;
+        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
             let w = w.as_ref().and_then(|t| t.as_slice::<f32>());
             let b = b.as_ref().and_then(|t| t.as_slice::<f32>());
             crate::parallel::run(|| {
@@ -104,7 +107,9 @@ impl Tensor {
         let w = check_param("rms_norm", weight, n)?;
         let input = self.to_f32_contiguous()?;
         let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
-        if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+        if let Some(l) = self.device().launcher() {
+            dispatch::rms_norm(l.as_ref(), &input, w.as_ref(), &out, n, eps)?;
+        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
             let w = w.as_ref().and_then(|t| t.as_slice::<f32>());
             crate::parallel::run(|| {
                 dst.par_chunks_mut(n)
@@ -142,6 +147,11 @@ impl Tensor {
         let input = self.to_f32_contiguous()?;
         let batch = self.shape()[0];
         let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
+        if let Some(l) = self.device().launcher() {
+            let dims = [batch, channels, inner];
+            dispatch::rms_norm_channels(l.as_ref(), &input, &gamma, &out, dims)?;
+            return out.to_dtype(self.dtype());
+        }
         // Per-position inverse norms, from the allocator like every other buffer.
         let mut norms = Tensor::empty(&[batch, inner], DType::F32, self.device())?;
         if let (Some(src), Some(g)) = (input.as_slice::<f32>(), gamma.as_slice::<f32>()) {

@@ -65,7 +65,9 @@ impl Tensor {
     /// run bf16 products on AMX.
     pub fn pack_linear(&self) -> Result<Option<PackedLinear>> {
         let op = "pack_linear";
-        if self.dtype() != DType::BF16 || cpu::selected() != CpuPath::Amx {
+        // A GPU device multiplies through cuBLASLt, which takes the plain weight.
+        let gpu = self.device().launcher().is_some();
+        if gpu || self.dtype() != DType::BF16 || cpu::selected() != CpuPath::Amx {
             return Ok(None);
         }
         if self.rank() != 2 {

@@ -17,7 +17,9 @@ impl Tensor {
     pub fn to_pixels(&self) -> Result<Tensor> {
         let input = self.to_f32_contiguous()?;
         let mut out = Tensor::empty(self.shape(), DType::U8, self.device())?;
-        if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<u8>()) {
+        if let Some(l) = self.device().launcher() {
+            crate::cuda::dispatch::to_pixels(l.as_ref(), &input, &out)?;
+        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<u8>()) {
             crate::parallel::run(|| {
                 dst.par_chunks_mut(1 << 14)
                     .zip(src.par_chunks(1 << 14))

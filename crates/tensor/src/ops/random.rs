@@ -164,7 +164,9 @@ impl Tensor {
         device: &Device,
     ) -> Result<Tensor> {
         let mut out = Tensor::empty(shape, DType::F32, device)?;
-        if let Some(dst) = out.data_mut::<f32>() {
+        if let Some(l) = device.launcher() {
+            crate::cuda::dispatch::randn(l.as_ref(), &out, seed, offset)?;
+        } else if let Some(dst) = out.data_mut::<f32>() {
             crate::parallel::run(|| {
                 dst.par_chunks_mut(1 << 14)
                     .enumerate()

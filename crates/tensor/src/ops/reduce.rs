@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::tensor::Tensor;
@@ -52,7 +53,24 @@ fn reduce(
     }
     let input = x.to_f32_contiguous()?;
     let mut out = Tensor::empty(&shape, DType::F32, x.device())?;
-    if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+    if let Some(l) = x.device().launcher() {
+        let outer = x.numel().checked_div(len * inner).unwrap_or(0);
+        let scale = match kind {
+            Reduce::Mean => 1.0 / len as f64,
+            _ => 1.0,
+        };
+        if out.numel() > 0 {
+            let dims = [outer, len, inner];
+            dispatch::reduce(
+                l.as_ref(),
+                &input,
+                &out,
+                dims,
+                matches!(kind, Reduce::Max),
+                scale,
+            )?;
+        }
+    } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
         crate::parallel::run(|| {
             dst.par_chunks_mut(inner.max(1))
                 .enumerate()
@@ -100,7 +118,9 @@ impl Tensor {
             .ok_or_else(|| TensorError::shape("softmax", "a scalar has no axis"))?;
         let input = self.to_f32_contiguous()?;
         let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
-        if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+        if let Some(l) = self.device().launcher() {
+            dispatch::softmax(l.as_ref(), &input, &out, cols)?;
+        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
             if let Some(rows) = src.len().checked_div(cols) {
                 crate::kernels::softmax::softmax_rows_into(src, dst, rows, cols);
             }

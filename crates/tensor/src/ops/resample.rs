@@ -1,6 +1,7 @@
 //! Layout ops the VAE needs: concat/stack (any dtype, byte copies), padding, nearest ×2
 //! upsampling and pixel (un)shuffle (computed in f32, dtype kept).
 
+use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::kernels::resample::{self as k, PadMode, ShuffleParams};
@@ -50,6 +51,10 @@ impl Tensor {
             .map(|t| t.contiguous())
             .collect::<Result<Vec<_>>>()?;
         let mut out = Tensor::empty(&shape, first.dtype(), first.device())?;
+        if let Some(l) = first.device().launcher() {
+            dispatch::cat(l.as_ref(), &dense, &out, axis)?;
+            return Ok(out);
+        }
         let size = first.dtype().size();
         let outer: usize = shape[..axis].iter().product();
         let inner: usize = shape[axis + 1..].iter().product::<usize>() * size;
@@ -112,7 +117,9 @@ impl Tensor {
             .map(|(&d, &(b, a))| d + b + a)
             .collect();
         let mut out = Tensor::empty(&shape, DType::F32, self.device())?;
-        if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+        if let Some(l) = self.device().launcher() {
+            dispatch::pad(l.as_ref(), &input, &out, pads, mode == PadMode::Replicate)?;
+        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
             crate::parallel::run(|| k::pad(src, self.shape(), pads, mode, dst));
         }
         out.to_dtype(self.dtype())
@@ -134,7 +141,9 @@ impl Tensor {
         shape[r - 2] *= 2;
         shape[r - 1] *= 2;
         let mut out = Tensor::empty(&shape, DType::F32, self.device())?;
-        if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+        if let Some(l) = self.device().launcher() {
+            dispatch::upsample_nearest2x(l.as_ref(), &input, &out, [planes, h, w])?;
+        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
             crate::parallel::run(|| k::upsample_nearest2x(src, dst, planes, h, w));
         }
         out.to_dtype(self.dtype())
@@ -172,7 +181,10 @@ impl Tensor {
             DType::F32,
             self.device(),
         )?;
-        if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+        if let Some(l) = self.device().launcher() {
+            let dims = [b * (c / rr), h, w, factor];
+            dispatch::pixel_shuffle(l.as_ref(), &input, &out, dims, false)?;
+        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
             crate::parallel::run(|| k::pixel_shuffle(&p, src, dst));
         }
         out.to_dtype(self.dtype())
@@ -209,7 +221,10 @@ impl Tensor {
             DType::F32,
             self.device(),
         )?;
-        if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+        if let Some(l) = self.device().launcher() {
+            let dims = [b * c, hr / factor, wr / factor, factor];
+            dispatch::pixel_shuffle(l.as_ref(), &input, &out, dims, true)?;
+        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
             crate::parallel::run(|| k::pixel_unshuffle(&p, src, dst));
         }
         out.to_dtype(self.dtype())

@@ -1,0 +1,241 @@
+//! Every tensor op on a GPU device goes through the launch path, and each launch is one
+//! the compiled kernels take: run here against the checked launcher (no GPU), which holds
+//! argument sizes to the sm_90 cubins' parameter tables (when NVRTC is installed; CI sets
+//! `HEADROOM_REQUIRE_NVRTC=1`), pointers to live blocks and inputs to bytes written before.
+
+use std::sync::Arc;
+
+use headroom_mem::{AllocatorConfig, CachingPlatform, ReclaimPolicy};
+use headroom_tensor::cuda::check::{CheckedLauncher, ParamSource};
+use headroom_tensor::cuda::launch::{Access, Arg, Launch, Launcher};
+use headroom_tensor::kernels::resample::PadMode;
+use headroom_tensor::kernels::rope::RopeTable;
+use headroom_tensor::ops::attention::Mask;
+use headroom_tensor::ops::conv::Conv3dOptions;
+use headroom_tensor::{DType, Device, Tensor};
+
+fn gpu() -> (Device, Arc<CheckedLauncher>) {
+    let platform = CachingPlatform::sim(64 << 30, AllocatorConfig::default(), ReclaimPolicy::Never)
+        .expect("sim platform");
+    let checker = Arc::new(CheckedLauncher::new().expect("checked launcher"));
+    let device = Device::with_launcher(Arc::new(platform), checker.clone());
+    (device, checker)
+}
+
+fn seeded(shape: &[usize], seed: u64, dtype: DType, device: &Device) -> Tensor {
+    Tensor::randn(shape, seed, 0, dtype, device).expect("randn")
+}
+
+/// Runs `f` on the GPU device and on the host and checks the results have one shape and
+/// dtype.
+fn same_shape(gpu: &Device, f: impl Fn(&Device) -> Tensor) {
+    let cpu = Device::cpu().expect("cpu");
+    let (g, c) = (f(gpu), f(&cpu));
+    assert_eq!(g.shape(), c.shape());
+    assert_eq!(g.dtype(), c.dtype());
+    assert_eq!(g.to_f32_vec().expect("download").len(), c.numel());
+}
+
+#[test]
+fn every_op_runs_on_the_launch_path_with_the_host_ops_shapes() {
+    let (device, checker) = gpu();
+    for dtype in [DType::F32, DType::BF16] {
+        let x = |d: &Device| seeded(&[2, 6, 4, 64], 1, dtype, d);
+        same_shape(&device, |d| {
+            x(d).add(&seeded(&[1, 6, 1, 64], 2, dtype, d)).unwrap()
+        });
+        same_shape(&device, |d| x(d).mul(&x(d)).unwrap());
+        same_shape(&device, |d| {
+            x(d).transpose(1, 2)
+                .unwrap()
+                .sub(&x(d).transpose(1, 2).unwrap())
+                .unwrap()
+        });
+        same_shape(&device, |d| {
+            x(d).div(&x(d).add_scalar(3.0).unwrap()).unwrap()
+        });
+        same_shape(&device, |d| {
+            x(d).mul_scalar(0.5).unwrap().affine(2.0, 1.0).unwrap()
+        });
+        for f in [
+            Tensor::exp,
+            Tensor::sin,
+            Tensor::cos,
+            Tensor::sqrt,
+            Tensor::rsqrt,
+            Tensor::silu,
+            Tensor::gelu_tanh,
+            Tensor::gelu_erf,
+        ] {
+            same_shape(&device, |d| f(&x(d)).unwrap());
+        }
+        same_shape(&device, |d| x(d).clamp(-1.0, 1.0).unwrap());
+        let w = |d: &Device| seeded(&[64], 3, DType::F32, d);
+        same_shape(&device, |d| {
+            x(d).layer_norm(Some(&w(d)), Some(&w(d)), 1e-6).unwrap()
+        });
+        same_shape(&device, |d| x(d).rms_norm(Some(&w(d)), 1e-6).unwrap());
+        same_shape(&device, |d| {
+            x(d).rms_norm_channels(&seeded(&[6], 4, dtype, d)).unwrap()
+        });
+        let mod_ = |d: &Device| seeded(&[2, 1, 1, 64], 5, dtype, d);
+        same_shape(&device, |d| {
+            x(d).layer_norm_modulate(&mod_(d), &mod_(d), 1e-6).unwrap()
+        });
+        same_shape(&device, |d| x(d).add_mul(&mod_(d), &x(d)).unwrap());
+        same_shape(&device, |d| x(d).softmax().unwrap());
+        same_shape(&device, |d| x(d).sum(3, false).unwrap());
+        same_shape(&device, |d| x(d).mean(1, true).unwrap());
+        same_shape(&device, |d| x(d).max(2, false).unwrap());
+        same_shape(&device, |d| x(d).to_pixels().unwrap());
+        same_shape(&device, |d| Tensor::cat(&[&x(d), &x(d)], 2).unwrap());
+        same_shape(&device, |d| Tensor::stack(&[&x(d), &x(d)], 0).unwrap());
+        same_shape(&device, |d| {
+            x(d).pad(&[(0, 0), (1, 2), (0, 1), (3, 0)], PadMode::Zeros)
+                .unwrap()
+        });
+        same_shape(&device, |d| {
+            x(d).pad(&[(0, 0), (2, 0), (0, 0), (1, 1)], PadMode::Replicate)
+                .unwrap()
+        });
+        same_shape(&device, |d| x(d).upsample_nearest2x().unwrap());
+        same_shape(&device, |d| {
+            x(d).pixel_unshuffle(2).unwrap().pixel_shuffle(2).unwrap()
+        });
+        // Linear and batched matmul through the GEMM, attention, RoPE, convolutions.
+        let wl = |d: &Device| seeded(&[96, 64], 6, dtype, d);
+        same_shape(&device, |d| {
+            x(d).linear(&wl(d), Some(&seeded(&[96], 7, DType::F32, d)))
+                .unwrap()
+        });
+        same_shape(&device, |d| {
+            x(d).matmul(&seeded(&[1, 64, 32], 8, dtype, d)).unwrap()
+        });
+        let q = |d: &Device| seeded(&[1, 40, 2, 64], 9, dtype, d);
+        let kv = |d: &Device| seeded(&[1, 72, 2, 64], 10, dtype, d);
+        let mask = Mask::BlockCausal {
+            block_len: 16,
+            q_start: 32,
+        };
+        same_shape(&device, |d| {
+            Tensor::scaled_dot_product_attention(&q(d), &kv(d), &kv(d), mask, None).unwrap()
+        });
+        let table = RopeTable::new(64, 32, 10_000.0);
+        let positions: Vec<[usize; 3]> = (0..40).map(|i| [i / 20, (i / 5) % 4, i % 5]).collect();
+        same_shape(&device, |d| q(d).rope(&table, &positions).unwrap());
+        let v = |d: &Device| seeded(&[1, 6, 3, 10, 12], 11, dtype, d);
+        let cw = |d: &Device| seeded(&[8, 6, 3, 3, 3], 12, dtype, d);
+        same_shape(&device, |d| {
+            v(d).conv3d(
+                &cw(d),
+                Some(&seeded(&[8], 13, DType::F32, d)),
+                Conv3dOptions::causal([1, 1, 1]),
+            )
+            .unwrap()
+        });
+        let im = |d: &Device| seeded(&[1, 6, 10, 12], 14, dtype, d);
+        same_shape(&device, |d| {
+            im(d)
+                .conv2d(&seeded(&[8, 6, 3, 3], 15, dtype, d), None, [2, 2], [1, 1])
+                .unwrap()
+        });
+        same_shape(&device, |d| {
+            Tensor::zeros(&[3, 5], dtype, d)
+                .unwrap()
+                .add_scalar(1.0)
+                .unwrap()
+        });
+        same_shape(&device, |d| {
+            Tensor::full(&[3, 5], 2.5, dtype, d).unwrap().exp().unwrap()
+        });
+    }
+    let report = checker.report();
+    for kernel in [
+        "add_f32",
+        "add_contig_f32",
+        "sub_f32",
+        "f32_to_bf16",
+        "bf16_to_f32",
+        "copy_strided_b4",
+        "copy_strided_b2",
+        "layer_norm_f32",
+        "rms_norm_f32",
+        "rms_norm_channels_f32",
+        "softmax_f32",
+        "sum_rows_f32",
+        "sum_axis_f32",
+        "max_axis_f32",
+        "randn_f32",
+        "f32_to_pixels",
+        "pad_f32",
+        "upsample_nearest2x_f32",
+        "pixel_shuffle_f32",
+        "pixel_unshuffle_f32",
+        "attention_f32",
+        "attention_bf16_d64",
+        "rope_f32",
+        "conv3d_f32",
+        "affine_f32",
+        "clamp_f32",
+        "gelu_erf_f32",
+    ] {
+        assert!(
+            report.launches.contains_key(kernel),
+            "{kernel} never launched: {report:?}"
+        );
+    }
+    assert!(report.gemms >= 2 * (1 + 6), "{report:?}");
+    match checker.source() {
+        ParamSource::Cubins => {}
+        ParamSource::NamesOnly(why) => eprintln!("argument sizes unchecked: {why}"),
+    }
+}
+
+#[test]
+fn an_input_nothing_wrote_is_refused() {
+    let (device, _) = gpu();
+    let never_written = Tensor::empty(&[4, 8], DType::F32, &device).unwrap();
+    let err = never_written.exp().unwrap_err().to_string();
+    assert!(err.contains("nothing wrote"), "{err}");
+}
+
+#[test]
+fn launches_are_held_to_the_kernels_parameters_and_blocks() {
+    let (device, checker) = gpu();
+    let x = seeded(&[256], 1, DType::F32, &device);
+    let out = Tensor::empty(&[256], DType::F32, &device).unwrap();
+    let ptr = |t: &Tensor, bytes: u64, access| Arg::Ptr {
+        addr: t.device_addr(),
+        bytes,
+        access,
+    };
+    let exp = |x_bytes: u64, n: Arg| {
+        Launch::elements(
+            "exp_f32",
+            256,
+            vec![
+                ptr(&x, x_bytes, Access::Read),
+                ptr(&out, 1024, Access::Write),
+                n,
+            ],
+        )
+    };
+    checker.launch(&exp(1024, Arg::i64(256))).unwrap();
+    let err = checker
+        .launch(&exp(4096, Arg::i64(256)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("run past the block"), "{err}");
+    let unknown = Launch {
+        kernel: "no_such_kernel",
+        ..exp(1024, Arg::i64(256))
+    };
+    assert!(checker.launch(&unknown).is_err());
+    if *checker.source() == ParamSource::Cubins {
+        let err = checker
+            .launch(&exp(1024, Arg::i32(256)))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("argument sizes [8, 8, 4]"), "{err}");
+    }
+}
