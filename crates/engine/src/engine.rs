@@ -118,22 +118,25 @@ impl Engine {
         shard: Option<Sharding>,
     ) -> Result<Self> {
         let meta = shard.is_none().then(crate::planned::MetaTwin::default);
-        let mut engine = Self::build(config, platform, shard)?;
+        let mut engine = Self::build(config, Device::new(platform), shard)?;
         engine.meta = meta;
+        Ok(engine)
+    }
+
+    /// An engine on `device`: a GPU device (`Device::cuda`, or `Device::checked_gpu` to
+    /// run every op through the launch path without a GPU) or any host device.
+    pub fn on_device(config: EngineConfig, device: Device) -> Result<Self> {
+        let mut engine = Self::build(config, device, None)?;
+        engine.meta = Some(crate::planned::MetaTwin::default());
         Ok(engine)
     }
 
     /// The sim twin of an engine: same config, no twin of its own.
     pub(crate) fn twin(config: EngineConfig, platform: Arc<dyn Platform>) -> Result<Self> {
-        Self::build(config, platform, None)
+        Self::build(config, Device::new(platform), None)
     }
 
-    fn build(
-        config: EngineConfig,
-        platform: Arc<dyn Platform>,
-        shard: Option<Sharding>,
-    ) -> Result<Self> {
-        let device = Device::new(platform);
+    fn build(config: EngineConfig, device: Device, shard: Option<Sharding>) -> Result<Self> {
         let dtype = config.weight_dtype;
         let folder = std::path::Path::new(&config.model);
         let pipeline = folder.join("transformer").is_dir() && folder.join("vae").is_dir();
@@ -227,6 +230,11 @@ impl Engine {
         self.first_frame
             .as_ref()
             .map(|f| (f.width() as usize, f.height() as usize))
+    }
+
+    /// The device sessions run on.
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// The platform sessions run on.

@@ -271,7 +271,7 @@ fn serve(args: ServeArgs) -> Result<()> {
 }
 
 fn session(args: SessionArgs) -> Result<()> {
-    args.shape.device.require_engine_support()?;
+    args.shape.device.require_host("bench session")?;
     let policies = args
         .policies
         .iter()

@@ -1,14 +1,19 @@
-//! `--device cpu|cuda[:N]`, shared by `generate`, `bench session` and `plan`.
+//! `--device cpu|cuda[:N]|cuda-check`, shared by `generate`, `bench session` and `plan`.
 //!
 //! `cuda` needs a build with `--features cuda` and a GPU the driver can open; both
-//! failures are errors (exit code 2) with the reason. The tensor runtime does not route
-//! its ops to the CUDA kernels yet, so commands that run the engine stop with a clear
-//! error once the device is found; `plan` only reads the card's capacity.
+//! failures are errors (exit code 2) with the reason. `generate` runs the engine on it;
+//! `bench session` and `plan --measure` run on the host only, and `plan` reads the card's
+//! capacity. `cuda-check` runs `generate` through the GPU path on a machine without one:
+//! every op is launched against the checked launcher (argument sizes held to the sm_90
+//! cubins, pointers to live blocks, inputs to written bytes) and no values are computed,
+//! so the frames are black.
 
 use std::fmt;
 use std::str::FromStr;
 
 use anyhow::{bail, Result};
+use headroom_mem::{AllocatorConfig, ReclaimPolicy};
+use headroom_tensor::Device;
 
 /// Where a command runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -18,6 +23,8 @@ pub enum DeviceArg {
     Cpu,
     /// NVIDIA GPU with this CUDA ordinal.
     Cuda(usize),
+    /// The GPU path without a GPU: launches checked, nothing computed.
+    CudaCheck,
 }
 
 impl FromStr for DeviceArg {
@@ -26,12 +33,15 @@ impl FromStr for DeviceArg {
         match s {
             "cpu" => Ok(DeviceArg::Cpu),
             "cuda" => Ok(DeviceArg::Cuda(0)),
+            "cuda-check" => Ok(DeviceArg::CudaCheck),
             other => match other.strip_prefix("cuda:") {
                 Some(n) => n
                     .parse()
                     .map(DeviceArg::Cuda)
                     .map_err(|_| format!("invalid CUDA ordinal {n:?} in {other:?}")),
-                None => Err(format!("must be cpu, cuda or cuda:N, got {other:?}")),
+                None => Err(format!(
+                    "must be cpu, cuda, cuda:N or cuda-check, got {other:?}"
+                )),
             },
         }
     }
@@ -42,27 +52,48 @@ impl fmt::Display for DeviceArg {
         match self {
             DeviceArg::Cpu => f.write_str("cpu"),
             DeviceArg::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceArg::CudaCheck => f.write_str("cuda-check"),
         }
     }
 }
 
 impl DeviceArg {
-    /// Checks that the engine can run here: `cpu` always; `cuda` opens the GPU (so a
-    /// missing device is reported as such) and then refuses, since the tensor runtime does
-    /// not dispatch ops to CUDA yet.
-    pub fn require_engine_support(self) -> Result<()> {
+    /// Checks that a host-only command (`bench session`, `plan --measure`) can run here:
+    /// `cpu` always; for `cuda` it opens the GPU (so a missing device is reported as such)
+    /// and then says which command runs there.
+    pub fn require_host(self, command: &str) -> Result<()> {
         match self {
             DeviceArg::Cpu => Ok(()),
             DeviceArg::Cuda(ordinal) => {
                 let capacity = cuda_capacity(ordinal)?;
                 bail!(
-                    "found cuda:{ordinal} ({} B), but the tensor runtime does not dispatch ops \
-                     to CUDA yet (the kernels compile and self-test: `headroom cuda kernels`, \
-                     `headroom cuda selftest`); run with --device cpu, or plan with \
-                     `headroom plan --device cuda:{ordinal}`",
-                    capacity
+                    "found cuda:{ordinal} ({capacity} B), but `{command}` runs on the host only; \
+                     run the engine on the GPU with `headroom generate --device cuda:{ordinal}`"
                 )
             }
+            DeviceArg::CudaCheck => bail!(
+                "`{command}` runs on the host only; `--device cuda-check` is for `headroom generate`"
+            ),
+        }
+    }
+
+    /// The device `generate` runs its engine on: `None` for the host (the engine's own
+    /// `cpu` platform), the GPU for `cuda`, the checked launch path for `cuda-check`
+    /// (`capacity` bytes, default 80 GiB).
+    pub fn engine_device(
+        self,
+        config: &AllocatorConfig,
+        reclaim: ReclaimPolicy,
+        capacity: Option<u64>,
+    ) -> Result<Option<Device>> {
+        match self {
+            DeviceArg::Cpu => Ok(None),
+            DeviceArg::Cuda(ordinal) => cuda_device(ordinal, config, reclaim).map(Some),
+            DeviceArg::CudaCheck => Ok(Some(Device::checked_gpu(
+                capacity.unwrap_or(80 << 30),
+                config.clone(),
+                reclaim,
+            )?)),
         }
     }
 
@@ -71,6 +102,7 @@ impl DeviceArg {
         match self {
             DeviceArg::Cpu => Ok(None),
             DeviceArg::Cuda(ordinal) => cuda_capacity(ordinal).map(Some),
+            DeviceArg::CudaCheck => Ok(None),
         }
     }
 }
@@ -81,6 +113,18 @@ fn cuda_capacity(ordinal: usize) -> Result<u64> {
     use headroom_mem::DeviceMemory;
     let memory = headroom_mem::CudaMemory::new(ordinal)?;
     Ok(memory.capacity())
+}
+
+/// GPU `ordinal` with the CUDA runtime on it.
+#[cfg(feature = "cuda")]
+fn cuda_device(ordinal: usize, config: &AllocatorConfig, reclaim: ReclaimPolicy) -> Result<Device> {
+    Ok(Device::cuda(ordinal, config.clone(), reclaim)?)
+}
+
+/// Without the feature there is no CUDA code in this binary.
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_: usize, _: &AllocatorConfig, _: ReclaimPolicy) -> Result<Device> {
+    bail!("this build has no CUDA support (build with --features cuda)")
 }
 
 /// Without the feature there is no CUDA code in this binary.

@@ -198,7 +198,6 @@ const FPS: u32 = 16;
 
 /// Runs `headroom generate`.
 pub fn run(args: GenerateArgs) -> Result<()> {
-    args.shape.device.require_engine_support()?;
     let reclaim: ReclaimPolicy = args.policy.parse()?;
     let policy: AllocatorPolicy = args.allocator.parse()?;
     let kv_budget_bytes = match args.kv_budget.as_str() {
@@ -221,7 +220,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let text_cache_bytes = parse_size(&args.text_cache).context("--text-cache")?;
     let model = args.shape.resolved_model(crate::builtin_world::WORLD)?;
     let (width, height) = args.shape.size(&model);
-    let engine = Engine::new(EngineConfig {
+    let config = EngineConfig {
         model,
         transformer: args.transformer.clone(),
         allocator: AllocatorConfig::with_policy(policy),
@@ -232,12 +231,21 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         text_cache_bytes,
         weight_dtype: args.shape.dtype.dtype(),
         ..EngineConfig::default()
-    })?;
+    };
+    let engine =
+        match args
+            .shape
+            .device
+            .engine_device(&config.allocator, reclaim, config.capacity)?
+        {
+            Some(device) => Engine::on_device(config, device)?,
+            None => Engine::new(config)?,
+        };
     let platform = engine.platform().clone();
     if args.trace.is_some() {
         platform.allocator().set_history(1 << 20);
     }
-    let device = Device::new(platform.clone());
+    let device = engine.device().clone();
     let text = args
         .text_embeds
         .as_ref()
@@ -339,7 +347,12 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let stats = platform.memory_stats();
     let mean = chunk_times.iter().sum::<f64>() / chunk_times.len().max(1) as f64;
     let text_report = engine.text_report();
+    let launcher = device.launcher();
+    let gpu = launcher.map(|l| l.describe());
+    let checked = launcher.and_then(|l| l.check_report());
     let report = serde_json::json!({
+        "device": gpu.clone().unwrap_or_else(|| "cpu".into()),
+        "checked_launches": checked,
         "text_encoder": text_report,
         "frames": frames,
         "width": width,
@@ -357,6 +370,20 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         println!("{report}");
     } else {
         println!("{frames} frames {width}x{height} → {}", args.out.display());
+        if let Some(gpu) = &gpu {
+            println!("device: {gpu}");
+        }
+        if let Some(c) = &checked {
+            println!(
+                "checked: {} launches of {} kernels and {} GEMMs ({:.2} GFLOP), {} uploaded, {} downloaded; no values computed (frames are black)",
+                c.launches.values().sum::<u64>(),
+                c.launches.len(),
+                c.gemms,
+                c.gemm_flops / 1e9,
+                format_bytes(c.uploaded_bytes),
+                format_bytes(c.downloaded_bytes)
+            );
+        }
         println!("time to first chunk {ttfc:.2} s, mean chunk {mean:.2} s");
         println!(
             "allocator peak: {} allocated, {} reserved; after the session: {} reserved",

@@ -102,7 +102,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         other => anyhow::bail!("--dtype must be auto, bf16 or f32, got {other:?}"),
     };
     if args.measure {
-        args.device.require_engine_support()?;
+        args.device.require_host("plan --measure")?;
     }
     let capacity = match args.device.card_capacity()? {
         Some(card) => card,

@@ -1,5 +1,6 @@
-//! `--device cpu|cuda[:N]` through the real binary: every way `cuda` cannot be used is a
-//! clear error with exit code 2, never a panic and never a silent run on the CPU.
+//! `--device cpu|cuda[:N]|cuda-check` through the real binary: every way `cuda` cannot be
+//! used is a clear error with exit code 2, never a panic and never a silent run on the
+//! CPU; `cuda-check` runs `generate` through the GPU path with every launch checked.
 
 use std::process::Command;
 
@@ -21,8 +22,7 @@ fn assert_cuda_refused(args: &[&str]) {
     assert!(!stderr.contains("panicked"), "{stderr}");
     if cfg!(feature = "cuda") {
         assert!(
-            stderr.contains("no CUDA device: ")
-                || stderr.contains("does not dispatch ops to CUDA yet"),
+            stderr.contains("no CUDA device: ") || stderr.contains("runs on the host only"),
             "{stderr}"
         );
     } else {
@@ -60,5 +60,50 @@ fn plan_on_cuda_needs_the_feature_and_a_device() {
 fn an_unknown_device_is_a_usage_error() {
     let (code, stderr) = headroom(&["plan", "--device", "gpu"]);
     assert_eq!(code, Some(2));
-    assert!(stderr.contains("must be cpu, cuda or cuda:N"), "{stderr}");
+    assert!(
+        stderr.contains("must be cpu, cuda, cuda:N or cuda-check"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn generate_on_cuda_check_runs_every_op_through_checked_launches() {
+    for dtype in ["f32", "bf16"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = dir.path().join("check.mp4");
+        let output = Command::new(env!("CARGO_BIN_EXE_headroom"))
+            .args([
+                "generate",
+                "--device",
+                "cuda-check",
+                "--model",
+                "tiny",
+                "--frames",
+                "9",
+            ])
+            .args(["--dtype", dtype, "--json", "--out"])
+            .arg(&out)
+            .output()
+            .expect("the headroom binary runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        let report: serde_json::Value =
+            serde_json::from_slice(&output.stdout).expect("one JSON report");
+        let checked = &report["checked_launches"];
+        let launches = checked["launches"].as_object().expect("launch counts");
+        for kernel in [
+            "conv3d_f32",
+            "layer_norm_f32",
+            "rope_f32",
+            "randn_f32",
+            "f32_to_pixels",
+        ] {
+            assert!(
+                launches.contains_key(kernel),
+                "{dtype}: {kernel} never launched: {checked}"
+            );
+        }
+        assert!(checked["gemms"].as_u64() > Some(10), "{checked}");
+        assert!(out.exists(), "the video is written");
+    }
 }

@@ -57,11 +57,24 @@ impl Device {
     /// A GPU device without a GPU: a modelled device of `capacity` bytes whose every op
     /// goes through the launch path and is validated by a
     /// [`CheckedLauncher`](crate::cuda::check::CheckedLauncher) (no values are computed).
-    pub fn checked_gpu(capacity: u64) -> Result<Self> {
-        let platform =
-            CachingPlatform::sim(capacity, AllocatorConfig::default(), ReclaimPolicy::Never)?;
+    pub fn checked_gpu(
+        capacity: u64,
+        config: AllocatorConfig,
+        reclaim: ReclaimPolicy,
+    ) -> Result<Self> {
+        let platform = CachingPlatform::sim(capacity, config, reclaim)?;
         let launcher = crate::cuda::check::CheckedLauncher::new()?;
         Ok(Self::with_launcher(Arc::new(platform), Arc::new(launcher)))
+    }
+
+    /// GPU `ordinal`: the caching allocator over its memory (`config`, `reclaim`) and the
+    /// CUDA runtime (every kernel loaded, cuBLASLt) computing on it (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    pub fn cuda(ordinal: usize, config: AllocatorConfig, reclaim: ReclaimPolicy) -> Result<Self> {
+        let platform: Arc<dyn Platform> =
+            Arc::new(CachingPlatform::cuda(ordinal, config, reclaim)?);
+        let runtime = crate::cuda::runtime::CudaRuntime::new(ordinal, &platform)?;
+        Ok(Self::with_launcher(platform, Arc::new(runtime)))
     }
 
     /// The launcher that computes on this device (`None` on host and meta devices).

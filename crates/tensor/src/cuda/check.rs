@@ -315,4 +315,8 @@ impl Launcher for CheckedLauncher {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+
+    fn check_report(&self) -> Option<CheckReport> {
+        Some(self.report())
+    }
 }

@@ -284,4 +284,8 @@ pub trait Launcher: Send + Sync + fmt::Debug {
     fn released(&self, _addr: u64) {}
     /// Waits for every submitted piece of work.
     fn synchronize(&self) -> Result<()>;
+    /// What a checking launcher saw (`None` for one that runs the work).
+    fn check_report(&self) -> Option<super::check::CheckReport> {
+        None
+    }
 }

@@ -27,6 +27,8 @@ pub mod modules;
 pub mod nvrtc;
 pub mod ptxas;
 #[cfg(feature = "cuda")]
+pub mod runtime;
+#[cfg(feature = "cuda")]
 pub mod selftest;
 
 pub use cache::DiskCache;
