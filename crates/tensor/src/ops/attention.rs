@@ -98,6 +98,15 @@ impl Tensor {
                     t.copy_as(dt)
                 }
             };
+            if d > 256 && mask == Mask::None {
+                // Wider heads than the kernels hold in registers (the VAE's one head of
+                // 384): scores through the GEMM, softmax, then the GEMM again.
+                let heads = |t: &Tensor| t.to_dtype(DType::F32)?.permute(&[0, 2, 1, 3]);
+                let (qh, kh, vh) = (heads(q)?, heads(k)?, heads(v)?);
+                let scores = qh.matmul(&kh.transpose(2, 3)?)?.mul_scalar(scale)?;
+                let out = scores.softmax()?.matmul(&vh)?;
+                return out.permute(&[0, 2, 1, 3])?.contiguous();
+            }
             let (qd, kd, vd) = (rows(q)?, rows(k)?, rows(v)?);
             let out = Tensor::empty(&[b, lq, h, d], DType::F32, q.device())?;
             if out.numel() > 0 {
