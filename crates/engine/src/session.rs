@@ -157,10 +157,9 @@ fn decode_block(
         return Err(cancelled(cancel, id, at)
             .unwrap_or_else(|| EngineError::request("decode", "no frames produced")));
     };
-    Ok((
-        pixels.permute(&[1, 2, 3, 0])?.contiguous()?,
-        start.elapsed(),
-    ))
+    let pixels = pixels.permute(&[1, 2, 3, 0])?.contiguous()?;
+    pixels.device().synchronize()?;
+    Ok((pixels, start.elapsed()))
 }
 
 /// The error that ends a chunk at `at` when `cancel` says stop.
@@ -566,6 +565,7 @@ impl Session {
                 x = renoise(&x0, &eps, self.schedule.sigmas[k + 1])?;
             }
         }
+        x0.device().synchronize()?;
         let denoise = start.elapsed();
         let start = Instant::now();
         let own = match last_own {
@@ -581,6 +581,7 @@ impl Session {
         if let Some(kv) = self.kv.as_mut() {
             kv.commit(first, &own)?;
         }
+        x0.device().synchronize()?;
         Ok(Denoised {
             x0,
             denoise,

@@ -294,6 +294,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let mut chunk_times = Vec::new();
+    let mut chunk_reports = Vec::new();
     let mut ttfc = 0.0;
     let mut frames = 0;
     let outcome: Result<()> = (|| {
@@ -313,6 +314,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 sink.write(f, w, h)?;
             }
             frames += n;
+            chunk_reports.push(serde_json::json!({
+                "frames": n,
+                "total_s": secs,
+                "denoise_s": chunk.timings.denoise.as_secs_f64(),
+                "commit_s": chunk.timings.commit.as_secs_f64(),
+                "decode_s": chunk.timings.decode.as_secs_f64(),
+            }));
             let line = format!(
                 "{n} frames in {secs:.2} s (denoise {:.2} s, commit {:.2} s, decode {:.2} s), reserved {}",
                 chunk.timings.denoise.as_secs_f64(),
@@ -359,6 +367,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         "height": height,
         "ttfc_s": ttfc,
         "chunk_mean_s": mean,
+        "chunks": chunk_reports,
         "allocated_peak_bytes": stats.allocated_bytes.all().peak,
         "reserved_peak_bytes": stats.reserved_bytes.all().peak,
         "post_session_reserved_bytes": stats.reserved_bytes.all().current,

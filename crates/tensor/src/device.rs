@@ -77,6 +77,15 @@ impl Device {
         Ok(Self::with_launcher(platform, Arc::new(runtime)))
     }
 
+    /// Waits until the work submitted on this device is done (a no-op on the host, whose
+    /// ops return finished): what a wall-clock timing of GPU work needs first.
+    pub fn synchronize(&self) -> Result<()> {
+        if let Some(l) = &self.launcher {
+            l.synchronize()?;
+        }
+        Ok(())
+    }
+
     /// The launcher that computes on this device (`None` on host and meta devices).
     pub fn launcher(&self) -> Option<&Arc<dyn Launcher>> {
         self.launcher.as_ref()
