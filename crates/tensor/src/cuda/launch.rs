@@ -145,10 +145,7 @@ impl DeviceView {
 
     /// The row-major contiguous view of `shape`.
     pub fn contiguous(shape: &[usize]) -> Option<Self> {
-        Self::new(
-            shape,
-            &crate::layout::Layout::contiguous(shape).strides().to_vec(),
-        )
+        Self::new(shape, crate::layout::Layout::contiguous(shape).strides())
     }
 
     /// The argument (`View` by value).
