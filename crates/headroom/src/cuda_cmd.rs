@@ -108,14 +108,16 @@ fn selftest(args: SelftestArgs) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        println!("self-test on {}", report.device);
         println!(
-            "{:<14} {:>12} {:>12}  result",
-            "op", "max_error", "tolerance"
+            "{:<12} {:<42} {:>10} {:>10}  result",
+            "op", "check", "max_error", "tolerance"
         );
         for r in &report.ops {
             println!(
-                "{:<14} {:>12.3e} {:>12.3e}  {}",
+                "{:<12} {:<42} {:>10.3e} {:>10.3e}  {}",
                 r.op,
+                r.kernel,
                 r.max_error,
                 r.tolerance,
                 if r.passed { "pass" } else { "FAIL" }

@@ -239,3 +239,20 @@ fn launches_are_held_to_the_kernels_parameters_and_blocks() {
         assert!(err.contains("argument sizes [8, 8, 4]"), "{err}");
     }
 }
+
+#[test]
+fn the_selftest_runs_every_case_through_checked_launches() {
+    let (device, checker) = gpu();
+    let report = headroom_tensor::cuda::selftest::run_on(&device).unwrap();
+    assert!(report.ops.len() >= 25, "{report:?}");
+    assert!(report.device.contains("checked"), "{}", report.device);
+    // Checked launches compute nothing: only the ops whose output is all zeros on the
+    // host too could pass, and none is.
+    assert!(report.ops.iter().all(|c| !c.passed), "{report:?}");
+    let launched = checker.report();
+    assert!(launched.gemms >= 5, "{launched:?}");
+    assert!(
+        launched.launches.contains_key("attention_bf16_d128"),
+        "{launched:?}"
+    );
+}

@@ -3,69 +3,18 @@
 //! [`CudaKernels`] opens a device through cudarc (after `headroom-mem` has checked that the
 //! driver and every symbol are there, so cudarc never panics on a missing library),
 //! compiles every module for the device's arch through the disk cache and loads the
-//! cubins. Launches go to one stream; buffers here are cudarc's (`CudaSlice`), which is
-//! what the self-test uses. Routing tensor ops on a `cuda` platform through these kernels,
-//! with every byte from the `CachingAllocator`, is not wired yet.
+//! cubins, with one stream for every launch. [`super::runtime::CudaRuntime`] launches
+//! through it on tensor blocks from the `CachingAllocator`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 
 use super::cache::DiskCache;
 use super::compile::{compile_all, ARCHS};
 use super::error::{CudaError, Result};
-
-/// Threads per block of the element-wise (grid-stride) kernels.
-pub const BLOCK: u32 = 256;
-
-/// A strided view for the kernels (`View` of `prelude.cuh`).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DeviceView {
-    /// Number of axes used (≤ 6).
-    pub rank: i32,
-    /// Extent per axis.
-    pub shape: [i64; 6],
-    /// Element stride per axis.
-    pub stride: [i64; 6],
-}
-
-// SAFETY: plain `repr(C)` data with the layout of the CUDA struct `View`.
-unsafe impl DeviceRepr for DeviceView {}
-
-impl DeviceView {
-    /// A view of `shape` with element `strides` (rank ≤ 6).
-    pub fn new(shape: &[usize], strides: &[usize]) -> Result<Self> {
-        if shape.len() > 6 || strides.len() != shape.len() {
-            return Err(CudaError::Driver {
-                call: "DeviceView::new",
-                reason: format!("rank {} (at most 6, strides must match)", shape.len()),
-            });
-        }
-        let mut v = DeviceView {
-            rank: shape.len() as i32,
-            ..Default::default()
-        };
-        for (i, (&s, &t)) in shape.iter().zip(strides).enumerate() {
-            v.shape[i] = s as i64;
-            v.stride[i] = t as i64;
-        }
-        Ok(v)
-    }
-
-    /// The row-major contiguous view of `shape`.
-    pub fn contiguous(shape: &[usize]) -> Result<Self> {
-        let mut strides = vec![1usize; shape.len()];
-        for i in (0..shape.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * shape[i + 1];
-        }
-        Self::new(shape, &strides)
-    }
-}
 
 /// A driver error as [`CudaError::Driver`].
 pub fn driver(call: &'static str) -> impl Fn(cudarc::driver::DriverError) -> CudaError {
@@ -176,46 +125,10 @@ impl CudaKernels {
         })
     }
 
-    /// Copies `data` to a new device buffer.
-    pub fn upload<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
-        self.stream.clone_htod(data).map_err(driver("cuMemcpyHtoD"))
-    }
-
-    /// A zeroed device buffer of `len` elements.
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
-        self.stream
-            .alloc_zeros(len.max(1))
-            .map_err(driver("cuMemAlloc"))
-    }
-
-    /// Copies a device buffer back (after the stream's work on it is done).
-    pub fn download<T: DeviceRepr>(&self, data: &CudaSlice<T>) -> Result<Vec<T>> {
-        self.stream.clone_dtoh(data).map_err(driver("cuMemcpyDtoH"))
-    }
-
     /// Waits for every launch so far.
     pub fn synchronize(&self) -> Result<()> {
         self.stream
             .synchronize()
             .map_err(driver("cuStreamSynchronize"))
-    }
-}
-
-/// The launch shape of a grid-stride kernel over `n` elements.
-pub fn grid_for(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(BLOCK as usize).clamp(1, 1 << 20) as u32;
-    LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-/// One block of 256 threads per row, at most 65 535 · 16 blocks (rows beyond loop).
-pub fn rows_grid(rows: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (rows.clamp(1, 1 << 20) as u32, 1, 1),
-        block_dim: (BLOCK, 1, 1),
-        shared_mem_bytes: 0,
     }
 }

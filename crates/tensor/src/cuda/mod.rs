@@ -10,7 +10,9 @@
 //! against the cubins' parameter tables on a machine without a GPU.
 //!
 //! Behind the `cuda` feature: loading the cubins on a device and launching them
-//! ([`backend`]), cuBLASLt GEMM, and the [`runtime::CudaRuntime`] launcher.
+//! ([`backend`]), cuBLASLt GEMM, and the [`runtime::CudaRuntime`] launcher. The op-level
+//! GPU-vs-host [`selftest`] is always built (it runs on any GPU device, the checked one
+//! included).
 
 #[cfg(feature = "cuda")]
 pub mod backend;
@@ -28,7 +30,6 @@ pub mod nvrtc;
 pub mod ptxas;
 #[cfg(feature = "cuda")]
 pub mod runtime;
-#[cfg(feature = "cuda")]
 pub mod selftest;
 
 pub use cache::DiskCache;
