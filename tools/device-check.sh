@@ -25,10 +25,13 @@
 #     (byte-identical across allocators is checked), and the 250 ms goal of 4 DMD steps +
 #     commit for one block.
 #
+#   - `headroom bench kernels --device cuda --json`: the Wan-shape GEMMs, attention and
+#     conv3d on the GPU in f32 and bf16, each against a bf16 cuBLASLt GEMM of the
+#     FLOP-equivalent shape (bench-kernels.json).
+#
 # WHAT IT DOES NOT COVER YET
-#   - `bench kernels --device cuda` (the kernel bench runs the CPU paths only) and the
-#     DiT / VAE golden-fixture tests on the GPU (they are cargo tests on the host device);
-#     the CPU-vs-GPU runs above compare whole models instead.
+#   - the DiT / VAE golden-fixture tests on the GPU (they are cargo tests on the host
+#     device); the CPU-vs-GPU runs above compare whole models instead.
 #
 # USE
 #   Here (the development machine), stage the binaries into .device-bin/ (ignored by git,
@@ -199,6 +202,14 @@ PY
     fi
   done
 
+  # The kernels on the GPU.
+  if "$bin" bench kernels --device cuda:0 --reps 3 --json >"$FIGURES/bench-kernels.json" 2>>"$LOG"; then
+    cp "$FIGURES/bench-kernels.json" "$OUT_DIR/bench-kernels.json"
+    record bench_kernels_cuda pass "see bench-kernels.json"
+  else
+    record bench_kernels_cuda fail "see device-check.log"
+  fi
+
   # The 1.3B-shape stepwise session, bf16, under two allocators.
   for alloc in pytorch expandable; do
     tag="wan13b-$alloc"
@@ -316,7 +327,6 @@ summary = {
     "allocator": allocator,
     "sessions_1p3b_bf16_480x832": sessions,
     "not_covered": [
-        "bench kernels --device cuda",
         "the DiT/VAE golden-fixture cargo tests on the GPU (whole models are compared CPU vs GPU instead)",
     ],
 }

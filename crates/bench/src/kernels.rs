@@ -77,7 +77,7 @@ impl BareGemm {
         2.0 * (self.m * self.n * self.k) as f64
     }
 
-    fn run(&mut self) {
+    fn run_host(&mut self) {
         let Self { m, k, n, a, b, c } = self;
         let (m, k, n) = (*m, *k, *n);
         parallel::run(|| {
@@ -98,6 +98,48 @@ impl BareGemm {
     }
 }
 
+/// The reference side of a row: on the host one bare `gemm` call, on a GPU device one
+/// bf16 cuBLASLt GEMM (`linear`) of the FLOP-equivalent shape, the device's dense-math
+/// ceiling in practice.
+enum Reference {
+    Host(BareGemm),
+    Gpu { x: Tensor, w: Tensor, flops: f64 },
+}
+
+impl Reference {
+    fn new(device: &Device, m: usize, k: usize, n: usize) -> Result<Self> {
+        if device.launcher().is_none() {
+            return Ok(Reference::Host(BareGemm::new(m, k, n)));
+        }
+        let make = |shape: &[usize], seed| -> Result<Tensor> {
+            Ok(Tensor::randn(shape, seed, 0, DType::BF16, device)?)
+        };
+        Ok(Reference::Gpu {
+            x: make(&[m, k], 11)?,
+            w: make(&[n, k], 12)?,
+            flops: 2.0 * (m * n * k) as f64,
+        })
+    }
+
+    fn flops(&self) -> f64 {
+        match self {
+            Reference::Host(g) => g.flops(),
+            Reference::Gpu { flops, .. } => *flops,
+        }
+    }
+
+    fn run(&mut self) -> Result<()> {
+        match self {
+            Reference::Host(g) => g.run_host(),
+            Reference::Gpu { x, w, .. } => {
+                let y = x.linear(w, None)?;
+                y.device().synchronize()?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Times `op` and the bare reference alternately (so drift hits both alike), `reps`
 /// times each after a warm-up. Returns (best op seconds, best reference seconds, scratch
 /// peak), the scratch being the op's peak requested bytes beyond its inputs and output.
@@ -105,21 +147,27 @@ fn compare(
     device: &Device,
     reps: usize,
     output_bytes: u64,
-    reference: &mut BareGemm,
+    reference: &mut Reference,
     mut op: impl FnMut() -> Result<Tensor>,
 ) -> Result<(f64, f64, u64)> {
-    drop(op()?);
-    reference.run();
+    // GPU work is asynchronous: a timing ends when the device has finished.
+    let mut timed = || -> Result<()> {
+        let out = op()?;
+        out.device().synchronize()?;
+        Ok(())
+    };
+    timed()?;
+    reference.run()?;
     let platform = device.platform();
     let base = platform.memory_stats().requested_bytes.all().current;
     platform.reset_peak_stats();
     let (mut best_op, mut best_ref) = (f64::INFINITY, f64::INFINITY);
     for _ in 0..reps.max(1) {
         let start = Instant::now();
-        drop(op()?);
+        timed()?;
         best_op = best_op.min(start.elapsed().as_secs_f64());
         let start = Instant::now();
-        reference.run();
+        reference.run()?;
         best_ref = best_ref.min(start.elapsed().as_secs_f64());
     }
     let peak = platform.memory_stats().requested_bytes.all().peak;
@@ -131,7 +179,7 @@ fn row(
     name: String,
     flops: f64,
     secs: f64,
-    reference: &BareGemm,
+    reference: &Reference,
     reference_secs: f64,
     scratch_peak_bytes: u64,
 ) -> KernelRow {
@@ -166,7 +214,7 @@ fn matmul_row(device: &Device, m: usize, k: usize, n: usize, reps: usize) -> Res
     // Activations f32, the weight-like operand in the row's dtype (as the models run).
     let a = random(&[m, k], 1, device)?.to_dtype(DType::F32)?;
     let b = random(&[k, n], 2, device)?;
-    let mut reference = BareGemm::new(m, k, n);
+    let mut reference = Reference::new(device, m, k, n)?;
     let (secs, ref_secs, scratch) =
         compare(device, reps, (m * n * 4) as u64, &mut reference, || {
             Ok(a.matmul(&b)?)
@@ -195,7 +243,7 @@ fn linear_row(
     let Some(packed) = w.pack_linear()? else {
         return Ok(None);
     };
-    let mut reference = BareGemm::new(m, k, n);
+    let mut reference = Reference::new(device, m, k, n)?;
     let (secs, ref_secs, scratch) =
         compare(device, reps, (m * n * 4) as u64, &mut reference, || {
             Ok(x.linear_packed(&packed, None)?)
@@ -227,7 +275,7 @@ fn attention_row(
     let q = random(&[1, q_len, heads, head_dim], 3, device)?.to_dtype(DType::F32)?;
     let k = random(&[1, kv_len, heads, head_dim], 4, device)?.to_dtype(DType::F32)?;
     let v = random(&[1, kv_len, heads, head_dim], 5, device)?.to_dtype(DType::F32)?;
-    let mut reference = BareGemm::new(q_len, head_dim, kv_len);
+    let mut reference = Reference::new(device, q_len, head_dim, kv_len)?;
     let out_bytes = (q_len * heads * head_dim * 4) as u64;
     let (secs, ref_secs, scratch) = compare(device, reps, out_bytes, &mut reference, || {
         Ok(Tensor::scaled_dot_product_attention_in(
@@ -256,7 +304,7 @@ fn conv3d_row(
     let weight = random(&[channels, channels, 3, 3, 3], 7, device)?;
     let bias = random(&[channels], 8, device)?.to_dtype(DType::F32)?;
     let pixels = frames * h * w;
-    let mut reference = BareGemm::new(channels, channels * 27, pixels);
+    let mut reference = Reference::new(device, channels, channels * 27, pixels)?;
     let out_bytes = (channels * pixels * 4) as u64;
     let (secs, ref_secs, scratch) = compare(device, reps, out_bytes, &mut reference, || {
         Ok(x.conv3d(&weight, Some(&bias), Conv3dOptions::causal([1, 1, 1]))?)
@@ -288,6 +336,22 @@ fn kernel_rows(device: &Device, config: &KernelBenchConfig) -> Result<Vec<Kernel
             config.reps,
         )?,
     ]);
+    Ok(rows)
+}
+
+/// Runs every kernel benchmark on a GPU device in f32 and bf16 operands, each against a
+/// bf16 cuBLASLt GEMM of the FLOP-equivalent shape (no bare peak loop on the GPU).
+pub fn run_kernel_bench_on(device: &Device, config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
+    let mut rows = Vec::new();
+    for (compute, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
+        OPERAND_DTYPE.with(|d| d.set(dtype));
+        for mut row in kernel_rows(device, config)? {
+            row.path = "cuda".into();
+            row.compute = compute.into();
+            rows.push(row);
+        }
+    }
+    OPERAND_DTYPE.with(|d| d.set(DType::F32));
     Ok(rows)
 }
 

@@ -159,6 +159,10 @@ struct KernelsArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// `cpu` (every CPU path), `cuda[:N]` (the ops on the GPU, each against cuBLASLt's
+    /// bf16 GEMM), or `cuda-check` (the GPU path's launches checked; timings meaningless).
+    #[arg(long, default_value = "cpu")]
+    device: crate::device_arg::DeviceArg,
 }
 
 #[derive(Debug, Args)]
@@ -360,7 +364,15 @@ fn kernels(args: KernelsArgs) -> Result<()> {
         reps: args.reps,
         shrink: args.shrink,
     };
-    let rows = run_kernel_bench(&config)?;
+    let gpu = args.device.engine_device(
+        &headroom_mem::AllocatorConfig::default(),
+        headroom_mem::ReclaimPolicy::Never,
+        None,
+    )?;
+    let rows = match &gpu {
+        Some(device) => headroom_bench::kernels::run_kernel_bench_on(device, &config)?,
+        None => run_kernel_bench(&config)?,
+    };
     if args.json {
         println!(
             "{}",
@@ -373,6 +385,10 @@ fn kernels(args: KernelsArgs) -> Result<()> {
         config.reps,
         headroom_tensor::parallel::num_threads()
     );
+    if let Some(device) = &gpu {
+        let name = device.launcher().map(|l| l.describe()).unwrap_or_default();
+        println!("on {name}: the reference column is one bf16 cuBLASLt GEMM of the FLOP-equivalent shape");
+    }
     println!(
         "{:<40}{:>8}{:>10}{:>10}{:>10}{:>8}{:>11}{:>14}",
         "kernel", "path", "compute", "GFLOP/s", "peak", "% peak", "gemm crate", "scratch peak"

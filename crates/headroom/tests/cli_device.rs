@@ -107,3 +107,27 @@ fn generate_on_cuda_check_runs_every_op_through_checked_launches() {
         assert!(out.exists(), "the video is written");
     }
 }
+
+#[test]
+fn bench_kernels_on_cuda_check_runs_every_row_through_the_gpu_path() {
+    let output = Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args([
+            "bench",
+            "kernels",
+            "--device",
+            "cuda-check",
+            "--shrink",
+            "16",
+            "--reps",
+            "1",
+        ])
+        .arg("--json")
+        .output()
+        .expect("the headroom binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let rows = report["kernels"].as_array().expect("rows");
+    assert_eq!(rows.len(), 8, "{report}");
+    assert!(rows.iter().all(|r| r["path"] == "cuda"), "{report}");
+}
