@@ -228,6 +228,11 @@ impl CachingAllocator {
             .store(value, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Freed blocks still waiting for events on the streams that used them.
+    pub fn pending_frees(&self) -> usize {
+        self.shared.lock().pending_frees.len()
+    }
+
     /// The policy chosen at construction.
     pub fn policy(&self) -> AllocatorPolicy {
         self.shared.lock().config.policy
@@ -460,6 +465,15 @@ impl Allocation {
     /// Stream the block belongs to.
     pub fn stream(&self) -> StreamId {
         self.stream
+    }
+
+    /// Notes that work on `stream` (other than the block's own) uses this block, as
+    /// PyTorch's `record_stream`: once freed, the block is reused only after events
+    /// recorded on those streams at the free have completed, with no synchronisation.
+    pub fn record_stream(&self, stream: StreamId) {
+        if let Some(shared) = &self.shared {
+            shared.lock().record_stream(self.block, stream);
+        }
     }
 
     /// Pointer to the bytes when the device holds real bytes and the block is not empty.

@@ -2,7 +2,7 @@
 //! pools, best fit by (stream, size, address), splitting, merging with neighbours inside
 //! a segment, the slow path, and the statistics each step changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::block::{round_size, Block, BlockId, Pool, PoolKind, Slab, MIN_BLOCK_SIZE, SMALL_SIZE};
@@ -41,6 +41,11 @@ pub(crate) struct State {
     pub phase_mark: (u64, Option<String>),
     /// The planned policy's plans, span and arenas.
     pub planned: Planned,
+    /// Streams other than its own that a live block was used on (`record_stream`).
+    pub stream_uses: HashMap<BlockId, Vec<u32>>,
+    /// Freed blocks waiting for the events recorded on those streams: reused only once
+    /// every event has completed.
+    pub pending_frees: Vec<(BlockId, Vec<u64>)>,
 }
 
 impl State {
@@ -60,6 +65,8 @@ impl State {
             fit_slack: None,
             phase_mark: (0, None),
             planned: Planned::default(),
+            stream_uses: HashMap::new(),
+            pending_frees: Vec::new(),
         }
     }
 
@@ -137,6 +144,7 @@ impl State {
     /// Allocates `requested` bytes on `stream`: best fit from the cache, else new device
     /// memory, else release cached blocks and retry, else out of memory.
     pub(crate) fn malloc(&mut self, requested: u64, stream: u32) -> Result<BlockId> {
+        self.process_events();
         let size = round_size(requested);
         let pool = PoolKind::for_size(size);
         let found = match self.get_free_block(pool, stream, size) {
@@ -283,28 +291,78 @@ impl State {
         id
     }
 
-    /// Returns block `id` to its pool, merging it with free neighbours of its segment.
+    /// Notes that live block `id` is also used by work on `stream` (PyTorch's
+    /// `record_stream`): when it is freed, it is reused only after that work is done.
+    pub(crate) fn record_stream(&mut self, id: BlockId, stream: u32) {
+        if self.blocks.get(id).stream == stream {
+            return;
+        }
+        let uses = self.stream_uses.entry(id).or_default();
+        if !uses.contains(&stream) {
+            uses.push(stream);
+        }
+    }
+
+    /// Frees block `id`: the statistics change now; the block goes back to its pool now,
+    /// or, when it was used on other streams, once events recorded on them complete.
     pub(crate) fn free(&mut self, id: BlockId) {
+        let uses = self.stream_uses.remove(&id).unwrap_or_default();
         if self.blocks.get(id).arena {
             return self.arena_free(id);
         }
         self.planned_note_free(id);
         let b = self.blocks.get(id);
-        let (addr, size, requested, stream, small, expandable) = (
-            b.addr,
-            b.size,
-            b.requested,
-            b.stream,
-            b.pool.is_small(),
-            b.expandable,
-        );
-        let (prev, next) = (b.prev, b.next);
+        let (addr, size, requested, stream, small) =
+            (b.addr, b.size, b.requested, b.stream, b.pool.is_small());
         self.history.record(TraceAction::Free, addr, size, stream);
-        {
-            let b = self.blocks.get_mut(id);
-            b.allocated = false;
-            b.requested = 0;
+        self.blocks.get_mut(id).requested = 0;
+        self.count_allocation(small, size, requested, false);
+        let events: Vec<u64> = uses
+            .iter()
+            .filter_map(|&s| self.device.record_event(s))
+            .collect();
+        if events.is_empty() {
+            self.free_block(id);
+        } else {
+            // Still marked allocated, so no neighbour merges it in the meantime.
+            self.pending_frees.push((id, events));
         }
+    }
+
+    /// Returns the freed blocks whose events have all completed to their pools.
+    pub(crate) fn process_events(&mut self) {
+        if self.pending_frees.is_empty() {
+            return;
+        }
+        let device = Arc::clone(&self.device);
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pending_frees)
+            .into_iter()
+            .partition(|(_, events)| events.iter().all(|&e| device.event_done(e)));
+        self.pending_frees = waiting;
+        for (id, events) in done {
+            events.iter().for_each(|&e| device.destroy_event(e));
+            self.free_block(id);
+        }
+    }
+
+    /// Waits for every pending free's events and returns those blocks to their pools.
+    pub(crate) fn synchronize_and_free_events(&mut self) {
+        let device = Arc::clone(&self.device);
+        for (id, events) in std::mem::take(&mut self.pending_frees) {
+            for e in events {
+                device.wait_event(e);
+                device.destroy_event(e);
+            }
+            self.free_block(id);
+        }
+    }
+
+    /// Returns freed block `id` to its pool, merging it with free neighbours.
+    fn free_block(&mut self, id: BlockId) {
+        let b = self.blocks.get(id);
+        let (small, expandable) = (b.pool.is_small(), b.expandable);
+        let (prev, next) = (b.prev, b.next);
+        self.blocks.get_mut(id).allocated = false;
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         for candidate in [prev, next] {
@@ -326,7 +384,6 @@ impl State {
             apply_net(&mut self.stats.inactive_split, small, net_blocks);
             apply_net(&mut self.stats.inactive_split_bytes, small, net_bytes);
         }
-        self.count_allocation(small, size, requested, false);
     }
 
     /// Counts a block of `size` bytes (`requested` asked for) becoming live or free in
@@ -412,6 +469,7 @@ impl State {
     pub(crate) fn release_cached_blocks(&mut self) {
         self.stats.num_sync_all_streams += 1;
         self.device.synchronize();
+        self.synchronize_and_free_events();
         self.release_blocks(PoolKind::Large);
         self.release_blocks(PoolKind::Small);
     }

@@ -8,11 +8,13 @@
 //! page by page with `cuMemCreate` + `cuMemMap` + `cuMemSetAccess`, returning pages
 //! with `cuMemUnmap` + `cuMemRelease`, as PyTorch's expandable segments do.
 //!
-//! Not here yet: streams and events. Every driver call runs on the context's default
-//! (legacy) stream, `cuMemFree` and unmapping synchronise, so frees are ordered by
-//! synchronisation rather than by per-stream events.
+//! Streams and events: a block used on another stream than its own (`record_stream`) is
+//! freed behind a `cuEvent` recorded on that stream and reused once the event completes,
+//! as PyTorch does; stream 0 is the context's default stream, others are registered
+//! with [`CudaMemory::register_stream`]. Returning memory to the driver (`cuMemFree`,
+//! unmapping) synchronises first.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_void, CStr};
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -46,6 +48,11 @@ const REQUIRED_SYMBOLS: &[&str] = &[
     "cuMemSetAccess",
     "cuMemGetAllocationGranularity",
     "cuGetErrorName",
+    "cuEventCreate",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuEventDestroy_v2",
 ];
 
 /// The allocator's smallest page (2 MiB); the device's granularity must divide it.
@@ -222,9 +229,19 @@ pub struct CudaMemory {
     granularity: u64,
     used: AtomicU64,
     ledger: Mutex<Ledger>,
+    /// Stream handles by allocator stream id, for events (0 is the default stream).
+    streams: Mutex<HashMap<u32, usize>>,
 }
 
 impl CudaMemory {
+    /// Makes allocator stream `id` stand for the driver stream `handle` (a `CUstream` of
+    /// this device's context), so blocks used on it are freed behind an event on it.
+    /// Stream 0 is the context's default stream without registration.
+    pub fn register_stream(&self, id: u32, handle: *mut c_void) {
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        streams.insert(id, handle as usize);
+    }
+
     /// Opens GPU `ordinal` (retaining its primary context);
     /// [`MemError::NoDevice`] when there is no driver or no such device.
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -262,6 +279,7 @@ impl CudaMemory {
             granularity: ALLOCATOR_PAGE,
             used: AtomicU64::new(0),
             ledger: Mutex::new(Ledger::default()),
+            streams: Mutex::new(HashMap::new()),
         };
         memory
             .bind()
@@ -596,6 +614,76 @@ impl DeviceMemory for CudaMemory {
     }
     fn driver_mem_info(&self) -> Option<(u64, u64)> {
         CudaMemory::driver_mem_info(self).ok()
+    }
+    fn record_event(&self, stream: u32) -> Option<u64> {
+        let handle = if stream == 0 {
+            0
+        } else {
+            let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+            match streams.get(&stream) {
+                Some(&h) => h,
+                None => {
+                    // A stream we hold no handle for: order by waiting instead.
+                    drop(streams);
+                    self.synchronize();
+                    return None;
+                }
+            }
+        };
+        let recorded = self.bind().and_then(|()| {
+            let mut event: sys::CUevent = std::ptr::null_mut();
+            let flags = sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as u32;
+            // SAFETY: the context is current; valid out pointer.
+            check(
+                unsafe { sys::cuEventCreate(&mut event, flags) },
+                "cuEventCreate",
+            )?;
+            // SAFETY: `event` was just created in this context; `handle` is a stream of
+            // this context (registered) or the default stream (null).
+            let r = check(
+                unsafe { sys::cuEventRecord(event, handle as sys::CUstream) },
+                "cuEventRecord",
+            );
+            if let Err(e) = r {
+                // SAFETY: created above, never recorded.
+                unsafe { sys::cuEventDestroy_v2(event) };
+                return Err(e);
+            }
+            Ok(event as u64)
+        });
+        match recorded {
+            Ok(event) => Some(event),
+            Err(e) => {
+                self.record_error(e);
+                self.synchronize();
+                None
+            }
+        }
+    }
+    fn event_done(&self, id: u64) -> bool {
+        // SAFETY: `id` is an event from `record_event`, not destroyed yet.
+        let result = unsafe { sys::cuEventQuery(id as sys::CUevent) };
+        match result {
+            sys::CUresult::CUDA_SUCCESS => true,
+            sys::CUresult::CUDA_ERROR_NOT_READY => false,
+            other => {
+                self.record_error(describe(other));
+                true
+            }
+        }
+    }
+    fn wait_event(&self, id: u64) {
+        // SAFETY: as in `event_done`.
+        if let Err(e) = check(
+            unsafe { sys::cuEventSynchronize(id as sys::CUevent) },
+            "cuEventSynchronize",
+        ) {
+            self.record_error(e);
+        }
+    }
+    fn destroy_event(&self, id: u64) {
+        // SAFETY: as in `event_done`; the allocator destroys each event once.
+        unsafe { sys::cuEventDestroy_v2(id as sys::CUevent) };
     }
 }
 

@@ -43,6 +43,20 @@ pub trait DeviceMemory: Send + Sync + std::fmt::Debug {
     fn unmap(&self, addr: u64, size: u64);
     /// Waits for outstanding work on the device (a no-op on the host).
     fn synchronize(&self) {}
+    /// Records an event on `stream` after the work submitted to it so far, for a block
+    /// freed while that stream may still use it; `None` where work is synchronous (the
+    /// host, modelled devices) and the block can be reused at once.
+    fn record_event(&self, _stream: u32) -> Option<u64> {
+        None
+    }
+    /// Whether event `id` has completed (without waiting).
+    fn event_done(&self, _id: u64) -> bool {
+        true
+    }
+    /// Waits until event `id` has completed.
+    fn wait_event(&self, _id: u64) {}
+    /// Releases event `id` (after it completed).
+    fn destroy_event(&self, _id: u64) {}
     /// Where the byte at device address `addr` lives in this process, for devices that
     /// hold bytes the process can touch.
     fn host_ptr(&self, _addr: u64) -> Option<std::ptr::NonNull<u8>> {
