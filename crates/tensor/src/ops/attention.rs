@@ -91,8 +91,10 @@ impl Tensor {
             let rows = |t: &Tensor| -> Result<Tensor> {
                 let t = t.to_dtype(dt)?;
                 let s = t.layout().strides();
-                // Unit head stride and even token / head strides (the kernels' 32-bit loads).
-                if s[3] == 1 && s.iter().take(3).all(|&x| x % 2 == 0) {
+                // Unit head stride, even strides and an even offset: the bf16 kernels load
+                // pairs as 32-bit words, which must be 4-byte aligned.
+                let aligned = s.iter().take(3).all(|&x| x % 2 == 0) && t.layout().offset() % 2 == 0;
+                if s[3] == 1 && (dt == DType::F32 || aligned) {
                     Ok(t)
                 } else {
                     t.copy_as(dt)
