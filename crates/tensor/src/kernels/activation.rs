@@ -19,12 +19,7 @@ pub fn tanh(u: f32) -> f32 {
     1.0 - 2.0 / (fast_exp(2.0 * u) + 1.0)
 }
 
-/// The GELU of PyTorch's `approximate="tanh"`.
-#[inline(always)]
-pub fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * (x + 0.044_715 * x * x * x)))
-}
+pub use super::gelu::{gelu_tanh, gelu_tanh_in_place, gelu_tanh_into};
 
 #[inline(always)]
 fn map_impl(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
@@ -75,10 +70,83 @@ impl Activation {
     /// Applies the activation to every element of `buf` (the bits of [`map`] with it).
     pub fn apply_in_place(self, buf: &mut [f32]) {
         match self {
-            Activation::GeluTanh => map_in_place(buf, gelu_tanh),
+            Activation::GeluTanh => gelu_tanh_in_place(buf),
             Activation::Silu => map_in_place(buf, silu),
         }
     }
+}
+
+#[inline(always)]
+fn bias_activation_rows_impl(
+    data: &mut [f32],
+    ldc: usize,
+    h: usize,
+    w: usize,
+    bias: Option<&[f32]>,
+    activation: Option<Activation>,
+) {
+    for r in 0..h {
+        let row = &mut data[r * ldc..r * ldc + w];
+        if let Some(bias) = bias {
+            row.iter_mut().zip(bias).for_each(|(o, &b)| *o += b);
+        }
+        match activation {
+            Some(Activation::GeluTanh) => gelu_tanh_in_place(row),
+            Some(Activation::Silu) => map_in_place_impl(row, silu),
+            None => {}
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn bias_activation_rows_avx512(
+    data: &mut [f32],
+    ldc: usize,
+    h: usize,
+    w: usize,
+    bias: Option<&[f32]>,
+    activation: Option<Activation>,
+) {
+    bias_activation_rows_impl(data, ldc, h, w, bias, activation);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn bias_activation_rows_avx2(
+    data: &mut [f32],
+    ldc: usize,
+    h: usize,
+    w: usize,
+    bias: Option<&[f32]>,
+    activation: Option<Activation>,
+) {
+    bias_activation_rows_impl(data, ldc, h, w, bias, activation);
+}
+
+/// `x += bias` (per column) then `activation`, on each of `h` rows of `w` values that
+/// start `ldc` apart in `data`: a GEMM epilogue over one finished block, with the bits of
+/// the bias add followed by [`Activation::apply_in_place`].
+pub fn bias_activation_rows(
+    data: &mut [f32],
+    ldc: usize,
+    h: usize,
+    w: usize,
+    bias: Option<&[f32]>,
+    activation: Option<Activation>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F, checked at run time just above.
+            return unsafe { bias_activation_rows_avx512(data, ldc, h, w, bias, activation) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, checked at run time just above.
+            return unsafe { bias_activation_rows_avx2(data, ldc, h, w, bias, activation) };
+        }
+    }
+    bias_activation_rows_impl(data, ldc, h, w, bias, activation);
 }
 
 #[inline(always)]

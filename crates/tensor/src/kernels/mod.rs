@@ -6,6 +6,7 @@ pub mod activation;
 pub mod attention;
 pub mod conv;
 pub mod cpu;
+pub mod gelu;
 pub mod gemm;
 pub mod resample;
 pub mod rope;

@@ -86,6 +86,16 @@ fn unary_on(
     f: impl Fn(f32) -> f32 + Sync,
     gpu: impl FnOnce(&dyn Launcher, &Tensor, &Tensor) -> Result<()>,
 ) -> Result<Tensor> {
+    unary_slices(op, x, |d, s| activation::map(d, s, &f), gpu)
+}
+
+/// [`unary_on`] with the host side as a kernel over slices, `kernel(dst, src)`.
+fn unary_slices(
+    op: &'static str,
+    x: &Tensor,
+    kernel: impl Fn(&mut [f32], &[f32]) + Sync,
+    gpu: impl FnOnce(&dyn Launcher, &Tensor, &Tensor) -> Result<()>,
+) -> Result<Tensor> {
     let input = super::float_f32(op, x)?.to_f32_contiguous()?;
     let mut out = Tensor::empty(x.shape(), DType::F32, x.device())?;
     if let Some(l) = x.device().launcher() {
@@ -94,7 +104,7 @@ fn unary_on(
         crate::parallel::run(|| {
             dst.par_chunks_mut(1 << 14)
                 .zip(src.par_chunks(1 << 14))
-                .for_each(|(d, s)| activation::map(d, s, &f));
+                .for_each(|(d, s)| kernel(d, s));
         });
     }
     out.to_dtype(x.dtype())
@@ -185,7 +195,9 @@ impl Tensor {
     }
     /// GELU with the tanh approximation (PyTorch `approximate="tanh"`).
     pub fn gelu_tanh(&self) -> Result<Tensor> {
-        unary("gelu_tanh", self, activation::gelu_tanh)
+        unary_slices("gelu_tanh", self, activation::gelu_tanh_into, |l, i, o| {
+            dispatch::unary(l, "gelu_tanh", i, o)
+        })
     }
     /// Exact GELU with erf.
     pub fn gelu_erf(&self) -> Result<Tensor> {

@@ -13,7 +13,7 @@ use half::bf16;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::kernels::activation::Activation;
+use crate::kernels::activation::{self, Activation};
 use crate::kernels::cpu::amx::{self, Precision};
 use crate::kernels::cpu::pack::{as_u16, Operand, PANEL};
 use crate::kernels::cpu::{self, CpuPath};
@@ -156,13 +156,9 @@ impl Tensor {
         };
         let scratch = as_u16(scratch);
         let bias = b.as_ref().and_then(|b| b.as_slice::<f32>());
-        let epilogue = move |_row: usize, col: usize, seg: &mut [f32]| {
-            if let Some(bias) = bias {
-                seg.iter_mut().zip(&bias[col..]).for_each(|(o, &b)| *o += b);
-            }
-            if let Some(a) = activation {
-                a.apply_in_place(seg);
-            }
+        let epilogue = move |blk: amx::Block<'_>| {
+            let bias = bias.map(|b| &b[blk.col..blk.col + blk.w]);
+            activation::bias_activation_rows(blk.data, blk.ldc, blk.h, blk.w, bias, activation);
         };
         let fused = bias.is_some() || activation.is_some();
         crate::parallel::run(|| {

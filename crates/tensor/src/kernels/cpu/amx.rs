@@ -564,10 +564,8 @@ unsafe fn block(
             let c = out.add(row * ldc + col);
             tile_kernel(a.as_ptr(), b.as_ptr(), c, ldc * 4, steps, load);
             if scale.is_some() || epilogue.is_some() {
-                for r in 0..PANEL {
-                    let d = std::slice::from_raw_parts_mut(c.add(r * ldc), PANEL);
-                    finish(d, row + r, col, scale, epilogue);
-                }
+                let data = std::slice::from_raw_parts_mut(c, (PANEL - 1) * ldc + PANEL);
+                finish(data, ldc, row, col, PANEL, PANEL, scale, epilogue);
             }
         }
         return;
@@ -594,30 +592,63 @@ unsafe fn block(
         for r in 0..h {
             let d = std::slice::from_raw_parts_mut(out.add((row + r) * ldc + col), w);
             d.copy_from_slice(&tmp[r * PANEL..r * PANEL + w]);
-            finish(d, row + r, col, scale, epilogue);
         }
+        let data = std::slice::from_raw_parts_mut(out.add(row * ldc + col), (h - 1) * ldc + w);
+        finish(data, ldc, row, col, h, w, scale, epilogue);
     }
 }
 
-/// What runs on each finished row segment of C, in L1 right after its block is done:
-/// `(row, first column, values)`. Fusing a bias and an activation here saves the passes
-/// over the whole output that would apply them afterwards.
-pub type Epilogue<'a> = dyn Fn(usize, usize, &mut [f32]) + Sync + 'a;
+/// A finished block of C (at most 32 × 32), still in L1: rows `row..row + h`, columns
+/// `col..col + w`, row `r` at `data[r * ldc..r * ldc + w]`.
+#[derive(Debug)]
+pub struct Block<'a> {
+    /// From the block's first element to its last.
+    pub data: &'a mut [f32],
+    /// Elements between the starts of two rows.
+    pub ldc: usize,
+    /// First row of C.
+    pub row: usize,
+    /// First column of C.
+    pub col: usize,
+    /// Rows.
+    pub h: usize,
+    /// Columns.
+    pub w: usize,
+}
 
-/// A finished row segment: scaled, then the epilogue.
+/// What runs on each finished block of C right after it is done. Fusing a bias and an
+/// activation here saves the passes over the whole output that would apply them
+/// afterwards; one call per block (not per row) keeps the call and set-up cost off the
+/// values.
+pub type Epilogue<'a> = dyn Fn(Block<'_>) + Sync + 'a;
+
+/// A finished block: each row scaled, then the epilogue.
+#[allow(clippy::too_many_arguments)]
 #[inline]
 fn finish(
-    d: &mut [f32],
+    data: &mut [f32],
+    ldc: usize,
     row: usize,
     col: usize,
+    h: usize,
+    w: usize,
     scale: Option<f32>,
     epilogue: Option<&Epilogue<'_>>,
 ) {
     if let Some(s) = scale {
-        d.iter_mut().for_each(|x| *x *= s);
+        for r in 0..h {
+            data[r * ldc..r * ldc + w].iter_mut().for_each(|x| *x *= s);
+        }
     }
     if let Some(e) = epilogue {
-        e(row, col, d);
+        e(Block {
+            data,
+            ldc,
+            row,
+            col,
+            h,
+            w,
+        });
     }
 }
 
