@@ -135,6 +135,9 @@ pub fn bias_activation_rows(
     bias: Option<&[f32]>,
     activation: Option<Activation>,
 ) {
+    if activation == Some(Activation::GeluTanh) {
+        return super::gelu::bias_gelu_rows(data, ldc, h, w, bias);
+    }
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {

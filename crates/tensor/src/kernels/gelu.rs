@@ -76,11 +76,79 @@ pub fn gelu_tanh_in_place(buf: &mut [f32]) {
     }
 }
 
+/// `x += bias[j]` (when given) then `x = gelu_tanh(x)` on each of `h` rows of `w` values
+/// starting `ldc` apart in `data`, in one pass: a GEMM epilogue over one finished block.
+pub fn bias_gelu_rows(data: &mut [f32], ldc: usize, h: usize, w: usize, bias: Option<&[f32]>) {
+    if h == 0 || w == 0 {
+        return;
+    }
+    assert!((h - 1) * ldc + w <= data.len() && bias.is_none_or(|b| b.len() >= w));
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        let bias = bias.map(<[f32]>::as_ptr);
+        // SAFETY: AVX-512F checked just above; the rows and the bias are in bounds
+        // (asserted above).
+        return unsafe { avx512::bias_gelu_rows(data.as_mut_ptr(), ldc, h, w, bias) };
+    }
+    for r in 0..h {
+        let row = &mut data[r * ldc..r * ldc + w];
+        if let Some(bias) = bias {
+            row.iter_mut().zip(bias).for_each(|(o, &b)| *o += b);
+        }
+        row.iter_mut().for_each(|x| *x = gelu_tanh(*x));
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{GELU_COEFFS, HI, SCALE};
+
+    /// The coefficient tables and constants in registers.
+    #[derive(Clone, Copy)]
+    struct Gelu {
+        c: [__m512; 7],
+        hi: __m512,
+        lo: __m512,
+        scale: __m512,
+        last: __m512i,
+        neg_zero: __m512,
+    }
+
+    impl Gelu {
+        #[target_feature(enable = "avx512f")]
+        fn new() -> Self {
+            Self {
+                // SAFETY: each table row holds 16 f32.
+                c: std::array::from_fn(|k| unsafe { _mm512_loadu_ps(GELU_COEFFS[k].as_ptr()) }),
+                hi: _mm512_set1_ps(HI),
+                lo: _mm512_set1_ps(-HI),
+                scale: _mm512_set1_ps(SCALE),
+                last: _mm512_set1_epi32(15),
+                neg_zero: _mm512_set1_ps(-0.0),
+            }
+        }
+
+        /// The GELU of 16 values: the operations of [`super::gelu_tanh`], in its order.
+        #[target_feature(enable = "avx512f")]
+        #[inline]
+        fn of(&self, x: __m512) -> __m512 {
+            let t = _mm512_mul_ps(_mm512_add_ps(x, self.hi), self.scale);
+            let i = _mm512_min_epi32(_mm512_cvttps_epi32(t), self.last);
+            let r = _mm512_sub_ps(t, _mm512_cvtepi32_ps(i));
+            let mut p = _mm512_permutexvar_ps(i, self.c[6]);
+            for k in (0..6).rev() {
+                p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_permutexvar_ps(i, self.c[k]));
+            }
+            let y = _mm512_mul_ps(x, p);
+            let low = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, self.lo);
+            let y = _mm512_mask_blend_ps(low, y, self.neg_zero);
+            let keep = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, self.hi)
+                | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+            _mm512_mask_blend_ps(keep, y, x)
+        }
+    }
 
     /// `dst[i] = gelu_tanh(src[i])` for `i < n`, sixteen at a time, the tail masked.
     ///
@@ -88,33 +156,11 @@ mod avx512 {
     /// The CPU has AVX-512F; `src` and `dst` hold `n` values (they may be the same).
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn gelu(dst: *mut f32, src: *const f32, n: usize) {
-        // SAFETY: each table row holds 16 f32.
-        let c: [__m512; 7] =
-            std::array::from_fn(|k| unsafe { _mm512_loadu_ps(GELU_COEFFS[k].as_ptr()) });
-        let (hi, lo, scale) = (
-            _mm512_set1_ps(HI),
-            _mm512_set1_ps(-HI),
-            _mm512_set1_ps(SCALE),
-        );
-        let (last, neg_zero) = (_mm512_set1_epi32(15), _mm512_set1_ps(-0.0));
-        let one = |x: __m512| -> __m512 {
-            let t = _mm512_mul_ps(_mm512_add_ps(x, hi), scale);
-            let i = _mm512_min_epi32(_mm512_cvttps_epi32(t), last);
-            let r = _mm512_sub_ps(t, _mm512_cvtepi32_ps(i));
-            let mut p = _mm512_permutexvar_ps(i, c[6]);
-            for k in (0..6).rev() {
-                p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_permutexvar_ps(i, c[k]));
-            }
-            let y = _mm512_mul_ps(x, p);
-            let y = _mm512_mask_blend_ps(_mm512_cmp_ps_mask::<_CMP_LE_OQ>(x, lo), y, neg_zero);
-            let keep =
-                _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, hi) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
-            _mm512_mask_blend_ps(keep, y, x)
-        };
+        let g = Gelu::new();
         let mut i = 0;
         while i + 16 <= n {
             // SAFETY: `i + 16 <= n` values are in bounds of both.
-            unsafe { _mm512_storeu_ps(dst.add(i), one(_mm512_loadu_ps(src.add(i)))) };
+            unsafe { _mm512_storeu_ps(dst.add(i), g.of(_mm512_loadu_ps(src.add(i)))) };
             i += 16;
         }
         if i < n {
@@ -122,7 +168,41 @@ mod avx512 {
             // SAFETY: the mask covers only the `n - i` values left, in bounds of both.
             unsafe {
                 let x = _mm512_maskz_loadu_ps(mask, src.add(i));
-                _mm512_mask_storeu_ps(dst.add(i), mask, one(x));
+                _mm512_mask_storeu_ps(dst.add(i), mask, g.of(x));
+            }
+        }
+    }
+
+    /// [`super::bias_gelu_rows`] sixteen values at a time, the row tails masked.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; rows `0..h` of `w` values `ldc` apart at `data`, and `w`
+    /// values at `bias` when given, are in bounds.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn bias_gelu_rows(
+        data: *mut f32,
+        ldc: usize,
+        h: usize,
+        w: usize,
+        bias: Option<*const f32>,
+    ) {
+        let g = Gelu::new();
+        for r in 0..h {
+            // SAFETY: row `r` is in bounds (caller).
+            let row = unsafe { data.add(r * ldc) };
+            let mut j = 0;
+            while j < w {
+                let n = (w - j).min(16);
+                let mask: __mmask16 = if n == 16 { !0 } else { (1u16 << n) - 1 };
+                // SAFETY: the mask covers values `j..j + n` of the row and of the bias.
+                unsafe {
+                    let mut x = _mm512_maskz_loadu_ps(mask, row.add(j));
+                    if let Some(b) = bias {
+                        x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, b.add(j)));
+                    }
+                    _mm512_mask_storeu_ps(row.add(j), mask, g.of(x));
+                }
+                j += 16;
             }
         }
     }
@@ -178,6 +258,20 @@ mod tests {
         gelu_tanh_into(&mut out, &xs);
         let mut inplace = xs.clone();
         gelu_tanh_in_place(&mut inplace);
+        let (ldc, w) = (45, 37);
+        let h = xs.len() / ldc;
+        let bias: Vec<f32> = (0..w).map(|j| j as f32 * 0.01 - 0.2).collect();
+        let mut rows = xs.clone();
+        bias_gelu_rows(&mut rows, ldc, h, w, Some(&bias));
+        for (i, (&x, &y)) in xs.iter().zip(&rows).enumerate() {
+            let (r, j) = (i / ldc, i % ldc);
+            let want = if r < h && j < w {
+                gelu_tanh(x + bias[j])
+            } else {
+                x
+            };
+            assert_eq!(y.to_bits(), want.to_bits(), "row {r} col {j}");
+        }
         for ((&x, &a), &b) in xs.iter().zip(&out).zip(&inplace) {
             let want = gelu_tanh(x);
             assert_eq!(
