@@ -191,24 +191,20 @@ impl CheckedLauncher {
             return Err(format!("grid {:?}: y and z are at most 65 535", l.grid));
         }
         let mut state = self.state();
-        for a in &l.args {
-            if let Arg::Ptr {
-                addr,
-                bytes,
-                access: Access::Read,
-            } = *a
-            {
-                state.read(addr, bytes)?;
-            }
-        }
-        for a in &l.args {
-            if let Arg::Ptr {
-                addr,
-                bytes,
-                access: Access::Write,
-            } = *a
-            {
-                state.write(addr, bytes)?;
+        // Every read is checked before any write of the launch marks a block written.
+        for pass in [Access::Read, Access::Write] {
+            for a in &l.args {
+                match *a {
+                    Arg::Ptr {
+                        addr,
+                        bytes,
+                        access,
+                    } if access == pass => match access {
+                        Access::Read => state.read(addr, bytes)?,
+                        Access::Write => state.write(addr, bytes)?,
+                    },
+                    _ => {}
+                }
             }
         }
         *state

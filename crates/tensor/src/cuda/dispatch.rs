@@ -263,55 +263,23 @@ fn null() -> Arg {
     Arg::u64(0)
 }
 
-/// Layer norm over rows of `n` of f32 contiguous `x` with optional f32 `w` and `b`.
-pub fn layer_norm(
+/// A norm over rows of `n` of f32 contiguous `x` into `out`: `kernel(x, params…, y, rows,
+/// n, eps)`, each optional f32 parameter a pointer or null (`layer_norm_f32`: weight and
+/// bias; `rms_norm_f32`: weight).
+pub fn row_norm(
     l: &dyn Launcher,
+    kernel: &'static str,
     x: &Tensor,
-    w: Option<&Tensor>,
-    b: Option<&Tensor>,
+    params: &[Option<&Tensor>],
     out: &Tensor,
     n: usize,
     eps: f32,
 ) -> Result<()> {
     let rows = x.numel() / n;
-    l.launch(&Launch::rows(
-        "layer_norm_f32",
-        rows,
-        vec![
-            x.read_arg(),
-            w.map_or_else(null, Tensor::read_arg),
-            b.map_or_else(null, Tensor::read_arg),
-            out.write_arg(),
-            n64(rows),
-            n64(n),
-            Arg::f32(eps),
-        ],
-    ))?;
-    Ok(())
-}
-
-/// RMS norm over rows of `n` of f32 contiguous `x` with an optional f32 `w`.
-pub fn rms_norm(
-    l: &dyn Launcher,
-    x: &Tensor,
-    w: Option<&Tensor>,
-    out: &Tensor,
-    n: usize,
-    eps: f32,
-) -> Result<()> {
-    let rows = x.numel() / n;
-    l.launch(&Launch::rows(
-        "rms_norm_f32",
-        rows,
-        vec![
-            x.read_arg(),
-            w.map_or_else(null, Tensor::read_arg),
-            out.write_arg(),
-            n64(rows),
-            n64(n),
-            Arg::f32(eps),
-        ],
-    ))?;
+    let mut args = vec![x.read_arg()];
+    args.extend(params.iter().map(|p| p.map_or_else(null, Tensor::read_arg)));
+    args.extend([out.write_arg(), n64(rows), n64(n), Arg::f32(eps)]);
+    l.launch(&Launch::rows(kernel, rows, args))?;
     Ok(())
 }
 

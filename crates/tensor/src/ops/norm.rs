@@ -76,7 +76,8 @@ impl Tensor {
         let input = self.to_f32_contiguous()?;
         let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
         if let Some(l) = self.device().launcher() {
-            dispatch::layer_norm(l.as_ref(), &input, w.as_ref(), b.as_ref(), &out, n, eps)?;
+            let params = [w.as_ref(), b.as_ref()];
+            dispatch::row_norm(l.as_ref(), "layer_norm_f32", &input, &params, &out, n, eps)?;
         } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
             let w = w.as_ref().and_then(|t| t.as_slice::<f32>());
             let b = b.as_ref().and_then(|t| t.as_slice::<f32>());
@@ -108,7 +109,8 @@ impl Tensor {
         let input = self.to_f32_contiguous()?;
         let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
         if let Some(l) = self.device().launcher() {
-            dispatch::rms_norm(l.as_ref(), &input, w.as_ref(), &out, n, eps)?;
+            let params = [w.as_ref()];
+            dispatch::row_norm(l.as_ref(), "rms_norm_f32", &input, &params, &out, n, eps)?;
         } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
             let w = w.as_ref().and_then(|t| t.as_slice::<f32>());
             crate::parallel::run(|| {
