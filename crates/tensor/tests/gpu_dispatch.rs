@@ -256,3 +256,45 @@ fn the_selftest_runs_every_case_through_checked_launches() {
         "{launched:?}"
     );
 }
+
+#[test]
+fn rope_uploads_its_tables_and_positions_once_per_device() {
+    let (device, checker) = gpu();
+    let table = RopeTable::new(64, 32, 10_000.0);
+    let positions: Vec<[usize; 3]> = (0..40).map(|i| [i / 20, (i / 5) % 4, i % 5]).collect();
+    let q = seeded(&[1, 40, 2, 64], 9, DType::F32, &device);
+    let resident = || {
+        device
+            .platform()
+            .memory_stats()
+            .allocated_bytes
+            .all()
+            .current
+    };
+    let before = resident();
+    let scope = table.device_scope();
+    q.rope(&table, &positions).unwrap();
+    let first = checker.report().uploaded_bytes;
+    q.rope(&table, &positions).unwrap();
+    assert_eq!(
+        checker.report().uploaded_bytes,
+        first,
+        "the second call uploads nothing"
+    );
+    let moved: Vec<[usize; 3]> = positions.iter().map(|p| [p[0] + 1, p[1], p[2]]).collect();
+    q.rope(&table, &moved).unwrap();
+    let third = checker.report().uploaded_bytes;
+    assert_eq!(
+        third - first,
+        (40 * 3 * 4) as u64,
+        "new positions, the tables kept"
+    );
+    assert!(resident() > before, "kept while the scope is open");
+    drop(scope);
+    assert_eq!(resident(), before, "freed when it closes");
+    // Outside a scope every call uploads again, and keeps nothing.
+    q.rope(&table, &positions).unwrap();
+    q.rope(&table, &positions).unwrap();
+    assert!(checker.report().uploaded_bytes - third >= 2 * (40 * 3 * 4) as u64);
+    assert_eq!(resident(), before);
+}

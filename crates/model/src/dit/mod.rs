@@ -387,6 +387,8 @@ impl WanTransformer {
         let camera = camera.map(|c| c.narrow(1, range.start, part)).transpose()?;
         let positions = &positions[range];
         let mut own = Vec::with_capacity(self.blocks.len());
+        // On a GPU, the rope tables and positions are uploaded once for all blocks.
+        let _rope = self.rope.device_scope();
         for (i, block) in self.blocks.iter().enumerate() {
             let (next, kv) = block.forward(
                 &h,

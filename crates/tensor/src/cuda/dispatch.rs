@@ -494,6 +494,107 @@ pub fn cat(l: &dyn Launcher, parts: &[Tensor], out: &Tensor, axis: usize) -> Res
     Ok(())
 }
 
+/// A RoPE table's cos/sin tables on the GPU device it was last used on, and the last
+/// positions uploaded, kept only while a [`RopeScope`] is open: a DiT forward rotates q
+/// and k of every block with the same table and positions, so inside its scope they are
+/// uploaded (and the stream waited for) once, not per call; when the scope closes they
+/// are freed, so nothing stays resident between forwards or sessions. Clones start
+/// empty and every cache compares equal: it is not part of the table's value.
+#[derive(Default)]
+pub struct RopeCache {
+    copies: std::sync::Mutex<Option<RopeOnDevice>>,
+    scopes: std::sync::atomic::AtomicUsize,
+}
+
+/// While it lives, a [`RopeCache`] keeps what it uploaded; the last scope to close frees it.
+#[derive(Debug)]
+pub struct RopeScope<'a>(&'a RopeCache);
+
+impl Drop for RopeScope<'_> {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering;
+        if self.0.scopes.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.0.copies.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+}
+
+struct RopeOnDevice {
+    device: crate::Device,
+    cos: Tensor,
+    sin: Tensor,
+    /// Hash and length of the positions (times the batch) and their `[n, 3]` i32 bytes.
+    positions: Option<(u64, usize, Tensor)>,
+}
+
+impl std::fmt::Debug for RopeCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RopeCache")
+    }
+}
+
+impl Clone for RopeCache {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for RopeCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl RopeCache {
+    /// Opens a scope: uploads are kept until the last open scope closes.
+    pub fn scope(&self) -> RopeScope<'_> {
+        self.scopes
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        RopeScope(self)
+    }
+
+    /// `(cos, sin, positions)` on `device`, uploading what is not kept (outside a scope,
+    /// everything, each call).
+    fn tensors(
+        &self,
+        device: &crate::Device,
+        table: &RopeTable,
+        positions: &[[usize; 3]],
+        batch: usize,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        use std::hash::{Hash, Hasher};
+        let mut local = None;
+        let mut kept = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        let scoped = self.scopes.load(std::sync::atomic::Ordering::Acquire) > 0;
+        let guard = if scoped { &mut *kept } else { &mut local };
+        if guard.as_ref().is_none_or(|c| &c.device != device) {
+            let (cos, sin) = table.tables();
+            *guard = Some(RopeOnDevice {
+                device: device.clone(),
+                cos: Tensor::from_slice(cos, &[cos.len()], device)?,
+                sin: Tensor::from_slice(sin, &[sin.len()], device)?,
+                positions: None,
+            });
+        }
+        let cached = guard.as_mut().expect("set above");
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        positions.hash(&mut hasher);
+        let (key, len) = (hasher.finish(), positions.len() * batch);
+        let fresh = !matches!(&cached.positions, Some((k, n, _)) if *k == key && *n == len);
+        if fresh {
+            // `[batch · tokens, 3]` i32 positions, as bytes (the runtime has no i32 dtype).
+            let bytes: Vec<u8> = (0..batch)
+                .flat_map(|_| positions.iter().flat_map(|p| p.map(|v| v as i32)))
+                .flat_map(i32::to_le_bytes)
+                .collect();
+            let pos = Tensor::from_bytes(&bytes, &[bytes.len()], DType::U8, device)?;
+            cached.positions = Some((key, len, pos));
+        }
+        let pos = cached.positions.as_ref().expect("set above").2.clone();
+        Ok((cached.cos.clone(), cached.sin.clone(), pos))
+    }
+}
+
 /// RoPE of f32 contiguous `x` (`[batch·tokens, heads, head_dim]`) in place.
 pub fn rope(
     l: &dyn Launcher,
@@ -503,17 +604,10 @@ pub fn rope(
     batch: usize,
     heads: usize,
 ) -> Result<()> {
-    let device = x.device();
-    let (cos, sin) = table.tables();
-    let cos = Tensor::from_slice(cos, &[cos.len()], device)?;
-    let sin = Tensor::from_slice(sin, &[sin.len()], device)?;
     let tokens = positions.len();
-    // `[batch · tokens, 3]` i32 positions, as bytes (the runtime has no i32 dtype).
-    let pos: Vec<u8> = (0..batch)
-        .flat_map(|_| positions.iter().flat_map(|p| p.map(|v| v as i32)))
-        .flat_map(i32::to_le_bytes)
-        .collect();
-    let pos = Tensor::from_bytes(&pos, &[pos.len()], DType::U8, device)?;
+    let (cos, sin, pos) = table
+        .device_copies()
+        .tensors(x.device(), table, positions, batch)?;
     let [t_dim, h_dim, _] = table.axis_dims();
     let head_dim = table.head_dim();
     let n = batch * tokens * heads * (head_dim / 2);

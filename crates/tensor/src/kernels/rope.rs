@@ -17,6 +17,8 @@ use crate::parallel;
 ///
 /// This is the one kernel-side object that owns heap memory: it is small
 /// (`max_positions · head_dim` floats), built once per model and read-only afterwards.
+/// On a GPU device its tables (and the last positions used) are uploaded once and kept
+/// with it ([`RopeCache`](crate::cuda::dispatch::RopeCache)).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeTable {
     head_dim: usize,
@@ -27,6 +29,8 @@ pub struct RopeTable {
     cos: Vec<f32>,
     /// Same layout as `cos`, for sines.
     sin: Vec<f32>,
+    /// The tables and positions on the GPU device last used (not part of the value).
+    device_copies: crate::cuda::dispatch::RopeCache,
 }
 
 impl RopeTable {
@@ -58,6 +62,7 @@ impl RopeTable {
             axis_dims,
             cos,
             sin,
+            device_copies: Default::default(),
         }
     }
 
@@ -85,6 +90,17 @@ impl RopeTable {
     /// The whole cosine and sine tables (per axis `[max_positions, pairs]`, axes in order).
     pub(crate) fn tables(&self) -> (&[f32], &[f32]) {
         (&self.cos, &self.sin)
+    }
+
+    /// The copies of the tables on GPU devices.
+    pub(crate) fn device_copies(&self) -> &crate::cuda::dispatch::RopeCache {
+        &self.device_copies
+    }
+
+    /// On a GPU device, keeps the tables and the last positions uploaded while the scope
+    /// lives (one upload for every rotation of a forward) and frees them when it closes.
+    pub fn device_scope(&self) -> crate::cuda::dispatch::RopeScope<'_> {
+        self.device_copies.scope()
     }
 
     /// The cosines and sines of all pairs of axis `axis` at position `pos`.
