@@ -109,6 +109,10 @@ fn every_op_runs_on_the_launch_path_with_the_host_ops_shapes() {
                 .unwrap()
         });
         same_shape(&device, |d| {
+            let b = seeded(&[96], 7, DType::F32, d);
+            x(d).linear_gelu_tanh(&wl(d), &b).unwrap()
+        });
+        same_shape(&device, |d| {
             x(d).matmul(&seeded(&[1, 64, 32], 8, dtype, d)).unwrap()
         });
         let q = |d: &Device| seeded(&[1, 40, 2, 64], 9, dtype, d);
@@ -184,7 +188,7 @@ fn every_op_runs_on_the_launch_path_with_the_host_ops_shapes() {
             "{kernel} never launched: {report:?}"
         );
     }
-    assert!(report.gemms >= 2 * (1 + 6), "{report:?}");
+    assert!(report.gemms >= 2 * (2 + 6), "{report:?}");
     match checker.source() {
         ParamSource::Cubins => {}
         ParamSource::NamesOnly(why) => eprintln!("argument sizes unchecked: {why}"),

@@ -142,10 +142,10 @@ impl Linear {
     }
 
     /// `gelu_tanh(x · Wᵀ + b)`, fused into the product where the weight is packed (the
-    /// same bits either way).
+    /// same bits either way) and into cuBLASLt's epilogue on a GPU.
     pub fn forward_gelu_tanh(&self, x: &Tensor) -> Result<Tensor> {
         Ok(match &self.weight {
-            LinearWeight::Plain(w) => x.linear(w, Some(&self.bias))?.gelu_tanh()?,
+            LinearWeight::Plain(w) => x.linear_gelu_tanh(w, &self.bias)?,
             LinearWeight::Packed(w) => {
                 x.linear_packed_then(w, Some(&self.bias), Some(Activation::GeluTanh))?
             }

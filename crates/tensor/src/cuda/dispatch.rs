@@ -783,8 +783,9 @@ pub fn gemm_input(a: DType, b: DType) -> (GemmInput, DType) {
     }
 }
 
-/// `out[rows, n] = x[rows, k] · wᵀ (+ bias)` with x and w dense in the input dtype, bias
-/// f32, out f32.
+/// `out[rows, n] = x[rows, k] · wᵀ (+ bias) (→ tanh-GELU when `gelu` and a bias is given:
+/// cuBLASLt's bias + GELU epilogue)` with x and w dense in the input dtype, bias f32, out
+/// f32.
 pub fn linear(
     l: &dyn Launcher,
     x: &Tensor,
@@ -792,6 +793,7 @@ pub fn linear(
     bias: Option<&Tensor>,
     out: &Tensor,
     input: GemmInput,
+    gelu: bool,
 ) -> Result<()> {
     let (n, k) = (w.shape()[0], w.shape()[1]);
     let m = x.numel() / k.max(1);
@@ -806,10 +808,10 @@ pub fn linear(
         n: n as u64,
         k: k as u64,
         input,
-        epilogue: if bias.is_some() {
-            Epilogue::Bias
-        } else {
-            Epilogue::None
+        epilogue: match (bias.is_some(), gelu) {
+            (true, true) => Epilogue::BiasGelu,
+            (true, false) => Epilogue::Bias,
+            (false, _) => Epilogue::None,
         },
         weight_transposed: true,
     };

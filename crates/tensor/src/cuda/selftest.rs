@@ -313,6 +313,16 @@ fn cases() -> Vec<Case> {
     );
     add(
         "gemm",
+        "linear bf16 + bias + tanh-GELU",
+        1e-3,
+        Box::new(|d| {
+            let x = input_bf16(d, &[300, 1536], 44, 1.0)?;
+            let w = input_bf16(d, &[384, 1536], 45, 0.03)?;
+            x.linear_gelu_tanh(&w, &input(d, &[384], 46, 1.0)?)
+        }),
+    );
+    add(
+        "gemm",
         "batched matmul f32 [3, 70, 96] @ [96, 50]",
         1e-4,
         Box::new(|d| input(d, &[3, 70, 96], 41, 1.0)?.matmul(&input(d, &[96, 50], 42, 0.1)?)),

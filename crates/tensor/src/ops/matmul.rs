@@ -261,6 +261,60 @@ impl Tensor {
         Ok(out)
     }
 
+    /// `gelu_tanh(x @ weightᵀ + bias)`: [`Tensor::linear`] then [`Tensor::gelu_tanh`] (the
+    /// same bits) on the host; on a GPU one cuBLASLt call with its bias + GELU epilogue
+    /// (cuBLASLt's tanh-GELU, within the self-test's tolerance of ours).
+    pub fn linear_gelu_tanh(&self, weight: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        if self.device().launcher().is_none() {
+            return self.linear(weight, Some(bias))?.gelu_tanh();
+        }
+        self.same_device("linear", weight)?;
+        if weight.rank() != 2 {
+            return Err(TensorError::shape(
+                "linear",
+                format!("weight must be [out, in], got {:?}", weight.shape()),
+            ));
+        }
+        let (out_features, in_features) = (weight.shape()[0], weight.shape()[1]);
+        let rows = check_linear(
+            "linear",
+            self,
+            out_features,
+            in_features,
+            weight.shape(),
+            Some(bias),
+        )?;
+        self.linear_on_gpu(weight, Some(bias), rows, true)
+    }
+
+    /// [`Tensor::linear`] (then GELU when `gelu`) on a GPU device, shapes checked.
+    fn linear_on_gpu(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        rows: usize,
+        gelu: bool,
+    ) -> Result<Tensor> {
+        let l = self
+            .device()
+            .launcher()
+            .expect("called on GPU devices only");
+        self.require_float("linear")?;
+        weight.require_float("linear")?;
+        let out_features = weight.shape()[0];
+        let (input, dt) = dispatch::gemm_input(self.dtype(), weight.dtype());
+        let x = self.to_dtype(dt)?.contiguous()?;
+        let w = weight.to_dtype(dt)?.contiguous()?;
+        let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
+        let mut out_shape = self.shape().to_vec();
+        *out_shape.last_mut().expect("rank checked by check_linear") = out_features;
+        let out = Tensor::empty(&out_shape, DType::F32, self.device())?;
+        if rows > 0 && out_features > 0 {
+            dispatch::linear(l.as_ref(), &x, &w, b.as_ref(), &out, input, gelu)?;
+        }
+        Ok(out)
+    }
+
     /// `x @ weightᵀ + bias` over the last axis: weight is `[out, in]` (PyTorch layout),
     /// bias `[out]`; the result is f32 `[…, out]`.
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
@@ -274,20 +328,8 @@ impl Tensor {
         }
         let (out_features, in_features) = (weight.shape()[0], weight.shape()[1]);
         let rows = check_linear(op, self, out_features, in_features, weight.shape(), bias)?;
-        if let Some(l) = self.device().launcher() {
-            self.require_float(op)?;
-            weight.require_float(op)?;
-            let (input, dt) = dispatch::gemm_input(self.dtype(), weight.dtype());
-            let x = self.to_dtype(dt)?.contiguous()?;
-            let w = weight.to_dtype(dt)?.contiguous()?;
-            let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
-            let mut out_shape = self.shape().to_vec();
-            *out_shape.last_mut().expect("rank checked above") = out_features;
-            let out = Tensor::empty(&out_shape, DType::F32, self.device())?;
-            if rows > 0 && out_features > 0 {
-                dispatch::linear(l.as_ref(), &x, &w, b.as_ref(), &out, input)?;
-            }
-            return Ok(out);
+        if self.device().launcher().is_some() {
+            return self.linear_on_gpu(weight, bias, rows, false);
         }
         let compute = compute_of(self, weight);
         let x = gemm_input(op, self, compute)?.contiguous()?;
