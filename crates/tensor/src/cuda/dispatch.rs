@@ -224,37 +224,25 @@ pub fn unary(l: &dyn Launcher, op: &'static str, x: &Tensor, out: &Tensor) -> Re
     Ok(())
 }
 
-/// `out = x · scale + shift` of f32 contiguous `x`.
-pub fn affine(l: &dyn Launcher, x: &Tensor, out: &Tensor, scale: f32, shift: f32) -> Result<()> {
+/// `kernel(x, out, n, p, q)` of f32 contiguous `x` with two float parameters:
+/// `affine_f32` (`x · p + q`) and `clamp_f32` (`x` clamped to `[p, q]`).
+pub fn map2(
+    l: &dyn Launcher,
+    kernel: &'static str,
+    x: &Tensor,
+    out: &Tensor,
+    p: f32,
+    q: f32,
+) -> Result<()> {
     let n = x.numel();
-    l.launch(&Launch::elements(
-        "affine_f32",
-        n,
-        vec![
-            x.read_arg(),
-            out.write_arg(),
-            n64(n),
-            Arg::f32(scale),
-            Arg::f32(shift),
-        ],
-    ))?;
-    Ok(())
-}
-
-/// `out = clamp(x, lo, hi)` of f32 contiguous `x`.
-pub fn clamp(l: &dyn Launcher, x: &Tensor, out: &Tensor, lo: f32, hi: f32) -> Result<()> {
-    let n = x.numel();
-    l.launch(&Launch::elements(
-        "clamp_f32",
-        n,
-        vec![
-            x.read_arg(),
-            out.write_arg(),
-            n64(n),
-            Arg::f32(lo),
-            Arg::f32(hi),
-        ],
-    ))?;
+    let args = vec![
+        x.read_arg(),
+        out.write_arg(),
+        n64(n),
+        Arg::f32(p),
+        Arg::f32(q),
+    ];
+    l.launch(&Launch::elements(kernel, n, args))?;
     Ok(())
 }
 

@@ -148,7 +148,7 @@ impl Tensor {
             "add_scalar",
             self,
             move |x| x + value,
-            |l, i, o| dispatch::affine(l, i, o, 1.0, value),
+            |l, i, o| dispatch::map2(l, "affine_f32", i, o, 1.0, value),
         )
     }
     /// `self * value`.
@@ -157,7 +157,7 @@ impl Tensor {
             "mul_scalar",
             self,
             move |x| x * value,
-            |l, i, o| dispatch::affine(l, i, o, value, 0.0),
+            |l, i, o| dispatch::map2(l, "affine_f32", i, o, value, 0.0),
         )
     }
     /// `self * scale + shift`.
@@ -166,7 +166,7 @@ impl Tensor {
             "affine",
             self,
             move |x| x * scale + shift,
-            |l, i, o| dispatch::affine(l, i, o, scale, shift),
+            |l, i, o| dispatch::map2(l, "affine_f32", i, o, scale, shift),
         )
     }
     /// `e^x`.
@@ -215,7 +215,7 @@ impl Tensor {
             "clamp",
             self,
             move |x| x.clamp(min, max),
-            |l, i, o| dispatch::clamp(l, i, o, min, max),
+            |l, i, o| dispatch::map2(l, "clamp_f32", i, o, min, max),
         )
     }
 }
