@@ -286,12 +286,16 @@ impl Launcher for CheckedLauncher {
             return;
         }
         let mut state = self.state();
-        let stale: Vec<u64> = state
+        // Blocks never overlap: only the one starting below `addr` and those starting
+        // inside the new block can reach into it.
+        let below = state
             .blocks
-            .range(..addr + bytes)
+            .range(..addr)
+            .next_back()
             .filter(|(&s, b)| s + b.bytes > addr)
-            .map(|(&s, _)| s)
-            .collect();
+            .map(|(&s, _)| s);
+        let inside = state.blocks.range(addr..addr + bytes).map(|(&s, _)| s);
+        let stale: Vec<u64> = below.into_iter().chain(inside).collect();
         for s in stale {
             state.blocks.remove(&s);
         }

@@ -177,13 +177,9 @@ pub fn binary(
     let lb = b.layout().broadcast_to(shape)?;
     // Broadcast operands are read through their own (smaller) spans.
     if la.is_contiguous() && lb.is_contiguous() {
-        return l
-            .launch(&Launch::elements(
-                contig,
-                n,
-                vec![a.read_arg(), b.read_arg(), out.write_arg(), n64(n)],
-            ))
-            .map_err(Into::into);
+        let args = vec![a.read_arg(), b.read_arg(), out.write_arg(), n64(n)];
+        l.launch(&Launch::elements(contig, n, args))?;
+        return Ok(());
     }
     let v = views(op, shape, &[la.strides(), lb.strides()])?;
     l.launch(&Launch::elements(

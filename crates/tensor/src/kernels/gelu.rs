@@ -76,9 +76,17 @@ pub fn gelu_tanh_in_place(buf: &mut [f32]) {
     }
 }
 
-/// `x += bias[j]` (when given) then `x = gelu_tanh(x)` on each of `h` rows of `w` values
-/// starting `ldc` apart in `data`, in one pass: a GEMM epilogue over one finished block.
-pub fn bias_gelu_rows(data: &mut [f32], ldc: usize, h: usize, w: usize, bias: Option<&[f32]>) {
+/// `x += bias[j]` (when given) then, when `gelu`, `x = gelu_tanh(x)` on each of `h` rows
+/// of `w` values starting `ldc` apart in `data`, in one pass: a GEMM epilogue over one
+/// finished block.
+pub fn bias_gelu_rows(
+    data: &mut [f32],
+    ldc: usize,
+    h: usize,
+    w: usize,
+    bias: Option<&[f32]>,
+    gelu: bool,
+) {
     if h == 0 || w == 0 {
         return;
     }
@@ -88,14 +96,16 @@ pub fn bias_gelu_rows(data: &mut [f32], ldc: usize, h: usize, w: usize, bias: Op
         let bias = bias.map(<[f32]>::as_ptr);
         // SAFETY: AVX-512F checked just above; the rows and the bias are in bounds
         // (asserted above).
-        return unsafe { avx512::bias_gelu_rows(data.as_mut_ptr(), ldc, h, w, bias) };
+        return unsafe { avx512::bias_gelu_rows(data.as_mut_ptr(), ldc, h, w, bias, gelu) };
     }
     for r in 0..h {
         let row = &mut data[r * ldc..r * ldc + w];
         if let Some(bias) = bias {
             row.iter_mut().zip(bias).for_each(|(o, &b)| *o += b);
         }
-        row.iter_mut().for_each(|x| *x = gelu_tanh(*x));
+        if gelu {
+            row.iter_mut().for_each(|x| *x = gelu_tanh(*x));
+        }
     }
 }
 
@@ -185,6 +195,7 @@ mod avx512 {
         h: usize,
         w: usize,
         bias: Option<*const f32>,
+        gelu: bool,
     ) {
         let g = Gelu::new();
         for r in 0..h {
@@ -200,7 +211,8 @@ mod avx512 {
                     if let Some(b) = bias {
                         x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, b.add(j)));
                     }
-                    _mm512_mask_storeu_ps(row.add(j), mask, g.of(x));
+                    let y = if gelu { g.of(x) } else { x };
+                    _mm512_mask_storeu_ps(row.add(j), mask, y);
                 }
                 j += 16;
             }
@@ -262,7 +274,7 @@ mod tests {
         let h = xs.len() / ldc;
         let bias: Vec<f32> = (0..w).map(|j| j as f32 * 0.01 - 0.2).collect();
         let mut rows = xs.clone();
-        bias_gelu_rows(&mut rows, ldc, h, w, Some(&bias));
+        bias_gelu_rows(&mut rows, ldc, h, w, Some(&bias), true);
         for (i, (&x, &y)) in xs.iter().zip(&rows).enumerate() {
             let (r, j) = (i / ldc, i % ldc);
             let want = if r < h && j < w {

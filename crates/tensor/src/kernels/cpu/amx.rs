@@ -205,7 +205,7 @@ pub fn prepacked_b_scratch_len(k: usize, precision: Precision, threads: usize) -
 /// [`gemm`] with B packed beforehand: `b_packed` holds every panel of B ([`pack_b`] of
 /// panels `0..`, [`packed_b_len`] values), so a weight is packed once, not per call. The
 /// same loops as [`gemm`], so the same bits; the scratch is
-/// [`prepacked_b_scratch_len`]. `epilogue` runs on every finished row segment.
+/// [`prepacked_b_scratch_len`]. `epilogue` runs on every finished block.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_prepacked_b(
     m: usize,
@@ -401,7 +401,7 @@ struct Shape<'e> {
     panel_len: usize,
     ldc: usize,
     alpha: f32,
-    /// Runs on every finished row segment.
+    /// Runs on every finished block.
     epilogue: Option<&'e Epilogue<'e>>,
 }
 
