@@ -117,14 +117,15 @@ impl Tensor {
                 dst.par_chunks_mut(n)
                     .zip(src.par_chunks(n))
                     .for_each(|(o, x)| {
-                        let ms =
-                            x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / n as f64;
+                        let ms = lane_sum(x, |v| v * v) / n as f64;
                         let inv = (1.0 / (ms + f64::from(eps)).sqrt()) as f32;
-                        for (j, (o, &v)) in o.iter_mut().zip(x).enumerate() {
-                            *o = match w {
-                                Some(w) => v * inv * w[j],
-                                None => v * inv,
-                            };
+                        match w {
+                            Some(w) => {
+                                for ((o, &v), &w) in o.iter_mut().zip(x).zip(w) {
+                                    *o = v * inv * w;
+                                }
+                            }
+                            None => o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * inv),
                         }
                     });
             });
