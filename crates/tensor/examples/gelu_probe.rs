@@ -1,7 +1,7 @@
 //! Times the tanh-GELU over `n` f32 values in place on one thread: `gelu_probe N REPS`.
 use std::time::Instant;
 
-use headroom_tensor::kernels::activation::gelu_tanh_in_place;
+use headroom_tensor::kernels::gelu::bias_gelu_rows;
 
 fn main() {
     let mut args = std::env::args()
@@ -12,7 +12,8 @@ fn main() {
     let mut buf: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.006 - 3.0).collect();
     let start = Instant::now();
     for _ in 0..reps {
-        gelu_tanh_in_place(&mut buf);
+        // One row of n values, no bias: the GEMM epilogue's GELU, in place.
+        bias_gelu_rows(&mut buf, n, 1, n, None, true);
     }
     let secs = start.elapsed().as_secs_f64();
     println!(

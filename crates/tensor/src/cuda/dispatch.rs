@@ -767,7 +767,7 @@ pub fn gemm_input(a: DType, b: DType) -> (GemmInput, DType) {
     }
 }
 
-/// `out[rows, n] = x[rows, k] · wᵀ (+ bias) (→ tanh-GELU when `gelu` and a bias is given:
+/// `out[rows, n] = x[rows, k] · wᵀ (+ bias) (→ tanh-GELU when `gelu`, which needs the bias:
 /// cuBLASLt's bias + GELU epilogue)` with x and w dense in the input dtype, bias f32, out
 /// f32.
 pub fn linear(
@@ -795,7 +795,8 @@ pub fn linear(
         epilogue: match (bias.is_some(), gelu) {
             (true, true) => Epilogue::BiasGelu,
             (true, false) => Epilogue::Bias,
-            (false, _) => Epilogue::None,
+            (false, false) => Epilogue::None,
+            (false, true) => return Err(unsupported("linear", "a GELU epilogue without a bias")),
         },
         weight_transposed: true,
     };

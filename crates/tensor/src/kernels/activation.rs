@@ -1,8 +1,9 @@
 //! SiLU over f32 slices without libm, built on the branch-free [`fast_exp`], so the loops
 //! auto-vectorise; they are compiled for AVX-512 and AVX2 as well as the baseline and
-//! picked at run time. The tanh-GELU is [`super::gelu`]'s (re-exported here). Every version performs the same IEEE
-//! operations in the same order (Rust never fuses a multiply and an add on its own), so
-//! the bits do not depend on the CPU path, only the speed does.
+//! picked at run time. The tanh-GELU is [`super::gelu`]'s (re-exported here). Every
+//! version performs the same IEEE operations in the same order (Rust never fuses a
+//! multiply and an add on its own), so the bits do not depend on the CPU path, only the
+//! speed does.
 
 use super::softmax::fast_exp;
 
@@ -12,7 +13,7 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + fast_exp(-x))
 }
 
-pub use super::gelu::{gelu_tanh, gelu_tanh_in_place, gelu_tanh_into};
+pub use super::gelu::{gelu_tanh, gelu_tanh_into};
 
 #[inline(always)]
 fn map_impl(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {

@@ -62,20 +62,6 @@ pub fn gelu_tanh_into(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-/// `buf[i] = gelu_tanh(buf[i])`.
-pub fn gelu_tanh_in_place(buf: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        let (n, p) = (buf.len(), buf.as_mut_ptr());
-        // SAFETY: AVX-512F checked just above; source and destination are the same
-        // `n` values, each read before it is written.
-        return unsafe { avx512::gelu(p, p, n) };
-    }
-    for x in buf.iter_mut() {
-        *x = gelu_tanh(*x);
-    }
-}
-
 /// `x += bias[j]` (when given) then, when `gelu`, `x = gelu_tanh(x)` on each of `h` rows
 /// of `w` values starting `ldc` apart in `data`, in one pass: a GEMM epilogue over one
 /// finished block.
@@ -163,7 +149,7 @@ mod avx512 {
     /// `dst[i] = gelu_tanh(src[i])` for `i < n`, sixteen at a time, the tail masked.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; `src` and `dst` hold `n` values (they may be the same).
+    /// The CPU has AVX-512F; `src` and `dst` hold `n` values.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn gelu(dst: *mut f32, src: *const f32, n: usize) {
         let g = Gelu::new();
@@ -198,23 +184,36 @@ mod avx512 {
         gelu: bool,
     ) {
         let g = Gelu::new();
+        // One vector: bias added, then the GELU when asked (the scalar order).
+        let apply = |x: __m512, b: Option<__m512>| {
+            let x = b.map_or(x, |b| _mm512_add_ps(x, b));
+            if gelu {
+                g.of(x)
+            } else {
+                x
+            }
+        };
         for r in 0..h {
             // SAFETY: row `r` is in bounds (caller).
             let row = unsafe { data.add(r * ldc) };
             let mut j = 0;
-            while j < w {
-                let n = (w - j).min(16);
-                let mask: __mmask16 = if n == 16 { !0 } else { (1u16 << n) - 1 };
-                // SAFETY: the mask covers values `j..j + n` of the row and of the bias.
+            while j + 16 <= w {
+                // SAFETY: values `j..j + 16` of the row and of the bias are in bounds.
                 unsafe {
-                    let mut x = _mm512_maskz_loadu_ps(mask, row.add(j));
-                    if let Some(b) = bias {
-                        x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, b.add(j)));
-                    }
-                    let y = if gelu { g.of(x) } else { x };
-                    _mm512_mask_storeu_ps(row.add(j), mask, y);
+                    let b = bias.map(|b| _mm512_loadu_ps(b.add(j)));
+                    _mm512_storeu_ps(row.add(j), apply(_mm512_loadu_ps(row.add(j)), b));
                 }
                 j += 16;
+            }
+            if j < w {
+                let mask: __mmask16 = (1u16 << (w - j)) - 1;
+                // SAFETY: the mask covers only the `w - j` values left of the row and of
+                // the bias.
+                unsafe {
+                    let b = bias.map(|b| _mm512_maskz_loadu_ps(mask, b.add(j)));
+                    let y = apply(_mm512_maskz_loadu_ps(mask, row.add(j)), b);
+                    _mm512_mask_storeu_ps(row.add(j), mask, y);
+                }
             }
         }
     }
@@ -269,7 +268,8 @@ mod tests {
         let mut out = vec![0f32; xs.len()];
         gelu_tanh_into(&mut out, &xs);
         let mut inplace = xs.clone();
-        gelu_tanh_in_place(&mut inplace);
+        let n = inplace.len();
+        bias_gelu_rows(&mut inplace, n, 1, n, None, true);
         let (ldc, w) = (45, 37);
         let h = xs.len() / ldc;
         let bias: Vec<f32> = (0..w).map(|j| j as f32 * 0.01 - 0.2).collect();

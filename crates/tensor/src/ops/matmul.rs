@@ -265,26 +265,7 @@ impl Tensor {
     /// same bits) on the host; on a GPU one cuBLASLt call with its bias + GELU epilogue
     /// (cuBLASLt's tanh-GELU, within the self-test's tolerance of ours).
     pub fn linear_gelu_tanh(&self, weight: &Tensor, bias: &Tensor) -> Result<Tensor> {
-        if self.device().launcher().is_none() {
-            return self.linear(weight, Some(bias))?.gelu_tanh();
-        }
-        self.same_device("linear", weight)?;
-        if weight.rank() != 2 {
-            return Err(TensorError::shape(
-                "linear",
-                format!("weight must be [out, in], got {:?}", weight.shape()),
-            ));
-        }
-        let (out_features, in_features) = (weight.shape()[0], weight.shape()[1]);
-        let rows = check_linear(
-            "linear",
-            self,
-            out_features,
-            in_features,
-            weight.shape(),
-            Some(bias),
-        )?;
-        self.linear_on_gpu(weight, Some(bias), rows, true)
+        self.linear_then(weight, Some(bias), true)
     }
 
     /// [`Tensor::linear`] (then GELU when `gelu`) on a GPU device, shapes checked.
@@ -318,6 +299,11 @@ impl Tensor {
     /// `x @ weightᵀ + bias` over the last axis: weight is `[out, in]` (PyTorch layout),
     /// bias `[out]`; the result is f32 `[…, out]`.
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        self.linear_then(weight, bias, false)
+    }
+
+    /// [`Tensor::linear`], then the tanh-GELU when `gelu` (fused into the GEMM on a GPU).
+    fn linear_then(&self, weight: &Tensor, bias: Option<&Tensor>, gelu: bool) -> Result<Tensor> {
         let op = "linear";
         self.same_device(op, weight)?;
         if weight.rank() != 2 {
@@ -329,7 +315,7 @@ impl Tensor {
         let (out_features, in_features) = (weight.shape()[0], weight.shape()[1]);
         let rows = check_linear(op, self, out_features, in_features, weight.shape(), bias)?;
         if self.device().launcher().is_some() {
-            return self.linear_on_gpu(weight, bias, rows, false);
+            return self.linear_on_gpu(weight, bias, rows, gelu);
         }
         let compute = compute_of(self, weight);
         let x = gemm_input(op, self, compute)?.contiguous()?;
@@ -339,10 +325,8 @@ impl Tensor {
         *out_shape.last_mut().expect("rank checked above") = out_features;
         let mut out = Tensor::empty(&out_shape, DType::F32, self.device())?;
         let len = gemm_scratch_len(rows, out_features, in_features, compute, Threads::Pool);
+        // On a meta device `data_mut` is None: the GEMM is skipped, the allocations kept.
         let mut scratch = scratch(self, len, 1)?;
-        if self.device().is_meta() {
-            return Ok(out);
-        }
         let x_layout = Layout::contiguous(&[rows, in_features]);
         if let (Some(ox), Some(ow), Some(dst)) = (
             operand(&x, &x_layout, x.layout().offset()),
@@ -377,6 +361,9 @@ impl Tensor {
                 );
                 add_bias(dst, out_features, bias);
             });
+        }
+        if gelu {
+            return out.gelu_tanh();
         }
         Ok(out)
     }

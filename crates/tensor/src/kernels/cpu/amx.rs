@@ -452,9 +452,8 @@ unsafe fn multiply(
             for ib in 0..mc.div_ceil(PANEL) {
                 let slice = ib * steps * PREFETCH_PER_STEP;
                 let pf = match next {
-                    Some(nb) if slice + steps * PREFETCH_PER_STEP <= steps * KSTEP_LEN => {
-                        nb[slice..].as_ptr()
-                    }
+                    // Eight A panels cover the panel; any more prefetch their own.
+                    Some(nb) if (ib + 1) * PREFETCH_PER_STEP <= KSTEP_LEN => nb[slice..].as_ptr(),
                     _ => bp.as_ptr(),
                 };
                 let ap = &a_packed[(ib * span.steps + s0) * KSTEP_LEN..];
