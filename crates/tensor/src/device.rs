@@ -110,6 +110,14 @@ impl Device {
         &self.platform
     }
 
+    /// What this device is, in words (`cpu`, `sim`, or the GPU launcher's own words).
+    pub fn describe(&self) -> String {
+        match &self.launcher {
+            Some(l) => l.describe(),
+            None => self.platform.kind().name().to_string(),
+        }
+    }
+
     /// Whether tensors here are shapes only (no values are computed).
     pub fn is_meta(&self) -> bool {
         self.meta

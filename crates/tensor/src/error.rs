@@ -56,6 +56,17 @@ pub enum TensorError {
         /// The collective.
         op: &'static str,
     },
+    /// A collective backend (MPI, NCCL) failed or could not be set up; the job cannot
+    /// go on with this group.
+    #[error("{backend} {op}: {reason}")]
+    Comm {
+        /// The backend (`mpi`, `nccl`, `threads`).
+        backend: &'static str,
+        /// The collective or setup step.
+        op: &'static str,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl TensorError {

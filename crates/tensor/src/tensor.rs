@@ -465,6 +465,33 @@ impl Tensor {
         all.get(start..start + self.numel())
     }
 
+    /// The bytes of a contiguous tensor's elements in host memory; `None` for a view
+    /// with gaps, on a meta device or on a GPU (what a collective backend sends).
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        if !self.is_contiguous() || self.device.launcher().is_some() {
+            return None;
+        }
+        let size = self.dtype.size();
+        let start = self.layout.offset() * size;
+        self.storage
+            .bytes()?
+            .get(start..start + self.numel() * size)
+    }
+
+    /// The mutable bytes of a fresh contiguous host tensor that owns its storage alone
+    /// (what a collective backend receives into); `None` otherwise.
+    pub fn host_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        if !self.is_contiguous()
+            || self.layout.offset() != 0
+            || self.device.launcher().is_some()
+            || Arc::strong_count(&self.storage) != 1
+        {
+            return None;
+        }
+        let n = self.numel() * self.dtype.size();
+        Arc::get_mut(&mut self.storage)?.bytes_mut()?.get_mut(..n)
+    }
+
     /// Mutable bytes of a tensor that owns its storage alone (fresh op outputs).
     pub(crate) fn bytes_mut(&mut self) -> Option<&mut [u8]> {
         if self.device.is_meta() {
