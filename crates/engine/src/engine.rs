@@ -123,6 +123,28 @@ impl Engine {
         Ok(engine)
     }
 
+    /// One rank of a mesh driven by [`crate::replicated`] (ranks as processes of an MPI
+    /// job, or threads): its share of the transformer and of the KV cache, and a meta
+    /// twin of the whole mesh, so the planned allocator replays a plan from the first
+    /// session on, the same plan `headroom plan` makes for this rank.
+    pub fn on_mesh(
+        config: EngineConfig,
+        platform: Arc<dyn Platform>,
+        groups: &crate::mesh::RankGroups,
+    ) -> Result<Self> {
+        let mesh = groups.mesh();
+        if mesh == crate::mesh::Mesh::SINGLE {
+            return Self::on(config, platform);
+        }
+        let mut engine = Self::build(
+            config,
+            Device::new(platform),
+            Some(groups.sharding.clone()),
+        )?;
+        engine.meta = Some(crate::planned::MetaTwin::for_mesh(mesh, groups.rank()));
+        Ok(engine)
+    }
+
     /// An engine on `device`: a GPU device (`Device::cuda`, or `Device::checked_gpu` to
     /// run every op through the launch path without a GPU) or any host device.
     pub fn on_device(config: EngineConfig, device: Device) -> Result<Self> {

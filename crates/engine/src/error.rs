@@ -28,6 +28,14 @@ pub enum EngineError {
         /// Why.
         reason: crate::cancel::CancelReason,
     },
+    /// A rank of a mesh failed; the others ended with it.
+    #[error("rank {rank} failed: {reason}")]
+    Rank {
+        /// The world rank that failed first.
+        rank: usize,
+        /// What it reported.
+        reason: String,
+    },
     /// A model failed (shapes, weights, out of memory).
     #[error(transparent)]
     Model(#[from] headroom_model::ModelError),

@@ -11,6 +11,7 @@ pub mod loop_io;
 pub mod mesh;
 mod planned;
 pub mod preset;
+pub mod replicated;
 pub mod session;
 mod text;
 
@@ -18,6 +19,6 @@ pub use cancel::{CancelReason, CancelToken, Checkpoint};
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, Result};
 pub use loop_io::{LatentRecorder, LatentSink, NoiseSource};
-pub use mesh::Mesh;
+pub use mesh::{Mesh, RankGroups};
 pub use preset::{ModelPreset, PRESETS};
 pub use session::{Chunk, ChunkTimings, Session, SessionRequest, BLOCK_FRAMES};

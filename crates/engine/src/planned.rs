@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use headroom_mem::{AllocatorConfig, AllocatorPolicy, CachingPlatform, ReclaimPolicy};
 
 use crate::engine::{Engine, EngineConfig};
+use crate::mesh::Mesh;
 use crate::error::{EngineError, Result};
 use crate::session::SessionRequest;
 
@@ -59,9 +60,59 @@ const TWIN_CAPACITY: u64 = 1 << 50;
 #[derive(Debug, Default)]
 pub(crate) struct MetaTwin {
     engine: Mutex<Option<Box<Engine>>>,
+    /// A rank of a mesh: the twin is the whole mesh (ranks as threads on `sim`
+    /// platforms, since a rank cannot meta-execute alone), and this rank's plans are
+    /// kept.
+    mesh: Option<(Mesh, usize)>,
 }
 
 impl MetaTwin {
+    /// The twin of rank `rank` of `mesh`.
+    pub(crate) fn for_mesh(mesh: Mesh, rank: usize) -> Self {
+        Self {
+            engine: Mutex::new(None),
+            mesh: Some((mesh, rank)),
+        }
+    }
+
+    /// This rank's plans from a meta execution of the session on every rank of `mesh`.
+    fn mesh_plans_for(
+        config: &EngineConfig,
+        kv_pool_bytes: Option<u64>,
+        request: &SessionRequest,
+        (mesh, rank): (Mesh, usize),
+    ) -> Result<headroom_mem::PlanBook> {
+        let twin_config = EngineConfig {
+            kv_fraction: None,
+            kv_budget_bytes: kv_pool_bytes.or(config.kv_budget_bytes),
+            capacity: Some(TWIN_CAPACITY),
+            ..config.clone()
+        };
+        let platform = |_rank: usize| -> Result<Arc<dyn headroom_mem::Platform>> {
+            Ok(Arc::new(CachingPlatform::sim(
+                TWIN_CAPACITY,
+                AllocatorConfig::with_policy(AllocatorPolicy::Planned),
+                ReclaimPolicy::Never,
+            )?))
+        };
+        let mut books = mesh.run(&twin_config, platform, |_, twin| {
+            let request = SessionRequest {
+                latent_sink: None,
+                ..request.clone()
+            };
+            let mut session = twin.open_session(request)?;
+            for _ in 0..session.chunks_total() {
+                session.next_chunk()?;
+            }
+            drop(session);
+            Ok(twin.platform().allocator().plans())
+        })?;
+        if rank >= books.len() {
+            return Err(EngineError::request("mesh", "rank outside the mesh"));
+        }
+        Ok(books.swap_remove(rank))
+    }
+
     /// Runs `request` as meta execution on the twin and returns the plans it recorded.
     pub(crate) fn plans_for(
         &self,
@@ -69,6 +120,9 @@ impl MetaTwin {
         kv_pool_bytes: Option<u64>,
         request: &SessionRequest,
     ) -> Result<headroom_mem::PlanBook> {
+        if let Some(mesh) = self.mesh {
+            return Self::mesh_plans_for(config, kv_pool_bytes, request, mesh);
+        }
         let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             // The twin records without a plan, so it must not run out of memory where

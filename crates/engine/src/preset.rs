@@ -97,3 +97,42 @@ impl ModelPreset {
         })
     }
 }
+
+/// Refuses a mesh whose degrees do not divide the model's heads (`tp · sp`) and FFN
+/// width (`tp`), read from the preset or the folder's `config.json` before any weights
+/// load (a `--transformer` checkpoint is checked as it loads).
+pub fn check_mesh(config: &crate::engine::EngineConfig, mesh: crate::mesh::Mesh) -> Result<()> {
+    mesh.validate()?;
+    if mesh == crate::mesh::Mesh::SINGLE || config.transformer.is_some() {
+        return Ok(());
+    }
+    let folder = std::path::Path::new(&config.model);
+    let dit = if folder.is_dir() {
+        let file = [folder.join("transformer/config.json"), folder.join("config.json")]
+            .into_iter()
+            .find(|f| f.is_file());
+        let Some(file) = file else { return Ok(()) };
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            EngineError::request("model", format!("{}: {e}", file.display()))
+        })?;
+        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+            EngineError::request("model", format!("{}: not JSON: {e}", file.display()))
+        })?;
+        headroom_model::import::dit_config_from_json(&value)?
+    } else {
+        ModelPreset::named(&config.model)?.dit
+    };
+    let (tp, sp) = (mesh.tp, mesh.sp);
+    if !dit.num_attention_heads.is_multiple_of(tp * sp) || !dit.ffn_dim.is_multiple_of(tp) {
+        return Err(EngineError::request(
+            "tp/sp",
+            format!(
+                "the model's {} attention heads must divide by tp·sp = {tp}·{sp} = {} and its FFN width {} by tp = {tp}",
+                dit.num_attention_heads,
+                tp * sp,
+                dit.ffn_dim
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -2,13 +2,20 @@
 //! as Y4M or PNG frames, with its memory story.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
+use crate::ranks::RankArgs;
 use crate::session_args::SessionShape;
-use headroom_engine::{Engine, EngineConfig, LatentRecorder, NoiseSource, SessionRequest};
+use headroom_engine::replicated::{self, LeadSession, RankMemory};
+use headroom_engine::{
+    Chunk, Engine, EngineConfig, LatentRecorder, NoiseSource, RankGroups, Session,
+    SessionRequest,
+};
+use headroom_mem::{CachingPlatform, Platform};
 use headroom_media::{png_frame_path, write_png, Mp4Writer, Y4mWriter};
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
 use headroom_model::camera::{Keys, Trajectory};
@@ -93,6 +100,8 @@ pub struct GenerateArgs {
     /// Print the report as JSON on stdout (progress goes to stderr).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    ranks: RankArgs,
 }
 
 fn load_text(path: &PathBuf, device: &Device) -> Result<Tensor> {
@@ -196,8 +205,51 @@ fn load_image(path: &Path, width: usize, height: usize, device: &Device) -> Resu
 /// Frames per second of the written video.
 const FPS: u32 = 16;
 
-/// Runs `headroom generate`.
-pub fn run(args: GenerateArgs) -> Result<()> {
+/// A session as the chunk loop drives it: alone, or led on every rank of a mesh.
+trait ChunkSource {
+    /// Chunks the session will produce.
+    fn chunks_total(&self) -> usize;
+    /// The next chunk.
+    fn next_chunk(&mut self) -> headroom_engine::Result<Chunk>;
+    /// Ends the session: every rank's memory, when it ran on a mesh.
+    fn finish(self: Box<Self>, engine: &Engine) -> Result<Option<Vec<RankMemory>>>;
+}
+
+impl ChunkSource for Session {
+    fn chunks_total(&self) -> usize {
+        Session::chunks_total(self)
+    }
+    fn next_chunk(&mut self) -> headroom_engine::Result<Chunk> {
+        Session::next_chunk(self)
+    }
+    fn finish(self: Box<Self>, _: &Engine) -> Result<Option<Vec<RankMemory>>> {
+        Ok(None)
+    }
+}
+
+impl ChunkSource for LeadSession {
+    fn chunks_total(&self) -> usize {
+        self.session().map_or(0, Session::chunks_total)
+    }
+    fn next_chunk(&mut self) -> headroom_engine::Result<Chunk> {
+        LeadSession::next_chunk(self)
+    }
+    fn finish(self: Box<Self>, engine: &Engine) -> Result<Option<Vec<RankMemory>>> {
+        Ok(Some(self.close(engine)?))
+    }
+}
+
+/// What the command line says, checked before any weights load.
+struct Prepared {
+    config: EngineConfig,
+    reclaim: ReclaimPolicy,
+    width: usize,
+    height: usize,
+    actions: Vec<Keys>,
+    trajectory: Option<Trajectory>,
+}
+
+fn prepare(args: &GenerateArgs) -> Result<Prepared> {
     let reclaim: ReclaimPolicy = args.policy.parse()?;
     let policy: AllocatorPolicy = args.allocator.parse()?;
     let kv_budget_bytes = match args.kv_budget.as_str() {
@@ -232,15 +284,132 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         weight_dtype: args.shape.dtype.dtype(),
         ..EngineConfig::default()
     };
-    let engine =
-        match args
-            .shape
-            .device
-            .engine_device(&config.allocator, reclaim, config.capacity)?
-        {
-            Some(device) => Engine::on_device(config, device)?,
-            None => Engine::new(config)?,
+    Ok(Prepared {
+        config,
+        reclaim,
+        width,
+        height,
+        actions,
+        trajectory,
+    })
+}
+
+/// Runs `headroom generate`.
+pub fn run(args: GenerateArgs) -> Result<()> {
+    let prepared = prepare(&args)?;
+    let on_gpu = args.shape.device != crate::device_arg::DeviceArg::Cpu;
+    if args.ranks.is_single(on_gpu)? {
+        let engine = match args.shape.device.engine_device(
+            &prepared.config.allocator,
+            prepared.reclaim,
+            prepared.config.capacity,
+        )? {
+            Some(device) => Engine::on_device(prepared.config.clone(), device)?,
+            None => Engine::new(prepared.config.clone())?,
         };
+        let report = stream(&args, &prepared, &engine, |request| {
+            Ok(Box::new(engine.open_session(request)?) as Box<dyn ChunkSource>)
+        })?;
+        return print_report(&args, &report);
+    }
+    if on_gpu {
+        bail!(
+            "--tp/--sp on --device {}: sharded sessions run on the host in this build (--comm threads or mpi)",
+            args.shape.device
+        );
+    }
+    let mesh = args.ranks.mesh()?;
+    headroom_engine::preset::check_mesh(&prepared.config, mesh)?;
+    let report = args.ranks.launch(on_gpu, |groups| rank_main(&args, &prepared, groups))?;
+    match report {
+        Some(report) => print_report(&args, &report),
+        None => Ok(()),
+    }
+}
+
+/// One rank of a sharded `generate`: rank 0 streams the session and writes the video,
+/// every other rank follows its commands.
+fn rank_main(args: &GenerateArgs, prepared: &Prepared, groups: RankGroups) -> Result<Report> {
+    let config = &prepared.config;
+    let platform: Arc<dyn Platform> = Arc::new(CachingPlatform::cpu(
+        config.capacity,
+        config.allocator.clone(),
+        config.reclaim,
+    )?);
+    let engine = Engine::on_mesh(config.clone(), platform, &groups)?;
+    if groups.rank() != 0 {
+        replicated::follow(&engine, &groups.world)?;
+        return Ok(Report::default());
+    }
+    let world = Arc::clone(&groups.world);
+    let out = stream(args, prepared, &engine, |request| {
+        Ok(Box::new(replicated::lead_open(&engine, &world, request)?) as Box<dyn ChunkSource>)
+    });
+    // However rank 0 ended, the followers leave their loops (after an abort this fails
+    // at once, and the job is ending anyway).
+    let shutdown = replicated::lead_shutdown(&world);
+    let mut report = out?;
+    shutdown?;
+    report.backend = groups.backend();
+    Ok(report)
+}
+
+/// What a finished run reports.
+#[derive(Debug, Default)]
+struct Report {
+    json: serde_json::Value,
+    lines: Vec<String>,
+    ranks: Option<Vec<RankMemory>>,
+    backend: &'static str,
+}
+
+fn print_report(args: &GenerateArgs, report: &Report) -> Result<()> {
+    let mut json = report.json.clone();
+    if let (Some(ranks), Some(obj)) = (&report.ranks, json.as_object_mut()) {
+        obj.insert("comm".into(), serde_json::json!(report.backend));
+        obj.insert("ranks".into(), serde_json::to_value(ranks)?);
+    }
+    if args.json {
+        println!("{json}");
+        return Ok(());
+    }
+    for line in &report.lines {
+        println!("{line}");
+    }
+    if let Some(ranks) = &report.ranks {
+        println!(
+            "per rank ({} × tp {} × sp {} on {}):",
+            ranks.len(),
+            args.ranks.tp,
+            args.ranks.sp,
+            report.backend
+        );
+        println!(
+            "{:>5} {:>8} {:>8} {:>18} {:>18} {:>18}",
+            "rank", "tp_rank", "sp_rank", "allocated peak", "reserved peak", "after session"
+        );
+        for r in ranks {
+            println!(
+                "{:>5} {:>8} {:>8} {:>18} {:>18} {:>18}",
+                r.rank,
+                r.tp_rank,
+                r.sp_rank,
+                r.allocated_peak_bytes,
+                r.reserved_peak_bytes,
+                r.post_session_reserved_bytes
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Streams one session on `engine` (opened by `open`) into the output, and reports.
+fn stream<O>(args: &GenerateArgs, prepared: &Prepared, engine: &Engine, open: O) -> Result<Report>
+where
+    O: FnOnce(SessionRequest) -> Result<Box<dyn ChunkSource>>,
+{
+    let (width, height) = (prepared.width, prepared.height);
+    let reclaim = prepared.reclaim;
     let platform = engine.platform().clone();
     if args.trace.is_some() {
         platform.allocator().set_history(1 << 20);
@@ -274,8 +443,8 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         text_embeds: text,
         prompt: args.prompt.clone(),
         image,
-        actions,
-        trajectory,
+        actions: prepared.actions.clone(),
+        trajectory: prepared.trajectory.clone(),
         overlap: args.overlap,
         reuse_last_step_kv: args.reuse_last_step_kv,
         noise,
@@ -285,7 +454,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     platform.reset_peak_stats();
     let start = Instant::now();
     // The request is validated (and admitted) before any output exists.
-    let mut session = engine.open_session(request)?;
+    let mut session = open(request)?;
     let mut sink = Sink::create(&args.out, width, height)?;
     let total = session.chunks_total();
     let progress = ProgressBar::new(total as u64);
@@ -338,11 +507,20 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Ok(())
     })();
     progress.finish();
-    drop(session);
-    if let Err(e) = outcome {
-        sink.discard(&args.out);
-        return Err(e);
-    }
+    let ranks = match outcome {
+        Ok(()) => session.finish(engine),
+        Err(e) => {
+            drop(session);
+            Err(e)
+        }
+    };
+    let ranks = match ranks {
+        Ok(r) => r,
+        Err(e) => {
+            sink.discard(&args.out);
+            return Err(e);
+        }
+    };
     sink.finish()?;
     if let (Some(path), Some(recorder)) = (&args.dump_latents, &recorder) {
         write_npy(path, &recorder.stacked(&device)?)
@@ -375,15 +553,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         "reclaim_s": stats.reclaim_ns as f64 / 1e9,
         "output": args.out.display().to_string(),
     });
-    if args.json {
-        println!("{report}");
-    } else {
-        println!("{frames} frames {width}x{height} → {}", args.out.display());
+    let mut lines = Vec::new();
+    {
+        lines.push(format!("{frames} frames {width}x{height} → {}", args.out.display()));
         if let Some(gpu) = &gpu {
-            println!("device: {gpu}");
+            lines.push(format!("device: {gpu}"));
         }
         if let Some(c) = &checked {
-            println!(
+            lines.push(format!(
                 "checked: {} launches of {} kernels and {} GEMMs ({:.2} GFLOP), {} uploaded, {} downloaded; no values computed (frames are black)",
                 c.launches.values().sum::<u64>(),
                 c.launches.len(),
@@ -391,22 +568,22 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 c.gemm_flops / 1e9,
                 format_bytes(c.uploaded_bytes),
                 format_bytes(c.downloaded_bytes)
-            );
+            ));
         }
-        println!("time to first chunk {ttfc:.2} s, mean chunk {mean:.2} s");
-        println!(
+        lines.push(format!("time to first chunk {ttfc:.2} s, mean chunk {mean:.2} s"));
+        lines.push(format!(
             "allocator peak: {} allocated, {} reserved; after the session: {} reserved",
             format_bytes(stats.allocated_bytes.all().peak as u64),
             format_bytes(stats.reserved_bytes.all().peak as u64),
             format_bytes(stats.reserved_bytes.all().current as u64)
-        );
-        println!(
+        ));
+        lines.push(format!(
             "reclaims: {} in {:.3} s (policy {reclaim})",
             stats.num_reclaims,
             stats.reclaim_ns as f64 / 1e9
-        );
+        ));
         if let Some(t) = text_report {
-            println!(
+            lines.push(format!(
                 "text encoder ({}): {} weights resident ({} while loaded, {} loads); cache {} of {}, {} hits / {} misses",
                 t.mode,
                 format_bytes(t.resident_weight_bytes),
@@ -416,8 +593,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 format_bytes(t.cache_budget_bytes),
                 t.cache_hits,
                 t.cache_misses
-            );
+            ));
         }
     }
-    Ok(())
+    Ok(Report {
+        json: report,
+        lines,
+        ranks,
+        backend: "",
+    })
 }

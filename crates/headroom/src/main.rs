@@ -9,6 +9,7 @@ mod dtype_arg;
 mod generate_cmd;
 mod mem_cmd;
 mod plan_cmd;
+mod ranks;
 mod serve_cmd;
 mod session_args;
 mod text_cmd;

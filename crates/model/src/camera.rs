@@ -69,7 +69,7 @@ fn rot_y(a: f64) -> Pose {
 }
 
 /// One latent frame's key set.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Keys {
     /// Forward.
     pub w: bool,
@@ -273,7 +273,7 @@ pub fn ray_embedding(
 
 /// An explicit camera trajectory: camera-to-world poses per pixel frame and intrinsics
 /// `[fx, fy, cx, cy]` in 832×480 reference pixels (STEPWISE A3, A5).
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Trajectory {
     /// `[F][4][4]` camera-to-world matrices (OpenCV axes).
     pub poses: Vec<Pose>,
@@ -483,7 +483,7 @@ mod tests {
 }
 
 /// How a mid-session camera update moves the camera (STEPWISE A6).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum UpdateMode {
     /// Move to an absolute pose (relative to the session start), over `transition_chunks`.
     Target,
@@ -494,7 +494,7 @@ pub enum UpdateMode {
 /// A `session.interaction` camera update: translation xyz and rotation quaternion xyzw,
 /// passed through in the camera frame the model uses (vllm-omni's "Unity" label is
 /// documentation only; no axes are converted).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CameraUpdate {
     /// Target or velocity.
     pub mode: UpdateMode,

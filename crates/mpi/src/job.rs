@@ -219,7 +219,9 @@ impl Communicator for MpiComm {
         } else {
             vec![0u8; len]
         };
-        process.broadcast_into(&mut buf[..]);
+        if len > 0 {
+            process.broadcast_into(&mut buf[..]);
+        }
         Ok(buf)
     }
 
@@ -243,7 +245,9 @@ impl Communicator for MpiComm {
             .collect::<Result<_>>()?;
         let total: usize = lens.iter().map(|&l| l as usize).sum();
         let mut buf = vec![0u8; total];
-        {
+        // Empty contributions are fine, an empty exchange is not sent at all (a
+        // zero-length buffer has no valid address to hand MPI).
+        if total > 0 {
             let mut partition = PartitionMut::new(&mut buf[..], &counts[..], &displs[..]);
             self.comm.all_gather_varcount_into(mine, &mut partition);
         }

@@ -1,0 +1,479 @@
+//! Sessions replicated across the ranks of a mesh: rank 0 leads, the others follow.
+//!
+//! Every rank holds its own engine (its share of the transformer and of the KV cache,
+//! a whole VAE) and runs the same session schedule, so every rank's allocator sees the
+//! same phases and the per-rank plan stays a measurement. Rank 0 owns all I/O (the
+//! request, its files, the video, HTTP/WS) and broadcasts each session command over the
+//! world group *before* the work it starts: open (with the request's tensors: text
+//! embeddings, image, noise), chunk, camera interaction, prompt change, close. A
+//! cancellation or hang-up is seen by rank 0 and becomes a close at the next chunk
+//! boundary, so it reaches every rank within a chunk step; a chunk is never cut short
+//! on one rank alone, since the ranks meet at collectives inside every layer.
+//!
+//! Failures never leave a rank waiting: an open that fails anywhere (a request rule, an
+//! admission refusal) is agreed on by every rank and returned by rank 0, the server
+//! keeps serving; any other failure aborts the world (`MPI_Abort` ends the job, the
+//! in-process group fails every pending collective), naming the rank that failed.
+
+use std::sync::Arc;
+
+use headroom_model::camera::{CameraUpdate, Keys, Trajectory};
+use headroom_tensor::comm::Communicator;
+use headroom_tensor::{Device, Tensor};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Engine;
+use crate::error::{EngineError, Result};
+use crate::loop_io::NoiseSource;
+use crate::session::{Chunk, Session, SessionRequest};
+
+/// A tensor of an open command: its shape and the index of its values among the
+/// message's f32 blobs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct WireTensor {
+    shape: Vec<usize>,
+    blob: usize,
+}
+
+/// Everything of a [`SessionRequest`] that crosses to the other ranks (a latent sink
+/// stays with rank 0, which writes the file).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OpenSpec {
+    width: usize,
+    height: usize,
+    num_frames: usize,
+    seed: u64,
+    steps: usize,
+    flow_shift: f64,
+    prompt: Option<String>,
+    actions: Vec<Keys>,
+    trajectory: Option<Trajectory>,
+    overlap: bool,
+    reuse_last_step_kv: bool,
+    text_embeds: Option<WireTensor>,
+    image: Option<WireTensor>,
+    noise: Option<WireTensor>,
+}
+
+/// A session command, broadcast by rank 0 before the work it starts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Command {
+    /// Open the session (peak statistics restart here on every rank).
+    Open(Box<OpenSpec>),
+    /// Produce the next chunk.
+    Chunk,
+    /// Queue a camera update.
+    Interact(CameraUpdate),
+    /// Change the prompt.
+    Prompt(String),
+    /// Change the text embeddings (blob 0).
+    TextEmbeds(WireTensor),
+    /// Drop the session and report memory.
+    Close,
+    /// Leave the follow loop.
+    Shutdown,
+}
+
+/// One rank's memory over a session, gathered to rank 0 at its close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankMemory {
+    /// World rank.
+    pub rank: usize,
+    /// Rank in its TP group.
+    pub tp_rank: usize,
+    /// Rank in its SP group.
+    pub sp_rank: usize,
+    /// The allocator's allocated peak from the open on.
+    pub allocated_peak_bytes: u64,
+    /// The allocator's reserved peak from the open on.
+    pub reserved_peak_bytes: u64,
+    /// Reserved bytes once the session was dropped.
+    pub post_session_reserved_bytes: u64,
+}
+
+impl RankMemory {
+    fn of(engine: &Engine) -> Self {
+        let stats = engine.platform().memory_stats();
+        let (tp_rank, sp_rank) = engine
+            .transformer()
+            .sharding()
+            .map_or((0, 0), |s| (s.tp.rank(), s.sp.rank()));
+        let world = engine
+            .transformer()
+            .sharding()
+            .map_or(0, |s| s.world_rank());
+        Self {
+            rank: world,
+            tp_rank,
+            sp_rank,
+            allocated_peak_bytes: stats.allocated_bytes.all().peak.max(0) as u64,
+            reserved_peak_bytes: stats.reserved_bytes.all().peak.max(0) as u64,
+            post_session_reserved_bytes: stats.reserved_bytes.all().current.max(0) as u64,
+        }
+    }
+}
+
+fn wire_err(reason: impl std::fmt::Display) -> EngineError {
+    EngineError::request("mesh", format!("a session command did not decode: {reason}"))
+}
+
+/// `[u64 header length][JSON header][per blob: u64 length, f32 little-endian values]`.
+fn encode(command: &Command, blobs: &[Vec<f32>]) -> Result<Vec<u8>> {
+    let header = serde_json::to_vec(command).map_err(wire_err)?;
+    let mut out = Vec::with_capacity(
+        16 + header.len() + blobs.iter().map(|b| 8 + 4 * b.len()).sum::<usize>(),
+    );
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(&header);
+    for blob in blobs {
+        out.extend_from_slice(&(blob.len() as u64).to_le_bytes());
+        for v in blob {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    Ok(out)
+}
+
+/// Reads a message front to back.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let end = end.ok_or_else(|| wire_err("truncated message"))?;
+        let s = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+
+    fn len(&mut self) -> Result<usize> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        usize::try_from(u64::from_le_bytes(b)).map_err(|_| wire_err("length past usize"))
+    }
+
+    fn done(&self) -> bool {
+        self.at >= self.bytes.len()
+    }
+}
+
+fn decode(bytes: &[u8]) -> Result<(Command, Vec<Vec<f32>>)> {
+    let mut r = Reader { bytes, at: 0 };
+    let header_len = r.len()?;
+    let command: Command = serde_json::from_slice(r.take(header_len)?).map_err(wire_err)?;
+    let mut blobs = Vec::new();
+    while !r.done() {
+        let n = r.len()?;
+        let raw = r.take(n.checked_mul(4).ok_or_else(|| wire_err("blob length"))?)?;
+        blobs.push(
+            raw.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        );
+    }
+    Ok((command, blobs))
+}
+
+fn wire_tensor(t: &Tensor, blobs: &mut Vec<Vec<f32>>) -> Result<WireTensor> {
+    blobs.push(t.to_f32_vec()?);
+    Ok(WireTensor {
+        shape: t.shape().to_vec(),
+        blob: blobs.len() - 1,
+    })
+}
+
+fn from_wire(w: &WireTensor, blobs: &[Vec<f32>], device: &Device) -> Result<Tensor> {
+    let values = blobs
+        .get(w.blob)
+        .ok_or_else(|| wire_err("a tensor's blob is missing"))?;
+    Ok(Tensor::from_slice(values, &w.shape, device)?)
+}
+
+impl OpenSpec {
+    fn of(r: &SessionRequest, blobs: &mut Vec<Vec<f32>>) -> Result<Self> {
+        let noise = match &r.noise {
+            NoiseSource::Generator => None,
+            NoiseSource::Supplied(t) => Some(wire_tensor(t, blobs)?),
+        };
+        Ok(Self {
+            width: r.width,
+            height: r.height,
+            num_frames: r.num_frames,
+            seed: r.seed,
+            steps: r.steps,
+            flow_shift: r.flow_shift,
+            prompt: r.prompt.clone(),
+            actions: r.actions.clone(),
+            trajectory: r.trajectory.clone(),
+            overlap: r.overlap,
+            reuse_last_step_kv: r.reuse_last_step_kv,
+            text_embeds: r
+                .text_embeds
+                .as_ref()
+                .map(|t| wire_tensor(t, blobs))
+                .transpose()?,
+            image: r.image.as_ref().map(|t| wire_tensor(t, blobs)).transpose()?,
+            noise,
+        })
+    }
+
+    fn request(&self, blobs: &[Vec<f32>], device: &Device) -> Result<SessionRequest> {
+        let tensor = |w: &Option<WireTensor>| {
+            w.as_ref()
+                .map(|w| from_wire(w, blobs, device))
+                .transpose()
+        };
+        Ok(SessionRequest {
+            seed: self.seed,
+            steps: self.steps,
+            flow_shift: self.flow_shift,
+            text_embeds: tensor(&self.text_embeds)?,
+            prompt: self.prompt.clone(),
+            image: tensor(&self.image)?,
+            actions: self.actions.clone(),
+            trajectory: self.trajectory.clone(),
+            overlap: self.overlap,
+            reuse_last_step_kv: self.reuse_last_step_kv,
+            noise: match tensor(&self.noise)? {
+                Some(t) => NoiseSource::Supplied(t),
+                None => NoiseSource::Generator,
+            },
+            ..SessionRequest::new(self.width, self.height, self.num_frames)
+        })
+    }
+}
+
+/// The outcome of a step every rank agrees on: `None` if it went well everywhere, else
+/// the first failing rank and its error.
+fn agree(world: &dyn Communicator, outcome: &Result<()>) -> Result<Option<(usize, String)>> {
+    let mine = match outcome {
+        Ok(()) => Vec::new(),
+        Err(e) => {
+            let text = e.to_string();
+            if text.is_empty() {
+                b"error".to_vec()
+            } else {
+                text.into_bytes()
+            }
+        }
+    };
+    let all = world.all_gather_bytes(&mine)?;
+    Ok(all
+        .into_iter()
+        .enumerate()
+        .find(|(_, m)| !m.is_empty())
+        .map(|(rank, m)| (rank, String::from_utf8_lossy(&m).into_owned())))
+}
+
+fn broadcast(world: &dyn Communicator, command: &Command, blobs: &[Vec<f32>]) -> Result<()> {
+    world.broadcast_bytes(0, encode(command, blobs)?)?;
+    Ok(())
+}
+
+/// Rank 0's handle on a session open on every rank of the mesh.
+#[derive(Debug)]
+pub struct LeadSession {
+    session: Option<Session>,
+    world: Arc<dyn Communicator>,
+}
+
+/// Opens `request` on every rank (rank 0 only; the others are in [`follow`]): the
+/// request and its tensors are broadcast, every rank opens, and all agree on the
+/// outcome, so a refused open leaves every rank as it was.
+pub fn lead_open(
+    engine: &Engine,
+    world: &Arc<dyn Communicator>,
+    request: SessionRequest,
+) -> Result<LeadSession> {
+    let mut blobs = Vec::new();
+    let spec = OpenSpec::of(&request, &mut blobs)?;
+    broadcast(world.as_ref(), &Command::Open(Box::new(spec)), &blobs)?;
+    engine.platform().reset_peak_stats();
+    let opened = engine.open_session(request);
+    let status = opened.as_ref().map(|_| ()).map_err(clone_err);
+    match agree(world.as_ref(), &status)? {
+        None => Ok(LeadSession {
+            session: opened.ok(),
+            world: Arc::clone(world),
+        }),
+        Some((0, _)) => Err(opened.err().unwrap_or_else(|| wire_err("open failed"))),
+        Some((rank, reason)) => Err(EngineError::Rank { rank, reason }),
+    }
+}
+
+/// Ends the followers' loops (rank 0, when it will open no more sessions).
+pub fn lead_shutdown(world: &Arc<dyn Communicator>) -> Result<()> {
+    broadcast(world.as_ref(), &Command::Shutdown, &[])
+}
+
+/// The error as a value another rank can report (its text).
+fn clone_err(e: &EngineError) -> EngineError {
+    EngineError::request("mesh", e.to_string())
+}
+
+impl LeadSession {
+    fn live(&mut self) -> Result<&mut Session> {
+        self.session
+            .as_mut()
+            .ok_or_else(|| EngineError::Finished("closed".to_string()))
+    }
+
+    /// The session on rank 0.
+    pub fn session(&self) -> Option<&Session> {
+        self.session.as_ref()
+    }
+
+    /// The next chunk, produced by every rank; a failure aborts the world.
+    pub fn next_chunk(&mut self) -> Result<Chunk> {
+        let world = Arc::clone(&self.world);
+        let out = (|| {
+            broadcast(world.as_ref(), &Command::Chunk, &[])?;
+            self.live()?.next_chunk()
+        })();
+        if out.is_err() {
+            world.abort();
+        }
+        out
+    }
+
+    /// Queues a camera update on every rank (refused on rank 0 first, sent nowhere).
+    pub fn interact(&mut self, update: CameraUpdate) -> Result<()> {
+        self.live()?.interact(update)?;
+        broadcast(self.world.as_ref(), &Command::Interact(update), &[])
+    }
+
+    /// Changes the prompt on every rank (encoded on rank 0 first: an error there sends
+    /// nothing).
+    pub fn set_prompt(&mut self, prompt: &str) -> Result<()> {
+        self.live()?.set_prompt(prompt)?;
+        broadcast(self.world.as_ref(), &Command::Prompt(prompt.to_string()), &[])
+    }
+
+    /// Changes the text embeddings on every rank.
+    pub fn set_text_embeds(&mut self, embeds: &Tensor) -> Result<()> {
+        self.live()?.set_text_embeds(embeds)?;
+        let mut blobs = Vec::new();
+        let w = wire_tensor(embeds, &mut blobs)?;
+        broadcast(self.world.as_ref(), &Command::TextEmbeds(w), &blobs)
+    }
+
+    /// Closes the session on every rank and returns each rank's memory, in rank order.
+    pub fn close(mut self, engine: &Engine) -> Result<Vec<RankMemory>> {
+        broadcast(self.world.as_ref(), &Command::Close, &[])?;
+        drop(self.session.take());
+        gather_memory(engine, self.world.as_ref())
+    }
+}
+
+impl Drop for LeadSession {
+    fn drop(&mut self) {
+        // Closed without `close` (an error path): the followers drop theirs too. Their
+        // memory reports are gathered and dropped, so every rank leaves the close.
+        if self.session.take().is_some() {
+            let _ = broadcast(self.world.as_ref(), &Command::Close, &[])
+                .and_then(|()| Ok(self.world.all_gather_bytes(&[])?));
+        }
+    }
+}
+
+fn gather_memory(engine: &Engine, world: &dyn Communicator) -> Result<Vec<RankMemory>> {
+    let mine = serde_json::to_vec(&RankMemory::of(engine)).map_err(wire_err)?;
+    world
+        .all_gather_bytes(&mine)?
+        .iter()
+        .map(|b| serde_json::from_slice(b).map_err(wire_err))
+        .collect()
+}
+
+/// A follower's loop (every rank but 0): runs each command rank 0 broadcasts until it
+/// says shut down. A failure aborts the world after naming this rank on stderr.
+pub fn follow(engine: &Engine, world: &Arc<dyn Communicator>) -> Result<()> {
+    let out = follow_inner(engine, world.as_ref());
+    if let Err(e) = &out {
+        if !e.to_string().contains("rank group was aborted") {
+            eprintln!("headroom: rank {} failed: {e}", world.rank());
+        }
+        world.abort();
+    }
+    out
+}
+
+fn follow_inner(engine: &Engine, world: &dyn Communicator) -> Result<()> {
+    let device = engine.device().clone();
+    let mut session: Option<Session> = None;
+    loop {
+        let (command, blobs) = decode(&world.broadcast_bytes(0, Vec::new())?)?;
+        match command {
+            Command::Open(spec) => {
+                engine.platform().reset_peak_stats();
+                let opened = spec
+                    .request(&blobs, &device)
+                    .and_then(|r| engine.open_session(r));
+                let status = opened.as_ref().map(|_| ()).map_err(clone_err);
+                session = opened.ok();
+                if agree(world, &status)?.is_some() {
+                    session = None;
+                }
+            }
+            Command::Chunk => {
+                live(&mut session)?.next_chunk()?;
+            }
+            Command::Interact(update) => live(&mut session)?.interact(update)?,
+            Command::Prompt(prompt) => live(&mut session)?.set_prompt(&prompt)?,
+            Command::TextEmbeds(w) => {
+                let t = from_wire(&w, &blobs, &device)?;
+                live(&mut session)?.set_text_embeds(&t)?;
+            }
+            Command::Close => {
+                drop(session.take());
+                gather_memory(engine, world)?;
+            }
+            Command::Shutdown => return Ok(()),
+        }
+    }
+}
+
+fn live(session: &mut Option<Session>) -> Result<&mut Session> {
+    session
+        .as_mut()
+        .ok_or_else(|| EngineError::Finished("no session is open on this rank".to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_survive_the_wire_with_their_tensors() {
+        let device = Device::cpu().unwrap();
+        let image = Tensor::from_slice(&[0.5f32, -1.0, 0.25, 1.0], &[1, 2, 2], &device).unwrap();
+        let request = SessionRequest {
+            image: Some(image),
+            actions: vec![Keys {
+                w: true,
+                ..Keys::default()
+            }],
+            prompt: Some("a box".to_string()),
+            ..SessionRequest::new(64, 32, 21)
+        };
+        let mut blobs = Vec::new();
+        let spec = OpenSpec::of(&request, &mut blobs).unwrap();
+        let bytes = encode(&Command::Open(Box::new(spec)), &blobs).unwrap();
+        let (command, blobs) = decode(&bytes).unwrap();
+        let Command::Open(spec) = command else {
+            panic!("not an open")
+        };
+        let back = spec.request(&blobs, &device).unwrap();
+        assert_eq!((back.width, back.height, back.num_frames), (64, 32, 21));
+        assert_eq!(back.actions, request.actions);
+        assert_eq!(back.prompt.as_deref(), Some("a box"));
+        assert_eq!(
+            back.image.unwrap().to_f32_vec().unwrap(),
+            vec![0.5, -1.0, 0.25, 1.0]
+        );
+        assert!(decode(&bytes[..bytes.len() - 2]).is_err());
+    }
+}

@@ -1,0 +1,159 @@
+//! `--tp`, `--sp` and `--comm`, shared by `generate` and `serve`: where the ranks of a
+//! TP × SP mesh live and how they talk.
+//!
+//! - `threads`: every rank a thread of this one process (a single machine, no MPI).
+//! - `mpi`: one process per rank, started by `mpirun -n T·S` or Slurm's `srun` (a build
+//!   with `--features mpi`); the job's world is split into the TP and SP groups.
+//! - `nccl`: one process per GPU, collectives on NCCL with its id sent over MPI (a
+//!   build with `--features cuda,mpi`).
+//!
+//! Rank 0 does the command's I/O and leads the session schedule
+//! (`headroom_engine::replicated`); every other rank follows it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use headroom_engine::{EngineError, Mesh, RankGroups};
+
+/// The collective backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommArg {
+    /// Ranks as threads of this process.
+    Threads,
+    /// Ranks as processes of an MPI job.
+    Mpi,
+    /// Ranks as processes, one per GPU, on NCCL.
+    Nccl,
+}
+
+impl FromStr for CommArg {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "threads" => Ok(CommArg::Threads),
+            "mpi" => Ok(CommArg::Mpi),
+            "nccl" => Ok(CommArg::Nccl),
+            other => Err(format!("must be threads, mpi or nccl, got {other:?}")),
+        }
+    }
+}
+
+impl fmt::Display for CommArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CommArg::Threads => "threads",
+            CommArg::Mpi => "mpi",
+            CommArg::Nccl => "nccl",
+        })
+    }
+}
+
+/// The mesh a command runs on.
+#[derive(Debug, Clone, Args)]
+pub struct RankArgs {
+    /// Tensor-parallel degree: ranks that split every layer's heads and FFN units (must
+    /// divide the model's heads together with --sp, and its FFN width).
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
+    /// Ulysses sequence-parallel degree: ranks that split a block's tokens.
+    #[arg(long, default_value_t = 1)]
+    pub sp: usize,
+    /// Collective backend: threads (ranks as threads of this process), mpi (one process
+    /// per rank under mpirun/srun; a --features mpi build) or nccl (one process per GPU;
+    /// --features cuda,mpi). Default: nccl on a CUDA device, mpi when started by
+    /// mpirun/srun, else threads.
+    #[arg(long)]
+    pub comm: Option<CommArg>,
+}
+
+impl RankArgs {
+    /// The TP × SP layout, refused when a degree is zero.
+    pub fn mesh(&self) -> Result<Mesh> {
+        if self.tp == 0 || self.sp == 0 {
+            bail!(
+                "--tp {} --sp {}: each degree must be at least 1",
+                self.tp,
+                self.sp
+            );
+        }
+        Ok(Mesh {
+            tp: self.tp,
+            sp: self.sp,
+        })
+    }
+
+    /// The backend: as given, else by where the process runs.
+    pub fn comm(&self, on_gpu: bool) -> CommArg {
+        self.comm.unwrap_or(if on_gpu {
+            CommArg::Nccl
+        } else if headroom_mpi::launched_by_mpi() {
+            CommArg::Mpi
+        } else {
+            CommArg::Threads
+        })
+    }
+
+    /// Whether the command runs unsharded in this one process, as without these flags.
+    pub fn is_single(&self, on_gpu: bool) -> Result<bool> {
+        Ok(self.mesh()? == Mesh::SINGLE && self.comm(on_gpu) == CommArg::Threads)
+    }
+
+    /// Runs `work` on every rank of the mesh with its groups and returns rank 0's value
+    /// in the process that holds rank 0 (`None` in the others). A world size that is not
+    /// `tp · sp` is refused before `work` runs (so before any weights load).
+    pub fn launch<T, W>(&self, on_gpu: bool, work: W) -> Result<Option<T>>
+    where
+        T: Send,
+        W: Fn(RankGroups) -> Result<T> + Sync,
+    {
+        let mesh = self.mesh()?;
+        match self.comm(on_gpu) {
+            CommArg::Threads => {
+                if headroom_mpi::launched_by_mpi() && mpi_world_size() > 1 {
+                    bail!(
+                        "--comm threads runs every rank in one process, but this process is one of {} started by an MPI launcher; use --comm mpi, or start one process",
+                        mpi_world_size()
+                    );
+                }
+                let mut values = mesh.run_threads(|groups| {
+                    let rank = groups.rank();
+                    work(groups).map_err(|e| EngineError::Rank {
+                        rank,
+                        reason: format!("{e:#}"),
+                    })
+                })?;
+                Ok(Some(values.swap_remove(0)))
+            }
+            CommArg::Mpi => {
+                let job = headroom_mpi::MpiJob::init()?;
+                let (tp, sp) = job.mesh_groups(mesh.tp, mesh.sp)?;
+                let groups = RankGroups::new(job.world(), tp, sp)?;
+                let rank = groups.rank();
+                let out = work(groups.clone());
+                match out {
+                    Ok(v) => Ok((rank == 0).then_some(v)),
+                    Err(e) if rank == 0 => Err(e),
+                    Err(e) => {
+                        // A follower that fails takes the job down, naming itself.
+                        eprintln!("headroom: rank {rank} failed: {e:#}");
+                        groups.world.abort();
+                        Err(e)
+                    }
+                }
+            }
+            CommArg::Nccl => bail!(
+                "--comm nccl: this build runs NCCL collectives only with --features cuda,mpi on a CUDA device; use --comm mpi or threads on the host"
+            ),
+        }
+    }
+}
+
+/// The world size an MPI launcher announced in the environment (1 if none did).
+fn mpi_world_size() -> usize {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(1)
+}
