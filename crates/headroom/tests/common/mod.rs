@@ -19,3 +19,62 @@ pub fn assert_ok(res: &Output) {
         String::from_utf8_lossy(&res.stderr)
     );
 }
+
+/// The f32 values of an `.npy` file (a `--dump-latents` output).
+pub fn npy_values(path: &std::path::Path) -> Vec<f32> {
+    let device = headroom_tensor::Device::cpu().unwrap();
+    headroom_tensor::io::npy::read_npy(path, &device)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap()
+}
+
+/// The largest |a − b| over the largest |a|: how far `b` is from `a`, relative.
+pub fn relative_error(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "same number of values");
+    let scale = a.iter().fold(0f64, |m, v| m.max(f64::from(v.abs())));
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(0f64, |m, (x, y)| m.max(f64::from((x - y).abs())));
+    diff / scale.max(f64::MIN_POSITIVE)
+}
+
+/// `(allocated peak, reserved peak, post-session reserved)` of each rank, in rank order,
+/// from `headroom --threads 1 plan … --json` (one policy; scratch sizes follow the thread
+/// count, so plans and runs use the same one).
+pub fn plan_ranks(args: &[&str]) -> Vec<(u64, u64, u64)> {
+    let mut all = vec!["--threads", "1", "plan", "--json"];
+    all.extend_from_slice(args);
+    let res = headroom(&all);
+    assert_ok(&res);
+    let plan: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    plan["ranks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["peak_allocated_bytes"].as_u64().unwrap(),
+                r["peak_reserved_bytes"].as_u64().unwrap(),
+                r["post_session_reserved_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The same triples from a `generate --json` report's `ranks`.
+pub fn generate_ranks(report: &serde_json::Value) -> Vec<(u64, u64, u64)> {
+    report["ranks"]
+        .as_array()
+        .expect("a sharded report has ranks")
+        .iter()
+        .map(|r| {
+            (
+                r["allocated_peak_bytes"].as_u64().unwrap(),
+                r["reserved_peak_bytes"].as_u64().unwrap(),
+                r["post_session_reserved_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}

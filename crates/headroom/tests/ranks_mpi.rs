@@ -1,0 +1,209 @@
+//! Ranks as processes: `mpirun -n T·S headroom generate --tp T --sp S` (a build with
+//! `--features mpi`). Every test skips, saying why, where `mpirun` is absent.
+#![cfg(feature = "mpi")]
+
+mod common;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{generate_ranks, npy_values, plan_ranks, relative_error};
+
+const SESSION: [&str; 8] = [
+    "--model", "tiny", "--width", "64", "--height", "32", "--frames", "21",
+];
+
+/// `mpirun` with root allowed and more ranks than cores, or `None` (with the reason
+/// printed) where it is absent.
+fn mpirun() -> Option<Command> {
+    let found = Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        eprintln!("skipped: mpirun is not installed (Debian: openmpi-bin libopenmpi-dev)");
+        return None;
+    }
+    let mut cmd = Command::new("mpirun");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .args(["--oversubscribe", "--bind-to", "none"]);
+    Some(cmd)
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_headroom")
+}
+
+/// Runs `generate` with `extra` on `n` ranks (or in one process with `--comm threads`
+/// when `n` is 0) and returns the report, the video's bytes and the latents.
+fn generate(n: usize, dir: &Path, name: &str, extra: &[&str]) -> Option<(serde_json::Value, Vec<u8>, Vec<f32>)> {
+    let out = dir.join(format!("{name}.mp4"));
+    let latents = dir.join(format!("{name}.npy"));
+    let mut cmd = if n == 0 {
+        Command::new(bin())
+    } else {
+        let mut c = mpirun()?;
+        c.args(["-n", &n.to_string(), bin()]);
+        c
+    };
+    cmd.args(["--threads", "1", "generate"])
+        .args(SESSION)
+        .args(["--json", "--out", out.to_str().unwrap()])
+        .args(["--dump-latents", latents.to_str().unwrap()])
+        .args(extra);
+    let res = cmd.output().unwrap();
+    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    let report = serde_json::from_slice(&res.stdout).unwrap();
+    Some((report, std::fs::read(out).unwrap(), npy_values(&latents)))
+}
+
+#[test]
+fn mpi_ranks_produce_the_thread_mesh_video_and_their_plan_per_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_, _, single)) = generate(0, dir.path(), "single", &[]) else {
+        return;
+    };
+    for (tp, sp) in [(2, 1), (1, 2), (2, 2)] {
+        let (t, s) = (tp.to_string(), sp.to_string());
+        let mesh = ["--tp", t.as_str(), "--sp", s.as_str()];
+        let name = format!("tp{tp}sp{sp}");
+        let mut threads = mesh.to_vec();
+        threads.extend_from_slice(&["--comm", "threads"]);
+        let (_, want, _) = generate(0, dir.path(), &format!("{name}-threads"), &threads).unwrap();
+        let (report, video, latents) = generate(tp * sp, dir.path(), &name, &mesh).unwrap();
+        assert_eq!(report["comm"], "mpi");
+        assert!(video == want, "tp {tp} sp {sp}: the video differs from the thread mesh's");
+        let err = relative_error(&single, &latents);
+        println!("mpi tp {tp} × sp {sp}: latents {err:.2e} from one rank");
+        assert!(err <= 1e-5, "tp {tp} sp {sp}: {err}");
+        let mut plan = mesh.to_vec();
+        plan.extend_from_slice(&SESSION);
+        plan.extend_from_slice(&["--allocator", "planned", "--policies", "before-decode"]);
+        assert_eq!(generate_ranks(&report), plan_ranks(&plan), "tp {tp} sp {sp}");
+    }
+}
+
+#[test]
+fn the_small_model_measures_its_plan_per_rank_under_mpi() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = ["--model", "small", "--tp", "2", "--sp", "1", "--frames", "9"];
+    let Some((report, _, _)) = generate(2, dir.path(), "small", &small) else {
+        return;
+    };
+    let plan = [
+        "--model", "small", "--tp", "2", "--sp", "1", "--width", "64", "--height", "32",
+        "--frames", "9", "--allocator", "planned", "--policies", "before-decode",
+    ];
+    assert_eq!(generate_ranks(&report), plan_ranks(&plan));
+}
+
+/// Process ids of the ranks of the job tagged `tag` (the variable `mpirun -x` passed).
+fn tagged_ranks(tag: &str) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let vars: Vec<String> = env
+            .split(|&b| b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        if vars.iter().any(|v| v == &format!("HEADROOM_TEST_TAG={tag}")) {
+            let rank = vars
+                .iter()
+                .find_map(|v| v.strip_prefix("OMPI_COMM_WORLD_RANK="))
+                .unwrap_or("?")
+                .to_string();
+            found.push((pid, rank));
+        }
+    }
+    found
+}
+
+fn wait_for_exit(child: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn killing_a_rank_mid_session_ends_the_whole_job_naming_it() {
+    let Some(mut cmd) = mpirun() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let tag = format!("kill-{}", std::process::id());
+    let out = dir.path().join("v.mp4");
+    let mut child = cmd
+        .env("HEADROOM_TEST_TAG", &tag)
+        .args(["-x", "HEADROOM_TEST_TAG", "-n", "2", bin(), "--threads", "1", "generate"])
+        .args(["--model", "tiny", "--width", "64", "--height", "32", "--frames", "117"])
+        .args(["--tp", "1", "--sp", "2", "--out", out.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until both ranks run, then for the first chunk to go by.
+    let start = Instant::now();
+    let victim = loop {
+        let ranks = tagged_ranks(&tag);
+        if let Some((pid, _)) = ranks.iter().find(|(_, r)| r == "1") {
+            if ranks.len() >= 2 && start.elapsed() > Duration::from_secs(3) {
+                break *pid;
+            }
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "the ranks never started");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let killed = Instant::now();
+    // SAFETY: kill(2) on a pid this test found; at worst the process is already gone.
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    let status = wait_for_exit(&mut child, Duration::from_secs(60));
+    let took = killed.elapsed();
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("the job outlived its killed rank by a minute");
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    println!("job ended {:.2} s after rank 1 was killed: {status}", took.as_secs_f64());
+    assert!(!status.success());
+    assert!(err.contains("rank 1"), "{err}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(tagged_ranks(&tag).is_empty(), "a rank outlived the job");
+    assert!(!out.exists(), "no partial video is left behind");
+}
+
+#[test]
+fn a_rank_that_fails_alone_ends_the_job_naming_it() {
+    let Some(mut cmd) = mpirun() else { return };
+    // Only rank 1 is given a device too small for its weights (MPMD launch).
+    let common = [
+        "--threads", "1", "generate", "--model", "tiny", "--width", "64", "--height", "32",
+        "--frames", "21", "--tp", "2", "--out", "/tmp/headroom-never.mp4",
+    ];
+    let start = Instant::now();
+    let res: Output = cmd
+        .args(["-n", "1", bin()])
+        .args(common)
+        .args([":", "-n", "1", bin()])
+        .args(common)
+        .args(["--capacity", "1MiB"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&res.stderr);
+    println!("job ended after {:.2} s", start.elapsed().as_secs_f64());
+    assert!(!res.status.success());
+    assert!(err.contains("rank 1 failed"), "{err}");
+    assert!(err.contains("out of memory"), "{err}");
+    assert!(!Path::new("/tmp/headroom-never.mp4").exists());
+}
