@@ -136,11 +136,7 @@ impl Engine {
         if mesh == crate::mesh::Mesh::SINGLE {
             return Self::on(config, platform);
         }
-        let mut engine = Self::build(
-            config,
-            Device::new(platform),
-            Some(groups.sharding.clone()),
-        )?;
+        let mut engine = Self::build(config, Device::new(platform), Some(groups.sharding.clone()))?;
         engine.meta = Some(crate::planned::MetaTwin::for_mesh(mesh, groups.rank()));
         Ok(engine)
     }
@@ -244,6 +240,11 @@ impl Engine {
             next_id: AtomicU64::new(1),
             meta: None,
         })
+    }
+
+    /// The configuration the engine was built with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
     }
 
     /// `(width, height)` of the model folder's own first frame: the size it was
@@ -416,6 +417,14 @@ impl Engine {
     /// Validates and admits a session: its KV pages are reserved now, and its decoder
     /// state and conditioning must fit in the device's free memory.
     pub fn open_session(&self, request: SessionRequest) -> Result<Session> {
+        self.admit_session(request)?.open()
+    }
+
+    /// The first half of [`Engine::open_session`], which no collective takes part in:
+    /// the request's rules, the KV pages, the free memory, the prompt and the planned
+    /// span. Ranks of a mesh admit, agree that every rank admitted, then open (whose
+    /// forwards meet at collectives); an admission dropped unopened gives all back.
+    pub fn admit_session(&self, request: SessionRequest) -> Result<Admitted<'_>> {
         let blocks = self.validate(&request)?;
         let c = self.dit.config();
         let tokens = (request.height / self.vae.config().spatial_factor() / c.patch_size[1])
@@ -462,11 +471,10 @@ impl Engine {
         // The planned span starts after the prompt is encoded: whether it came from the
         // cache changes the allocations, not the session's.
         self.begin_planned_span(&request)?;
-        let opened = self.open_planned(request, kv, embeds, blocks, latent_frames);
-        if opened.is_err() {
-            self.platform().allocator().end_span();
-        }
-        opened
+        Ok(Admitted {
+            engine: self,
+            parts: Some((request, kv, embeds, blocks, latent_frames)),
+        })
     }
 
     /// The rest of `open_session`, inside the planned span.
@@ -623,5 +631,45 @@ pub(crate) fn pad_text(
                 text.shape()
             ),
         )),
+    }
+}
+
+/// A session admitted by [`Engine::admit_session`] and not yet opened: it holds its KV
+/// pages and its planned span; dropping it releases both.
+pub struct Admitted<'e> {
+    engine: &'e Engine,
+    parts: Option<(SessionRequest, SessionKv, Option<Tensor>, usize, usize)>,
+}
+
+impl std::fmt::Debug for Admitted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admitted")
+            .field("open", &self.parts.is_none())
+            .finish()
+    }
+}
+
+impl Admitted<'_> {
+    /// Opens the admitted session: the image condition, the text's keys/values, the
+    /// first block's noise (sharded forwards meet at collectives here).
+    pub fn open(mut self) -> Result<Session> {
+        let Some((request, kv, embeds, blocks, latent_frames)) = self.parts.take() else {
+            return Err(EngineError::request("session", "already opened"));
+        };
+        let opened = self
+            .engine
+            .open_planned(request, kv, embeds, blocks, latent_frames);
+        if opened.is_err() {
+            self.engine.platform().allocator().end_span();
+        }
+        opened
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if self.parts.take().is_some() {
+            self.engine.platform().allocator().end_span();
+        }
     }
 }

@@ -16,7 +16,7 @@ pub mod session;
 mod text;
 
 pub use cancel::{CancelReason, CancelToken, Checkpoint};
-pub use engine::{Engine, EngineConfig};
+pub use engine::{Admitted, Engine, EngineConfig};
 pub use error::{EngineError, Result};
 pub use loop_io::{LatentRecorder, LatentSink, NoiseSource};
 pub use mesh::{Mesh, RankGroups};

@@ -158,10 +158,7 @@ impl Mesh {
             return Ok(out);
         }
         // Report the root cause, not the aborts it set off on the other ranks.
-        let root = errors
-            .iter()
-            .position(|(_, e)| !is_abort(e))
-            .unwrap_or(0);
+        let root = errors.iter().position(|(_, e)| !is_abort(e)).unwrap_or(0);
         let (rank, e) = errors.swap_remove(root);
         if self.ranks() == 1 {
             return Err(e);

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use headroom_mem::{AllocatorConfig, AllocatorPolicy, CachingPlatform, ReclaimPolicy};
 
 use crate::engine::{Engine, EngineConfig};
-use crate::mesh::Mesh;
 use crate::error::{EngineError, Result};
+use crate::mesh::Mesh;
 use crate::session::SessionRequest;
 
 /// The key of a session's plan: everything that changes the sizes or the order of its

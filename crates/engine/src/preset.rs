@@ -108,13 +108,15 @@ pub fn check_mesh(config: &crate::engine::EngineConfig, mesh: crate::mesh::Mesh)
     }
     let folder = std::path::Path::new(&config.model);
     let dit = if folder.is_dir() {
-        let file = [folder.join("transformer/config.json"), folder.join("config.json")]
-            .into_iter()
-            .find(|f| f.is_file());
+        let file = [
+            folder.join("transformer/config.json"),
+            folder.join("config.json"),
+        ]
+        .into_iter()
+        .find(|f| f.is_file());
         let Some(file) = file else { return Ok(()) };
-        let text = std::fs::read_to_string(&file).map_err(|e| {
-            EngineError::request("model", format!("{}: {e}", file.display()))
-        })?;
+        let text = std::fs::read_to_string(&file)
+            .map_err(|e| EngineError::request("model", format!("{}: {e}", file.display())))?;
         let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
             EngineError::request("model", format!("{}: not JSON: {e}", file.display()))
         })?;

@@ -10,9 +10,10 @@
 //! boundary, so it reaches every rank within a chunk step; a chunk is never cut short
 //! on one rank alone, since the ranks meet at collectives inside every layer.
 //!
-//! Failures never leave a rank waiting: an open that fails anywhere (a request rule, an
-//! admission refusal) is agreed on by every rank and returned by rank 0, the server
-//! keeps serving; any other failure aborts the world (`MPI_Abort` ends the job, the
+//! Failures never leave a rank waiting: an admission that fails anywhere (a request
+//! rule, the KV pages, free memory, the prompt) is agreed on by every rank before any
+//! collective runs and returned by rank 0, and the server keeps serving; any later
+//! failure (inside the open's or a chunk's forwards) aborts the world (`MPI_Abort` ends the job, the
 //! in-process group fails every pending collective), naming the rank that failed.
 
 use std::sync::Arc;
@@ -114,7 +115,10 @@ impl RankMemory {
 }
 
 fn wire_err(reason: impl std::fmt::Display) -> EngineError {
-    EngineError::request("mesh", format!("a session command did not decode: {reason}"))
+    EngineError::request(
+        "mesh",
+        format!("a session command did not decode: {reason}"),
+    )
 }
 
 /// `[u64 header length][JSON header][per blob: u64 length, f32 little-endian values]`.
@@ -215,17 +219,18 @@ impl OpenSpec {
                 .as_ref()
                 .map(|t| wire_tensor(t, blobs))
                 .transpose()?,
-            image: r.image.as_ref().map(|t| wire_tensor(t, blobs)).transpose()?,
+            image: r
+                .image
+                .as_ref()
+                .map(|t| wire_tensor(t, blobs))
+                .transpose()?,
             noise,
         })
     }
 
     fn request(&self, blobs: &[Vec<f32>], device: &Device) -> Result<SessionRequest> {
-        let tensor = |w: &Option<WireTensor>| {
-            w.as_ref()
-                .map(|w| from_wire(w, blobs, device))
-                .transpose()
-        };
+        let tensor =
+            |w: &Option<WireTensor>| w.as_ref().map(|w| from_wire(w, blobs, device)).transpose();
         Ok(SessionRequest {
             seed: self.seed,
             steps: self.steps,
@@ -248,11 +253,14 @@ impl OpenSpec {
 
 /// The outcome of a step every rank agrees on: `None` if it went well everywhere, else
 /// the first failing rank and its error.
-fn agree(world: &dyn Communicator, outcome: &Result<()>) -> Result<Option<(usize, String)>> {
+fn agree(
+    world: &dyn Communicator,
+    outcome: &std::result::Result<(), String>,
+) -> Result<Option<(usize, String)>> {
     let mine = match outcome {
         Ok(()) => Vec::new(),
-        Err(e) => {
-            let text = e.to_string();
+        Err(text) => {
+            let text = text.clone();
             if text.is_empty() {
                 b"error".to_vec()
             } else {
@@ -292,26 +300,30 @@ pub fn lead_open(
     let spec = OpenSpec::of(&request, &mut blobs)?;
     broadcast(world.as_ref(), &Command::Open(Box::new(spec)), &blobs)?;
     engine.platform().reset_peak_stats();
-    let opened = engine.open_session(request);
-    let status = opened.as_ref().map(|_| ()).map_err(clone_err);
+    let admitted = engine.admit_session(request);
+    let status = admitted.as_ref().map(|_| ()).map_err(|e| e.to_string());
     match agree(world.as_ref(), &status)? {
-        None => Ok(LeadSession {
-            session: opened.ok(),
+        None => {}
+        Some((0, _)) => return Err(admitted.err().unwrap_or_else(|| wire_err("open failed"))),
+        Some((rank, reason)) => return Err(EngineError::Rank { rank, reason }),
+    }
+    let opened = admitted.and_then(|a| a.open());
+    match opened {
+        Ok(session) => Ok(LeadSession {
+            session: Some(session),
             world: Arc::clone(world),
         }),
-        Some((0, _)) => Err(opened.err().unwrap_or_else(|| wire_err("open failed"))),
-        Some((rank, reason)) => Err(EngineError::Rank { rank, reason }),
+        Err(e) => {
+            // The others may wait at a collective of the open: end them.
+            world.abort();
+            Err(e)
+        }
     }
 }
 
 /// Ends the followers' loops (rank 0, when it will open no more sessions).
 pub fn lead_shutdown(world: &Arc<dyn Communicator>) -> Result<()> {
     broadcast(world.as_ref(), &Command::Shutdown, &[])
-}
-
-/// The error as a value another rank can report (its text).
-fn clone_err(e: &EngineError) -> EngineError {
-    EngineError::request("mesh", e.to_string())
 }
 
 impl LeadSession {
@@ -349,7 +361,11 @@ impl LeadSession {
     /// nothing).
     pub fn set_prompt(&mut self, prompt: &str) -> Result<()> {
         self.live()?.set_prompt(prompt)?;
-        broadcast(self.world.as_ref(), &Command::Prompt(prompt.to_string()), &[])
+        broadcast(
+            self.world.as_ref(),
+            &Command::Prompt(prompt.to_string()),
+            &[],
+        )
     }
 
     /// Changes the text embeddings on every rank.
@@ -409,13 +425,12 @@ fn follow_inner(engine: &Engine, world: &dyn Communicator) -> Result<()> {
         match command {
             Command::Open(spec) => {
                 engine.platform().reset_peak_stats();
-                let opened = spec
+                let admitted = spec
                     .request(&blobs, &device)
-                    .and_then(|r| engine.open_session(r));
-                let status = opened.as_ref().map(|_| ()).map_err(clone_err);
-                session = opened.ok();
-                if agree(world, &status)?.is_some() {
-                    session = None;
+                    .and_then(|r| engine.admit_session(r));
+                let status = admitted.as_ref().map(|_| ()).map_err(|e| e.to_string());
+                if agree(world, &status)?.is_none() {
+                    session = Some(admitted?.open()?);
                 }
             }
             Command::Chunk => {

@@ -19,8 +19,7 @@ fn config() -> EngineConfig {
 
 fn platform(capacity: Option<u64>) -> Arc<dyn Platform> {
     Arc::new(
-        CachingPlatform::cpu(capacity, AllocatorConfig::default(), ReclaimPolicy::Never)
-            .unwrap(),
+        CachingPlatform::cpu(capacity, AllocatorConfig::default(), ReclaimPolicy::Never).unwrap(),
     )
 }
 
@@ -41,14 +40,18 @@ fn request() -> SessionRequest {
 fn led_sessions_produce_the_frames_of_direct_sharded_execution() {
     let mesh = Mesh { tp: 2, sp: 2 };
     let direct = mesh
-        .run(&config(), |_| Ok(platform(None)), |_, engine| {
-            let mut session = engine.open_session(request())?;
-            let mut out = Vec::new();
-            for _ in 0..session.chunks_total() {
-                out.extend(session.next_chunk()?.frames.to_vec::<u8>()?);
-            }
-            Ok(out)
-        })
+        .run(
+            &config(),
+            |_| Ok(platform(None)),
+            |_, engine| {
+                let mut session = engine.open_session(request())?;
+                let mut out = Vec::new();
+                for _ in 0..session.chunks_total() {
+                    out.extend(session.next_chunk()?.frames.to_vec::<u8>()?);
+                }
+                Ok(out)
+            },
+        )
         .unwrap();
     let led = mesh
         .run_threads(|groups| {
@@ -60,7 +63,10 @@ fn led_sessions_produce_the_frames_of_direct_sharded_execution() {
             // A refused open (a frame count that is not 12·K − 3) leaves every rank
             // following, ready for the next one.
             let refused = lead_open(&engine, &groups.world, SessionRequest::new(64, 32, 20));
-            assert!(matches!(refused, Err(EngineError::Request { .. })), "{refused:?}");
+            assert!(
+                matches!(refused, Err(EngineError::Request { .. })),
+                "{refused:?}"
+            );
             let mut session = lead_open(&engine, &groups.world, request())?;
             let total = session.session().map_or(0, |s| s.chunks_total());
             let mut out = Vec::new();
@@ -107,10 +113,7 @@ fn a_rank_that_runs_out_of_memory_mid_session_ends_every_rank_naming_it() {
         .unwrap_err();
     match &err {
         EngineError::Rank { rank, reason } => {
-            assert!(
-                *rank == 1,
-                "rank {rank}: {reason}"
-            );
+            assert!(*rank == 1, "rank {rank}: {reason}");
         }
         other => panic!("not a rank failure: {other}"),
     }

@@ -12,12 +12,11 @@ use crate::ranks::RankArgs;
 use crate::session_args::SessionShape;
 use headroom_engine::replicated::{self, LeadSession, RankMemory};
 use headroom_engine::{
-    Chunk, Engine, EngineConfig, LatentRecorder, NoiseSource, RankGroups, Session,
-    SessionRequest,
+    Chunk, Engine, EngineConfig, LatentRecorder, NoiseSource, RankGroups, Session, SessionRequest,
 };
-use headroom_mem::{CachingPlatform, Platform};
 use headroom_media::{png_frame_path, write_png, Mp4Writer, Y4mWriter};
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
+use headroom_mem::{CachingPlatform, Platform};
 use headroom_model::camera::{Keys, Trajectory};
 use headroom_model::import::lingbot::trajectory_from_dir;
 use headroom_tensor::io::npy::{read_npy, write_npy};
@@ -320,7 +319,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     }
     let mesh = args.ranks.mesh()?;
     headroom_engine::preset::check_mesh(&prepared.config, mesh)?;
-    let report = args.ranks.launch(on_gpu, |groups| rank_main(&args, &prepared, groups))?;
+    let report = args
+        .ranks
+        .launch(on_gpu, |groups| rank_main(&args, &prepared, groups))?;
     match report {
         Some(report) => print_report(&args, &report),
         None => Ok(()),
@@ -555,7 +556,10 @@ where
     });
     let mut lines = Vec::new();
     {
-        lines.push(format!("{frames} frames {width}x{height} → {}", args.out.display()));
+        lines.push(format!(
+            "{frames} frames {width}x{height} → {}",
+            args.out.display()
+        ));
         if let Some(gpu) = &gpu {
             lines.push(format!("device: {gpu}"));
         }
@@ -570,7 +574,9 @@ where
                 format_bytes(c.downloaded_bytes)
             ));
         }
-        lines.push(format!("time to first chunk {ttfc:.2} s, mean chunk {mean:.2} s"));
+        lines.push(format!(
+            "time to first chunk {ttfc:.2} s, mean chunk {mean:.2} s"
+        ));
         lines.push(format!(
             "allocator peak: {} allocated, {} reserved; after the session: {} reserved",
             format_bytes(stats.allocated_bytes.all().peak as u64),

@@ -5,8 +5,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use headroom_engine::EngineConfig;
-use headroom_mem::{parse_size, AllocatorConfig, AllocatorPolicy, HostMemory, ReclaimPolicy};
+use std::sync::Arc;
+
+use headroom_engine::{replicated, Engine, EngineConfig};
+use headroom_mem::{
+    parse_size, AllocatorConfig, AllocatorPolicy, CachingPlatform, HostMemory, Platform,
+    ReclaimPolicy,
+};
 use headroom_server::{Defaults, Limits, Server, ServerConfig};
 
 /// Arguments of `headroom serve`.
@@ -76,6 +81,8 @@ pub struct ServeArgs {
     /// Default frames of a session.start that gives none (12·K − 3).
     #[arg(long, default_value_t = 33)]
     frames: usize,
+    #[command(flatten)]
+    ranks: crate::ranks::RankArgs,
 }
 
 fn seconds(value: f64, flag: &str) -> Result<Duration> {
@@ -175,8 +182,69 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
         ..ServerConfig::default()
     };
+    if !args.ranks.is_single(false)? {
+        return serve_mesh(&args, engine, config);
+    }
     eprintln!("headroom serve: loading model {}", args.model);
     let server = Server::new(engine, config)?;
+    serve(&args, server)
+}
+
+/// `serve --tp T --sp S`: rank 0 serves and leads every session, the other ranks follow.
+fn serve_mesh(args: &ServeArgs, mut engine: EngineConfig, config: ServerConfig) -> Result<()> {
+    if args.max_sessions != 1 {
+        bail!("--max-sessions {}: a sharded server runs one session at a time (every rank follows one schedule)", args.max_sessions);
+    }
+    let mesh = args.ranks.mesh()?;
+    headroom_engine::preset::check_mesh(&engine, mesh)?;
+    engine.max_sessions = 1;
+    args.ranks.launch(false, |groups| {
+        let platform: Arc<dyn Platform> = Arc::new(CachingPlatform::cpu(
+            engine.capacity,
+            engine.allocator.clone(),
+            engine.reclaim,
+        )?);
+        if groups.rank() != 0 {
+            if groups.backend() == "mpi" {
+                // mpirun forwards SIGTERM and Ctrl-C to every rank: rank 0 shuts the
+                // server down and then tells the followers, who must not die first.
+                ignore_stop_signals();
+            }
+            let engine = Engine::on_mesh(engine.clone(), platform, &groups)?;
+            replicated::follow(&engine, &groups.world)?;
+            return Ok(());
+        }
+        eprintln!(
+            "headroom serve: loading model {} on {} ranks (tp {} × sp {}, {})",
+            args.model,
+            mesh.ranks(),
+            mesh.tp,
+            mesh.sp,
+            groups.backend()
+        );
+        let loaded = Engine::on_mesh(engine.clone(), platform, &groups)?;
+        let server = Server::with_engine(loaded, Some(Arc::clone(&groups.world)), config.clone())?;
+        let served = serve(args, server);
+        let shutdown = replicated::lead_shutdown(&groups.world);
+        served?;
+        Ok(shutdown?)
+    })?;
+    Ok(())
+}
+
+/// Ignores SIGTERM and SIGINT in this process.
+fn ignore_stop_signals() {
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: installing SIG_IGN for a signal has no preconditions; it runs before
+        // any other thread of this follower handles signals.
+        unsafe {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+    }
+}
+
+/// Serves `server` until SIGTERM or Ctrl-C.
+fn serve(args: &ServeArgs, server: Server) -> Result<()> {
     // The runtime only moves bytes; generation runs on each session's own thread.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -9,7 +9,11 @@ const SESSION: [&str; 8] = [
     "--model", "tiny", "--width", "64", "--height", "32", "--frames", "21",
 ];
 
-fn generate(dir: &std::path::Path, name: &str, extra: &[&str]) -> (serde_json::Value, Vec<u8>, Vec<f32>) {
+fn generate(
+    dir: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> (serde_json::Value, Vec<u8>, Vec<f32>) {
     let out = dir.join(format!("{name}.mp4"));
     let latents = dir.join(format!("{name}.npy"));
     let mut args = vec!["--threads", "1", "generate"];
@@ -32,9 +36,22 @@ fn generate(dir: &std::path::Path, name: &str, extra: &[&str]) -> (serde_json::V
 fn thread_meshes_match_the_single_rank_latents_and_their_plan_per_rank() {
     let dir = tempfile::tempdir().unwrap();
     let (_, _, single) = generate(dir.path(), "single", &[]);
-    for (tp, sp, allocator) in [("2", "1", "planned"), ("1", "2", "pytorch"), ("2", "2", "planned")] {
+    for (tp, sp, allocator) in [
+        ("2", "1", "planned"),
+        ("1", "2", "pytorch"),
+        ("2", "2", "planned"),
+    ] {
         let name = format!("tp{tp}sp{sp}");
-        let flags = ["--tp", tp, "--sp", sp, "--comm", "threads", "--allocator", allocator];
+        let flags = [
+            "--tp",
+            tp,
+            "--sp",
+            sp,
+            "--comm",
+            "threads",
+            "--allocator",
+            allocator,
+        ];
         let (report, _, latents) = generate(dir.path(), &name, &flags);
         let err = relative_error(&single, &latents);
         println!("tp {tp} × sp {sp}: latents {err:.2e} from one rank");
@@ -55,11 +72,21 @@ fn thread_meshes_match_the_single_rank_latents_and_their_plan_per_rank() {
 fn a_mesh_that_does_not_divide_the_heads_is_refused_naming_the_rule() {
     let mut args = vec!["generate"];
     args.extend_from_slice(&SESSION);
-    args.extend_from_slice(&["--tp", "3", "--comm", "threads", "--out", "/nonexistent/x.mp4"]);
+    args.extend_from_slice(&[
+        "--tp",
+        "3",
+        "--comm",
+        "threads",
+        "--out",
+        "/nonexistent/x.mp4",
+    ]);
     let res = headroom(&args);
     assert_eq!(res.status.code(), Some(2));
     let err = String::from_utf8_lossy(&res.stderr);
-    assert!(err.contains("4 attention heads must divide by tp·sp = 3·1"), "{err}");
+    assert!(
+        err.contains("4 attention heads must divide by tp·sp = 3·1"),
+        "{err}"
+    );
     let res = headroom(&["generate", "--tp", "0", "--model", "tiny"]);
     assert_eq!(res.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&res.stderr).contains("at least 1"));

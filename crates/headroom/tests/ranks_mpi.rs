@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{generate_ranks, npy_values, plan_ranks, relative_error};
 
-const SESSION: [&str; 8] = [
-    "--model", "tiny", "--width", "64", "--height", "32", "--frames", "21",
-];
+const SESSION: [&str; 4] = ["--width", "64", "--height", "32"];
 
 /// `mpirun` with root allowed and more ranks than cores, or `None` (with the reason
 /// printed) where it is absent.
@@ -33,13 +31,22 @@ fn mpirun() -> Option<Command> {
     Some(cmd)
 }
 
+/// The tiny model's session: 21 frames.
+const TINY: (&str, &str) = ("tiny", "21");
+
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_headroom")
 }
 
 /// Runs `generate` with `extra` on `n` ranks (or in one process with `--comm threads`
 /// when `n` is 0) and returns the report, the video's bytes and the latents.
-fn generate(n: usize, dir: &Path, name: &str, extra: &[&str]) -> Option<(serde_json::Value, Vec<u8>, Vec<f32>)> {
+fn generate(
+    n: usize,
+    dir: &Path,
+    name: &str,
+    (model, frames): (&str, &str),
+    extra: &[&str],
+) -> Option<(serde_json::Value, Vec<u8>, Vec<f32>)> {
     let out = dir.join(format!("{name}.mp4"));
     let latents = dir.join(format!("{name}.npy"));
     let mut cmd = if n == 0 {
@@ -51,11 +58,16 @@ fn generate(n: usize, dir: &Path, name: &str, extra: &[&str]) -> Option<(serde_j
     };
     cmd.args(["--threads", "1", "generate"])
         .args(SESSION)
+        .args(["--model", model, "--frames", frames])
         .args(["--json", "--out", out.to_str().unwrap()])
         .args(["--dump-latents", latents.to_str().unwrap()])
         .args(extra);
     let res = cmd.output().unwrap();
-    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
     let report = serde_json::from_slice(&res.stdout).unwrap();
     Some((report, std::fs::read(out).unwrap(), npy_values(&latents)))
 }
@@ -63,7 +75,7 @@ fn generate(n: usize, dir: &Path, name: &str, extra: &[&str]) -> Option<(serde_j
 #[test]
 fn mpi_ranks_produce_the_thread_mesh_video_and_their_plan_per_rank() {
     let dir = tempfile::tempdir().unwrap();
-    let Some((_, _, single)) = generate(0, dir.path(), "single", &[]) else {
+    let Some((_, _, single)) = generate(0, dir.path(), "single", TINY, &[]) else {
         return;
     };
     for (tp, sp) in [(2, 1), (1, 2), (2, 2)] {
@@ -72,30 +84,53 @@ fn mpi_ranks_produce_the_thread_mesh_video_and_their_plan_per_rank() {
         let name = format!("tp{tp}sp{sp}");
         let mut threads = mesh.to_vec();
         threads.extend_from_slice(&["--comm", "threads"]);
-        let (_, want, _) = generate(0, dir.path(), &format!("{name}-threads"), &threads).unwrap();
-        let (report, video, latents) = generate(tp * sp, dir.path(), &name, &mesh).unwrap();
+        let (_, want, _) =
+            generate(0, dir.path(), &format!("{name}-threads"), TINY, &threads).unwrap();
+        let (report, video, latents) = generate(tp * sp, dir.path(), &name, TINY, &mesh).unwrap();
         assert_eq!(report["comm"], "mpi");
-        assert!(video == want, "tp {tp} sp {sp}: the video differs from the thread mesh's");
+        assert!(
+            video == want,
+            "tp {tp} sp {sp}: the video differs from the thread mesh's"
+        );
         let err = relative_error(&single, &latents);
         println!("mpi tp {tp} × sp {sp}: latents {err:.2e} from one rank");
         assert!(err <= 1e-5, "tp {tp} sp {sp}: {err}");
         let mut plan = mesh.to_vec();
         plan.extend_from_slice(&SESSION);
+        plan.extend_from_slice(&["--model", "tiny", "--frames", "21"]);
         plan.extend_from_slice(&["--allocator", "planned", "--policies", "before-decode"]);
-        assert_eq!(generate_ranks(&report), plan_ranks(&plan), "tp {tp} sp {sp}");
+        assert_eq!(
+            generate_ranks(&report),
+            plan_ranks(&plan),
+            "tp {tp} sp {sp}"
+        );
     }
 }
 
 #[test]
 fn the_small_model_measures_its_plan_per_rank_under_mpi() {
     let dir = tempfile::tempdir().unwrap();
-    let small = ["--model", "small", "--tp", "2", "--sp", "1", "--frames", "9"];
-    let Some((report, _, _)) = generate(2, dir.path(), "small", &small) else {
+    let mesh = ["--tp", "2", "--sp", "1"];
+    let Some((report, _, _)) = generate(2, dir.path(), "small", ("small", "9"), &mesh) else {
         return;
     };
     let plan = [
-        "--model", "small", "--tp", "2", "--sp", "1", "--width", "64", "--height", "32",
-        "--frames", "9", "--allocator", "planned", "--policies", "before-decode",
+        "--model",
+        "small",
+        "--tp",
+        "2",
+        "--sp",
+        "1",
+        "--width",
+        "64",
+        "--height",
+        "32",
+        "--frames",
+        "9",
+        "--allocator",
+        "planned",
+        "--policies",
+        "before-decode",
     ];
     assert_eq!(generate_ranks(&report), plan_ranks(&plan));
 }
@@ -114,7 +149,10 @@ fn tagged_ranks(tag: &str) -> Vec<(u32, String)> {
             .split(|&b| b == 0)
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .collect();
-        if vars.iter().any(|v| v == &format!("HEADROOM_TEST_TAG={tag}")) {
+        if vars
+            .iter()
+            .any(|v| v == &format!("HEADROOM_TEST_TAG={tag}"))
+        {
             let rank = vars
                 .iter()
                 .find_map(|v| v.strip_prefix("OMPI_COMM_WORLD_RANK="))
@@ -126,7 +164,10 @@ fn tagged_ranks(tag: &str) -> Vec<(u32, String)> {
     found
 }
 
-fn wait_for_exit(child: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
+fn wait_for_exit(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Option<std::process::ExitStatus> {
     let start = Instant::now();
     while start.elapsed() < limit {
         if let Some(status) = child.try_wait().unwrap() {
@@ -145,8 +186,19 @@ fn killing_a_rank_mid_session_ends_the_whole_job_naming_it() {
     let out = dir.path().join("v.mp4");
     let mut child = cmd
         .env("HEADROOM_TEST_TAG", &tag)
-        .args(["-x", "HEADROOM_TEST_TAG", "-n", "2", bin(), "--threads", "1", "generate"])
-        .args(["--model", "tiny", "--width", "64", "--height", "32", "--frames", "117"])
+        .args([
+            "-x",
+            "HEADROOM_TEST_TAG",
+            "-n",
+            "2",
+            bin(),
+            "--threads",
+            "1",
+            "generate",
+        ])
+        .args([
+            "--model", "tiny", "--width", "64", "--height", "32", "--frames", "117",
+        ])
         .args(["--tp", "1", "--sp", "2", "--out", out.to_str().unwrap()])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -161,7 +213,10 @@ fn killing_a_rank_mid_session_ends_the_whole_job_naming_it() {
                 break *pid;
             }
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "the ranks never started");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the ranks never started"
+        );
         std::thread::sleep(Duration::from_millis(100));
     };
     let killed = Instant::now();
@@ -175,7 +230,10 @@ fn killing_a_rank_mid_session_ends_the_whole_job_naming_it() {
     };
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    println!("job ended {:.2} s after rank 1 was killed: {status}", took.as_secs_f64());
+    println!(
+        "job ended {:.2} s after rank 1 was killed: {status}",
+        took.as_secs_f64()
+    );
     assert!(!status.success());
     assert!(err.contains("rank 1"), "{err}");
     std::thread::sleep(Duration::from_millis(200));
@@ -186,10 +244,24 @@ fn killing_a_rank_mid_session_ends_the_whole_job_naming_it() {
 #[test]
 fn a_rank_that_fails_alone_ends_the_job_naming_it() {
     let Some(mut cmd) = mpirun() else { return };
-    // Only rank 1 is given a device too small for its weights (MPMD launch).
+    // Only rank 1 is given a device too small for a session (MPMD launch): it is refused
+    // at admission, before any collective, and the job ends naming it.
     let common = [
-        "--threads", "1", "generate", "--model", "tiny", "--width", "64", "--height", "32",
-        "--frames", "21", "--tp", "2", "--out", "/tmp/headroom-never.mp4",
+        "--threads",
+        "1",
+        "generate",
+        "--model",
+        "tiny",
+        "--width",
+        "64",
+        "--height",
+        "32",
+        "--frames",
+        "21",
+        "--tp",
+        "2",
+        "--out",
+        "/tmp/headroom-never.mp4",
     ];
     let start = Instant::now();
     let res: Output = cmd
@@ -204,6 +276,114 @@ fn a_rank_that_fails_alone_ends_the_job_naming_it() {
     println!("job ended after {:.2} s", start.elapsed().as_secs_f64());
     assert!(!res.status.success());
     assert!(err.contains("rank 1 failed"), "{err}");
-    assert!(err.contains("out of memory"), "{err}");
+    assert!(err.contains("do not fit"), "{err}");
     assert!(!Path::new("/tmp/headroom-never.mp4").exists());
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    text
+}
+
+/// The `headroom_rank_post_session_reserved_bytes` of each rank, from `/metrics`.
+fn post_session_floors(addr: &str) -> Vec<String> {
+    http_get(addr, "/metrics")
+        .lines()
+        .filter(|l| l.starts_with("headroom_rank_post_session_reserved_bytes{"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_sharded_server_streams_sessions_in_a_row_and_every_rank_returns_to_its_floor() {
+    let Some(mut cmd) = mpirun() else { return };
+    let tag = format!("serve-{}", std::process::id());
+    let mut child = cmd
+        .env("HEADROOM_TEST_TAG", &tag)
+        .args([
+            "-x",
+            "HEADROOM_TEST_TAG",
+            "-n",
+            "4",
+            bin(),
+            "--threads",
+            "1",
+            "serve",
+        ])
+        .args(["--model", "tiny", "--tp", "2", "--sp", "2", "--port", "0"])
+        .args(["--width", "48", "--height", "32"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut addr = None;
+    let mut line = String::new();
+    while std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0 {
+        if let Some(rest) = line.split("listening on http://").nth(1) {
+            addr = rest.split_whitespace().next().map(str::to_string);
+            break;
+        }
+        line.clear();
+    }
+    let addr = addr.expect("rank 0 prints the address it listens on");
+    let url = format!("ws://{addr}/v1/realtime/video");
+    let mut floors = Vec::new();
+    for hang_up in [Some("0.3"), None] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bench = Command::new(bin());
+        bench
+            .args([
+                "bench",
+                "serve",
+                "--url",
+                &url,
+                "--sessions",
+                "2",
+                "--concurrency",
+                "1",
+            ])
+            .args(["--frames", "21", "--width", "48", "--height", "32"])
+            .args(["--out", dir.path().to_str().unwrap()]);
+        if let Some(after) = hang_up {
+            // One client hangs up mid-chunk first; the two after it are served.
+            bench.args(["--hang-up-after", after]);
+        }
+        let res = bench.output().unwrap();
+        assert!(
+            res.status.success(),
+            "{}",
+            String::from_utf8_lossy(&res.stderr)
+        );
+        let summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("summary.json")).unwrap())
+                .unwrap();
+        assert_eq!(summary["all_served"], true, "{summary}");
+        floors.push(post_session_floors(&addr));
+    }
+    assert_eq!(floors[0].len(), 4, "one series per rank: {:?}", floors[0]);
+    assert_eq!(
+        floors[0], floors[1],
+        "every rank's post-session reserved is its floor"
+    );
+    assert!(http_get(&addr, "/health").contains("\"ok\""));
+    // SIGTERM to rank 0 (mpirun itself exits non-zero when signalled): it stops serving
+    // and releases the followers, and the whole job exits 0.
+    let rank0 = tagged_ranks(&tag)
+        .into_iter()
+        .find(|(_, r)| r == "0")
+        .map(|(pid, _)| pid)
+        .unwrap();
+    // SAFETY: kill(2) on a pid this test found.
+    unsafe { libc::kill(rank0 as i32, libc::SIGTERM) };
+    let status = wait_for_exit(&mut child, Duration::from_secs(60)).expect("the job ends");
+    assert!(status.success(), "{status}");
+    assert!(tagged_ranks(&tag).is_empty());
 }

@@ -229,7 +229,8 @@ impl Communicator for MpiComm {
         count("all_gather_bytes", mine.len())?;
         let _guard = lock();
         let mut lens = vec![0u64; self.size];
-        self.comm.all_gather_into(&(mine.len() as u64), &mut lens[..]);
+        self.comm
+            .all_gather_into(&(mine.len() as u64), &mut lens[..]);
         let counts = lens
             .iter()
             .map(|&l| count("all_gather_bytes", l as usize))

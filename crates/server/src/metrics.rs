@@ -84,6 +84,10 @@ pub struct QueueGauges {
 /// Everything the server counts.
 #[derive(Debug, Default)]
 pub struct Metrics {
+    /// Each rank's memory over the last session, when the engine is rank 0 of a mesh.
+    pub rank_memory: std::sync::Mutex<Vec<headroom_engine::replicated::RankMemory>>,
+    /// A rank of the mesh failed: the server can no longer generate (`/health` says so).
+    pub mesh_failed: std::sync::atomic::AtomicBool,
     /// Sessions holding a worker (admitted and not yet released).
     pub sessions_open: AtomicU64,
     /// Sessions admitted since start.
@@ -151,6 +155,7 @@ impl Metrics {
         let stats = engine.platform().memory_stats();
         let mut out = String::with_capacity(8 << 10);
         let o = &mut out;
+        self.render_ranks(o);
         gauge(
             o,
             "headroom_allocated_bytes",
@@ -376,6 +381,52 @@ impl Metrics {
             "Time from session.start to admission (0 when a slot was free).",
         );
         out
+    }
+}
+
+impl Metrics {
+    /// Per-rank memory of the last session on a mesh, labelled by rank.
+    fn render_ranks(&self, o: &mut String) {
+        use std::fmt::Write as _;
+        let ranks = self
+            .rank_memory
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if ranks.is_empty() {
+            return;
+        }
+        type Field = fn(&headroom_engine::replicated::RankMemory) -> u64;
+        let series: [(&str, &str, Field); 3] = [
+            (
+                "headroom_rank_allocated_peak_bytes",
+                "Each rank's allocated peak over the last session.",
+                |r| r.allocated_peak_bytes,
+            ),
+            (
+                "headroom_rank_reserved_peak_bytes",
+                "Each rank's reserved peak over the last session.",
+                |r| r.reserved_peak_bytes,
+            ),
+            (
+                "headroom_rank_post_session_reserved_bytes",
+                "Each rank's reserved bytes after the last session.",
+                |r| r.post_session_reserved_bytes,
+            ),
+        ];
+        for (name, help, field) in series {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for r in &ranks {
+                let _ = writeln!(
+                    o,
+                    "{name}{{rank=\"{}\",tp_rank=\"{}\",sp_rank=\"{}\"}} {}",
+                    r.rank,
+                    r.tp_rank,
+                    r.sp_rank,
+                    field(r)
+                );
+            }
+        }
     }
 }
 

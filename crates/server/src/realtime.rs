@@ -238,6 +238,7 @@ impl Connection {
             }
             let job = Job {
                 engine: Arc::clone(&state.engine),
+                world: state.world.clone(),
                 request: request.clone(),
                 started_at,
                 slot,

@@ -20,6 +20,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use headroom_engine::{Engine, EngineConfig};
+use headroom_tensor::comm::Communicator;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -37,6 +38,9 @@ const VIEWER_HTML: &str = include_str!("../static/viewer.html");
 pub struct AppState {
     /// The engine sessions run on.
     pub engine: Arc<Engine>,
+    /// The mesh's world group when this engine is rank 0 of a TP × SP mesh: every
+    /// session is led on every rank (`headroom_engine::replicated`).
+    pub world: Option<Arc<dyn Communicator>>,
     /// The server's setup.
     pub config: ServerConfig,
     /// KV pages one session reserves (the engine's window).
@@ -145,9 +149,30 @@ impl Server {
             return Err(ServerError::request("max_sessions", "must be at least 1"));
         }
         engine_config.max_sessions = config.max_sessions;
-        let pages_per_session = engine_config.window_frames;
         let engine = Engine::new(engine_config)
             .map_err(|e| ServerError::Setup(format!("cannot load the engine: {e}")))?;
+        Self::with_engine(engine, None, config)
+    }
+
+    /// Sets the server up over a loaded `engine` (built with `max_sessions` =
+    /// `config.max_sessions`). With `world`, the engine is rank 0 of a mesh whose other
+    /// ranks follow (`headroom_engine::replicated::follow`): sessions run one at a time,
+    /// each led on every rank.
+    pub fn with_engine(
+        engine: Engine,
+        world: Option<Arc<dyn Communicator>>,
+        config: ServerConfig,
+    ) -> Result<Self> {
+        if config.max_sessions == 0 {
+            return Err(ServerError::request("max_sessions", "must be at least 1"));
+        }
+        if world.is_some() && config.max_sessions != 1 {
+            return Err(ServerError::request(
+                "max_sessions",
+                "a sharded server runs one session at a time (every rank follows one schedule)",
+            ));
+        }
+        let pages_per_session = engine.config().window_frames;
         let (shutdown_tx, _) = watch::channel(false);
         let (sockets, _) = watch::channel(0);
         let engine = Arc::new(engine);
@@ -162,6 +187,7 @@ impl Server {
         Ok(Self {
             state: Arc::new(AppState {
                 engine,
+                world,
                 config,
                 pages_per_session,
                 metrics,
@@ -237,8 +263,22 @@ async fn viewer() -> Html<&'static str> {
     Html(VIEWER_HTML)
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "status": "ok" }))
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    if state
+        .metrics
+        .mesh_failed
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "status": "failed",
+                "reason": "a rank of the mesh failed; the job must be restarted",
+            })),
+        )
+            .into_response();
+    }
+    Json(serde_json::json!({ "status": "ok" })).into_response()
 }
 
 async fn ready(State(state): State<Arc<AppState>>) -> Response {

@@ -15,9 +15,12 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use headroom_engine::replicated::{lead_open, LeadSession};
 use headroom_engine::{CancelToken, Chunk, Engine, EngineError, Session, SessionRequest};
 use headroom_media::FragmentedMp4;
+use headroom_model::camera::CameraUpdate;
 use headroom_model::camera::UpdateMode;
+use headroom_tensor::comm::Communicator;
 use headroom_tensor::Device;
 use tokio::sync::mpsc;
 
@@ -115,6 +118,8 @@ impl Drop for WorkerHandle {
 pub struct Job {
     /// The engine.
     pub engine: Arc<Engine>,
+    /// The mesh's world group when the engine is rank 0 of a mesh.
+    pub world: Option<Arc<dyn Communicator>>,
     /// The checked request.
     pub request: StartRequest,
     /// When `session.start` arrived (time to first chunk counts from here).
@@ -162,6 +167,7 @@ fn run(
 ) {
     let Job {
         engine,
+        world,
         request,
         started_at,
         mut slot,
@@ -170,13 +176,14 @@ fn run(
         held: _,
     } = job;
     let _span = tracing::info_span!("session", request_id = %request_id).entered();
-    let opened = open(&engine, &request);
+    let opened = open(&engine, world.as_ref(), &request);
     // Pages and state are reserved (or not): the next client in line may be admitted.
     slot.opened();
     let ending = match opened {
         Err(error) => Ending::Refused(error),
         Ok(mut session) => {
             session.set_cancel(cancel.clone());
+            let mesh = world.is_some();
             metrics.sessions_admitted.fetch_add(1, Ordering::Relaxed);
             let mut stream = Stream {
                 session,
@@ -189,8 +196,22 @@ fn run(
             };
             let ending = stream.run(&request);
             // Release the session (KV pages, decoder state, conditioning) before the
-            // socket hears about the end.
-            drop(stream);
+            // socket hears about the end; on a mesh every rank releases and reports.
+            let Stream { session, .. } = stream;
+            match session.finish(&engine) {
+                Ok(Some(ranks)) => {
+                    *metrics
+                        .rank_memory
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = ranks;
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "the mesh did not report its memory"),
+            }
+            if mesh && matches!(ending, Ending::Failed(_)) {
+                // A chunk that failed on a mesh aborted it: nothing more can run.
+                metrics.mesh_failed.store(true, Ordering::Relaxed);
+            }
             ending
         }
     };
@@ -214,8 +235,67 @@ fn run(
     let _ = events.blocking_send(WorkerEvent::Ended(ending));
 }
 
-/// Builds the engine request (prompt, first frame, actions) and opens the session.
-fn open(engine: &Engine, r: &StartRequest) -> Result<Session> {
+/// A session alone on this engine, or led on every rank of a mesh.
+enum Live {
+    /// This engine's own session.
+    Alone(Session),
+    /// Rank 0's side of a session every rank runs.
+    Led(LeadSession),
+}
+
+impl Live {
+    fn chunks_total(&self) -> usize {
+        match self {
+            Live::Alone(s) => s.chunks_total(),
+            Live::Led(s) => s.session().map_or(0, Session::chunks_total),
+        }
+    }
+
+    fn next_chunk(&mut self) -> std::result::Result<Chunk, EngineError> {
+        match self {
+            Live::Alone(s) => s.next_chunk(),
+            Live::Led(s) => s.next_chunk(),
+        }
+    }
+
+    fn set_prompt(&mut self, prompt: &str) -> std::result::Result<(), EngineError> {
+        match self {
+            Live::Alone(s) => s.set_prompt(prompt),
+            Live::Led(s) => s.set_prompt(prompt),
+        }
+    }
+
+    fn interact(&mut self, update: CameraUpdate) -> std::result::Result<(), EngineError> {
+        match self {
+            Live::Alone(s) => s.interact(update),
+            Live::Led(s) => s.interact(update),
+        }
+    }
+
+    /// Stops a session alone at its next safe point when `token` fires. A led session
+    /// is stopped at chunk boundaries only: its ranks meet inside every forward.
+    fn set_cancel(&mut self, token: CancelToken) {
+        if let Live::Alone(s) = self {
+            s.set_cancel(token);
+        }
+    }
+
+    /// Releases the session; on a mesh, every rank's memory over it.
+    fn finish(
+        self,
+        engine: &Engine,
+    ) -> std::result::Result<Option<Vec<headroom_engine::replicated::RankMemory>>, EngineError>
+    {
+        match self {
+            Live::Alone(_) => Ok(None),
+            Live::Led(s) => s.close(engine).map(Some),
+        }
+    }
+}
+
+/// Builds the engine request (prompt, first frame, actions) and opens the session (on
+/// every rank of the mesh, with `world`).
+fn open(engine: &Engine, world: Option<&Arc<dyn Communicator>>, r: &StartRequest) -> Result<Live> {
     let device = Device::new(Arc::clone(engine.platform()));
     let image = r
         .image_url
@@ -232,12 +312,20 @@ fn open(engine: &Engine, r: &StartRequest) -> Result<Session> {
         overlap: r.overlap,
         ..SessionRequest::new(r.width, r.height, r.num_frames)
     };
-    engine.open_session(request).map_err(ServerError::from_open)
+    match world {
+        Some(world) => lead_open(engine, world, request)
+            .map(Live::Led)
+            .map_err(ServerError::from_open),
+        None => engine
+            .open_session(request)
+            .map(Live::Alone)
+            .map_err(ServerError::from_open),
+    }
 }
 
 /// A running session and its plumbing.
 struct Stream<'a> {
-    session: Session,
+    session: Live,
     tracker: Tracker,
     events: &'a mpsc::Sender<WorkerEvent>,
     control: &'a Receiver<Interaction>,

@@ -81,7 +81,11 @@ fn byte_messages_broadcast_from_the_root_and_gather_in_rank_order() {
             .iter()
             .map(|c| {
                 s.spawn(move || {
-                    let mine = if c.rank() == 1 { b"open".to_vec() } else { vec![] };
+                    let mine = if c.rank() == 1 {
+                        b"open".to_vec()
+                    } else {
+                        vec![]
+                    };
                     let got = c.broadcast_bytes(1, mine).unwrap();
                     let all = c.all_gather_bytes(&[c.rank() as u8; 2]).unwrap();
                     (got, all)

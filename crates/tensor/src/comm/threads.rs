@@ -167,7 +167,10 @@ impl Communicator for InProcessComm {
     fn exchange_all_to_all(&self, send: &Tensor, recv: &mut Tensor) -> Result<()> {
         let bytes = send_bytes(BACKEND, send)?;
         let each = bytes.len() / self.shared.size;
-        let outgoing = bytes.chunks_exact(each.max(1)).map(<[u8]>::to_vec).collect();
+        let outgoing = bytes
+            .chunks_exact(each.max(1))
+            .map(<[u8]>::to_vec)
+            .collect();
         let parts = self.exchange("all_to_all", outgoing)?;
         Self::fill("all_to_all", parts, recv)
     }
@@ -176,7 +179,10 @@ impl Communicator for InProcessComm {
         if root >= self.shared.size {
             return Err(TensorError::shape(
                 "broadcast",
-                format!("root {root} is not a rank of a group of {}", self.shared.size),
+                format!(
+                    "root {root} is not a rank of a group of {}",
+                    self.shared.size
+                ),
             ));
         }
         let outgoing = if self.rank == root {
