@@ -58,14 +58,36 @@ if [[ "${1:-}" == "--stage" ]]; then
   cp target/release/headroom "$STAGE/headroom"
   strip "$STAGE"/* 2>/dev/null || true
   # NVRTC 13.0 (the pinned wheel) for the GPU machine, whose torch venv may hold another.
-  nvrtc=$(ls -d .venv-nvrtc/lib/python3*/site-packages/nvidia/cu13/lib 2>/dev/null | head -n 1)
+  # `|| true`: no .venv-nvrtc here is fine (under pipefail a failed ls would end the script).
+  nvrtc=$(ls -d .venv-nvrtc/lib/python3*/site-packages/nvidia/cu13/lib 2>/dev/null | head -n 1 || true)
   if [[ -n "$nvrtc" ]]; then
     mkdir -p "$STAGE/nvrtc"
     cp "$nvrtc"/libnvrtc.so.13 "$nvrtc"/libnvrtc-builtins.so.13.* "$STAGE/nvrtc/"
   else
     echo "no .venv-nvrtc here: the GPU machine's own NVRTC will be used"
   fi
+  # NCCL (the ranks backend): staged when it fits the device tool's 64 MiB carry; the
+  # nvidia-nccl-cu13 wheel's libnccl.so.2 is ~330 MiB, so the GPU machine's own NCCL (a
+  # torch venv's nvidia/nccl/lib) is used instead.
+  nccl=$(ls -d .venv-nvrtc/lib/python3*/site-packages/nvidia/nccl/lib 2>/dev/null | head -n 1 || true)
+  if [[ -n "$nccl" && -f "$nccl/libnccl.so.2" ]]; then
+    nccl_bytes=$(stat -c %s "$nccl/libnccl.so.2")
+    if (( nccl_bytes < 32 * 1024 * 1024 )); then
+      mkdir -p "$STAGE/nccl" && cp "$nccl/libnccl.so.2" "$STAGE/nccl/"
+    else
+      echo "NCCL not staged: libnccl.so.2 is $((nccl_bytes / 1048576)) MiB, past what the device tool carries (64 MiB in all)"
+    fi
+  else
+    echo "no NCCL wheel here: the GPU machine's own NCCL will be used"
+  fi
+  echo "staged in $STAGE:"
   du -sh "$STAGE"/*
+  total=$(du -sb "$STAGE" | cut -f1)
+  echo "total $((total / 1048576)) MiB of the 64 MiB the device tool carries"
+  if (( total > 64 * 1024 * 1024 )); then
+    echo "error: $STAGE is past 64 MiB; the device tool will not carry it" >&2
+    exit 1
+  fi
   echo "staged; carry \"$STAGE\" and run tools/device-check.sh there"
   exit 0
 fi

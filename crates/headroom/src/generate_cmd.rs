@@ -297,7 +297,7 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
 pub fn run(args: GenerateArgs) -> Result<()> {
     let prepared = prepare(&args)?;
     let on_gpu = args.shape.device != crate::device_arg::DeviceArg::Cpu;
-    if args.ranks.is_single(on_gpu)? {
+    if args.ranks.is_single()? {
         let engine = match args.shape.device.engine_device(
             &prepared.config.allocator,
             prepared.reclaim,

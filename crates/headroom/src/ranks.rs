@@ -95,9 +95,20 @@ impl RankArgs {
         })
     }
 
-    /// Whether the command runs unsharded in this one process, as without these flags.
-    pub fn is_single(&self, on_gpu: bool) -> Result<bool> {
-        Ok(self.mesh()? == Mesh::SINGLE && self.comm(on_gpu) == CommArg::Threads)
+    /// Whether the command runs unsharded in this one process, as without these flags
+    /// (`--tp 1 --sp 1` and no backend asked for). One of several processes an MPI
+    /// launcher started is refused here: each would run the whole session alone.
+    pub fn is_single(&self) -> Result<bool> {
+        if self.mesh()? != Mesh::SINGLE {
+            return Ok(false);
+        }
+        let ranks = mpi_world_size();
+        if headroom_mpi::launched_by_mpi() && ranks > 1 {
+            bail!(
+                "this process is one of {ranks} that an MPI launcher started, but --tp 1 --sp 1 is one rank: pass --tp and --sp with tp·sp = {ranks}"
+            );
+        }
+        Ok(!matches!(self.comm, Some(CommArg::Mpi | CommArg::Nccl)))
     }
 
     /// Runs `work` on every rank of the mesh with its groups and returns rank 0's value

@@ -182,7 +182,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
         ..ServerConfig::default()
     };
-    if !args.ranks.is_single(false)? {
+    if !args.ranks.is_single()? {
         return serve_mesh(&args, engine, config);
     }
     eprintln!("headroom serve: loading model {}", args.model);

@@ -1,7 +1,7 @@
 //! Collectives between ranks for sharded execution: the [`Communicator`] trait, shaped
 //! after NCCL's group calls, and its backends — [`InProcessGroup`] (ranks as threads of
-//! this process: tests, `plan`, `--comm threads`) here, MPI in the `headroom-mpi` crate,
-//! NCCL under `cuda/` with the `cuda` feature.
+//! this process: tests, `plan`, `--comm threads`) and [`nccl`] (GPUs; its communicator
+//! with the `cuda` feature) here, MPI in the `headroom-mpi` crate.
 //!
 //! A backend only moves bytes: it implements two exchanges on buffers it is handed (an
 //! all-gather into `[size, …]` and an all-to-all of `[size, …]` parts) plus the byte
@@ -14,6 +14,7 @@
 //!
 //! Meta (shape-only) tensors exchange nothing: the output shapes follow from the inputs.
 
+pub mod nccl;
 mod threads;
 
 pub use threads::{InProcessComm, InProcessGroup};

@@ -281,6 +281,11 @@ pub trait Launcher: Send + Sync + fmt::Debug {
     fn released(&self, _addr: u64) {}
     /// Waits for every submitted piece of work.
     fn synchronize(&self) -> Result<()>;
+    /// The raw `CUstream` this launcher enqueues on, where it has one (collectives on
+    /// NCCL are ordered on it).
+    fn cuda_stream(&self) -> Option<u64> {
+        None
+    }
     /// What a checking launcher saw (`None` for one that runs the work).
     fn check_report(&self) -> Option<super::check::CheckReport> {
         None

@@ -99,7 +99,7 @@ pub fn search_dirs() -> Vec<PathBuf> {
 
 /// Python site-packages folders that may hold NVIDIA wheels: the active virtual
 /// environment, conda, the user's and the system's, each `lib/python3.*/{site,dist}-packages`.
-fn site_packages() -> Vec<PathBuf> {
+pub(crate) fn site_packages() -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = Vec::new();
     for var in ["VIRTUAL_ENV", "CONDA_PREFIX"] {
         if let Some(p) = std::env::var_os(var).filter(|d| !d.is_empty()) {

@@ -71,6 +71,10 @@ impl CudaRuntime {
 }
 
 impl Launcher for CudaRuntime {
+    fn cuda_stream(&self) -> Option<u64> {
+        Some(self.stream() as u64)
+    }
+
     fn describe(&self) -> String {
         format!(
             "{} ({}, kernels for {})",
