@@ -85,6 +85,9 @@ pub struct RankPlan {
     pub headroom_bytes: i64,
     /// Where the reserved peak happened: `load`, `open`, `denoise N` or `decode N`.
     pub peak_phase: String,
+    /// What this rank's TP and SP collectives move over the session, by kind (calls and
+    /// input bytes; the seconds of a meta execution are not a prediction).
+    pub collectives: std::collections::BTreeMap<String, headroom_tensor::comm::OpTotals>,
     /// The allocator's last events (for plots and snapshots).
     #[serde(skip)]
     pub trace: Vec<TraceEvent>,
@@ -188,6 +191,13 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
             peaks.stretch(platform, &loaded, "load");
             let weights_bytes = loaded.allocated_bytes.all().current as u64;
             let request = SessionRequest::new(config.width, config.height, config.frames);
+            let meter = engine
+                .transformer()
+                .sharding()
+                .map(|s| Arc::clone(&s.meter));
+            if let Some(m) = &meter {
+                m.reset();
+            }
             let mut session = engine.open_session(request)?;
             peaks.stretch(platform, &platform.memory_stats(), "open");
             let kv_bytes = engine
@@ -223,6 +233,7 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
                 post_session_reserved_bytes: post,
                 headroom_bytes: config.capacity as i64 - peaks.reserved as i64,
                 peak_phase: peaks.phase,
+                collectives: meter.map(|m| m.totals()).unwrap_or_default(),
                 trace: allocator.trace(),
                 final_bytes,
                 snapshot_pickle: (config.history > 0).then(|| allocator.snapshot().to_pickle()),

@@ -45,7 +45,7 @@ impl RankGroups {
     ) -> Result<Self> {
         let groups = Self {
             world,
-            sharding: Sharding { tp, sp },
+            sharding: Sharding::metered(tp, sp),
         };
         if groups.mesh().ranks() != groups.world.size()
             || groups.sharding.world_rank() != groups.world.rank()

@@ -76,7 +76,7 @@ enum Command {
 }
 
 /// One rank's memory over a session, gathered to rank 0 at its close.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankMemory {
     /// World rank.
     pub rank: usize,
@@ -90,6 +90,9 @@ pub struct RankMemory {
     pub reserved_peak_bytes: u64,
     /// Reserved bytes once the session was dropped.
     pub post_session_reserved_bytes: u64,
+    /// What this rank's TP and SP collectives moved over the session, by kind.
+    #[serde(default)]
+    pub collectives: std::collections::BTreeMap<String, headroom_tensor::comm::OpTotals>,
 }
 
 impl RankMemory {
@@ -110,6 +113,11 @@ impl RankMemory {
             allocated_peak_bytes: stats.allocated_bytes.all().peak.max(0) as u64,
             reserved_peak_bytes: stats.reserved_bytes.all().peak.max(0) as u64,
             post_session_reserved_bytes: stats.reserved_bytes.all().current.max(0) as u64,
+            collectives: engine
+                .transformer()
+                .sharding()
+                .map(|s| s.meter.totals())
+                .unwrap_or_default(),
         }
     }
 }
@@ -299,7 +307,7 @@ pub fn lead_open(
     let mut blobs = Vec::new();
     let spec = OpenSpec::of(&request, &mut blobs)?;
     broadcast(world.as_ref(), &Command::Open(Box::new(spec)), &blobs)?;
-    engine.platform().reset_peak_stats();
+    reset_stats(engine);
     let admitted = engine.admit_session(request);
     let status = admitted.as_ref().map(|_| ()).map_err(|e| e.to_string());
     match agree(world.as_ref(), &status)? {
@@ -395,6 +403,14 @@ impl Drop for LeadSession {
     }
 }
 
+/// Peaks and collective totals restart with each session.
+fn reset_stats(engine: &Engine) {
+    engine.platform().reset_peak_stats();
+    if let Some(s) = engine.transformer().sharding() {
+        s.meter.reset();
+    }
+}
+
 fn gather_memory(engine: &Engine, world: &dyn Communicator) -> Result<Vec<RankMemory>> {
     let mine = serde_json::to_vec(&RankMemory::of(engine)).map_err(wire_err)?;
     world
@@ -424,7 +440,7 @@ fn follow_inner(engine: &Engine, world: &dyn Communicator) -> Result<()> {
         let (command, blobs) = decode(&world.broadcast_bytes(0, Vec::new())?)?;
         match command {
             Command::Open(spec) => {
-                engine.platform().reset_peak_stats();
+                reset_stats(engine);
                 let admitted = spec
                     .request(&blobs, &device)
                     .and_then(|r| engine.admit_session(r));

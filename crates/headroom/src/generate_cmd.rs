@@ -386,18 +386,34 @@ fn print_report(args: &GenerateArgs, report: &Report) -> Result<()> {
             report.backend
         );
         println!(
-            "{:>5} {:>8} {:>8} {:>18} {:>18} {:>18}",
-            "rank", "tp_rank", "sp_rank", "allocated peak", "reserved peak", "after session"
+            "{:>5} {:>8} {:>8} {:>18} {:>18} {:>18} {:>22}",
+            "rank",
+            "tp_rank",
+            "sp_rank",
+            "allocated peak",
+            "reserved peak",
+            "after session",
+            "collectives per chunk"
         );
+        let chunks = report.json["chunks"].as_array().map_or(1, Vec::len).max(1) as f64;
         for r in ranks {
+            let (bytes, secs) = r
+                .collectives
+                .values()
+                .fold((0u64, 0f64), |(b, s), t| (b + t.bytes, s + t.seconds));
             println!(
-                "{:>5} {:>8} {:>8} {:>18} {:>18} {:>18}",
+                "{:>5} {:>8} {:>8} {:>18} {:>18} {:>18} {:>22}",
                 r.rank,
                 r.tp_rank,
                 r.sp_rank,
                 r.allocated_peak_bytes,
                 r.reserved_peak_bytes,
-                r.post_session_reserved_bytes
+                r.post_session_reserved_bytes,
+                format!(
+                    "{} in {:.3} s",
+                    format_bytes((bytes as f64 / chunks) as u64),
+                    secs / chunks
+                )
             );
         }
     }

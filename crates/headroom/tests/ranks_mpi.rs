@@ -7,7 +7,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{generate_ranks, npy_values, plan_ranks, relative_error};
+use common::{
+    collective_counts, generate_ranks, npy_values, plan_ranks, plan_report, relative_error,
+};
 
 const SESSION: [&str; 4] = ["--width", "64", "--height", "32"];
 
@@ -104,6 +106,10 @@ fn mpi_ranks_produce_the_thread_mesh_video_and_their_plan_per_rank() {
             plan_ranks(&plan),
             "tp {tp} sp {sp}"
         );
+        // The bytes every collective moved are the ones the plan predicts.
+        let moved = collective_counts(report["ranks"].as_array().unwrap());
+        assert_eq!(moved, collective_counts(&plan_report(&plan)), "tp {tp} sp {sp}");
+        assert!(moved.iter().all(|r| !r.is_empty()), "{moved:?}");
     }
 }
 

@@ -44,14 +44,7 @@ pub fn relative_error(a: &[f32], b: &[f32]) -> f64 {
 /// from `headroom --threads 1 plan … --json` (one policy; scratch sizes follow the thread
 /// count, so plans and runs use the same one).
 pub fn plan_ranks(args: &[&str]) -> Vec<(u64, u64, u64)> {
-    let mut all = vec!["--threads", "1", "plan", "--json"];
-    all.extend_from_slice(args);
-    let res = headroom(&all);
-    assert_ok(&res);
-    let plan: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
-    plan["ranks"]
-        .as_array()
-        .unwrap()
+    plan_report(args)
         .iter()
         .map(|r| {
             (
@@ -61,6 +54,38 @@ pub fn plan_ranks(args: &[&str]) -> Vec<(u64, u64, u64)> {
             )
         })
         .collect()
+}
+
+/// Each rank's `(collective kind, calls, input bytes)` from a plan or generate report's
+/// rank rows.
+pub fn collective_counts(ranks: &[serde_json::Value]) -> Vec<Vec<(String, u64, u64)>> {
+    ranks
+        .iter()
+        .map(|r| {
+            r["collectives"]
+                .as_object()
+                .expect("collectives by kind")
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v["calls"].as_u64().unwrap(),
+                        v["bytes"].as_u64().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The rank rows of `headroom --threads 1 plan … --json`.
+pub fn plan_report(args: &[&str]) -> Vec<serde_json::Value> {
+    let mut all = vec!["--threads", "1", "plan", "--json"];
+    all.extend_from_slice(args);
+    let res = headroom(&all);
+    assert_ok(&res);
+    let plan: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    plan["ranks"].as_array().unwrap().clone()
 }
 
 /// The same triples from a `generate --json` report's `ranks`.

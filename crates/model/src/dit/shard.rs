@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use headroom_tensor::comm::{Communicator, InProcessGroup};
+use headroom_tensor::comm::{CommMeter, Communicator, InProcessGroup, Metered};
 use headroom_tensor::Tensor;
 
 use super::embed::Linear;
@@ -27,6 +27,8 @@ pub struct Sharding {
     pub tp: Arc<dyn Communicator>,
     /// The ranks sharing this rank's TP shard, splitting the tokens.
     pub sp: Arc<dyn Communicator>,
+    /// What this rank's TP and SP collectives moved and how long they took.
+    pub meter: Arc<CommMeter>,
 }
 
 impl Sharding {
@@ -40,12 +42,19 @@ impl Sharding {
         (0..tp * sp)
             .map(|w| {
                 let (s, t) = (w / tp, w % tp);
-                Sharding {
-                    tp: Arc::clone(&tp_groups[s][t]),
-                    sp: Arc::clone(&sp_groups[t][s]),
-                }
+                Sharding::metered(Arc::clone(&tp_groups[s][t]), Arc::clone(&sp_groups[t][s]))
             })
             .collect()
+    }
+
+    /// A rank's place from its TP and SP groups, each counted in a new meter.
+    pub fn metered(tp: Arc<dyn Communicator>, sp: Arc<dyn Communicator>) -> Sharding {
+        let meter = Arc::new(CommMeter::default());
+        Sharding {
+            tp: Metered::wrap(tp, Arc::clone(&meter)),
+            sp: Metered::wrap(sp, Arc::clone(&meter)),
+            meter,
+        }
     }
 
     /// This rank's index on the mesh.

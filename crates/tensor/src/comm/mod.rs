@@ -14,9 +14,11 @@
 //!
 //! Meta (shape-only) tensors exchange nothing: the output shapes follow from the inputs.
 
+mod meter;
 pub mod nccl;
 mod threads;
 
+pub use meter::{CommMeter, Metered, OpTotals};
 pub use threads::{InProcessComm, InProcessGroup};
 
 use crate::error::{Result, TensorError};
