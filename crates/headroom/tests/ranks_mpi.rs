@@ -108,7 +108,11 @@ fn mpi_ranks_produce_the_thread_mesh_video_and_their_plan_per_rank() {
         );
         // The bytes every collective moved are the ones the plan predicts.
         let moved = collective_counts(report["ranks"].as_array().unwrap());
-        assert_eq!(moved, collective_counts(&plan_report(&plan)), "tp {tp} sp {sp}");
+        assert_eq!(
+            moved,
+            collective_counts(&plan_report(&plan)),
+            "tp {tp} sp {sp}"
+        );
         assert!(moved.iter().all(|r| !r.is_empty()), "{moved:?}");
     }
 }
@@ -139,6 +143,13 @@ fn the_small_model_measures_its_plan_per_rank_under_mpi() {
         "before-decode",
     ];
     assert_eq!(generate_ranks(&report), plan_ranks(&plan));
+}
+
+/// `cmd` (an `mpirun`) starting `n` ranks of the binary, each carrying `tag` in
+/// `HEADROOM_TEST_TAG` so the test can find its processes.
+fn tagged_job<'a>(cmd: &'a mut Command, tag: &str, n: &str) -> &'a mut Command {
+    cmd.env("HEADROOM_TEST_TAG", tag)
+        .args(["-x", "HEADROOM_TEST_TAG", "-n", n, bin()])
 }
 
 /// Process ids of the ranks of the job tagged `tag` (the variable `mpirun -x` passed).
@@ -190,18 +201,8 @@ fn killing_a_rank_mid_session_ends_the_whole_job_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let tag = format!("kill-{}", std::process::id());
     let out = dir.path().join("v.mp4");
-    let mut child = cmd
-        .env("HEADROOM_TEST_TAG", &tag)
-        .args([
-            "-x",
-            "HEADROOM_TEST_TAG",
-            "-n",
-            "2",
-            bin(),
-            "--threads",
-            "1",
-            "generate",
-        ])
+    let mut child = tagged_job(&mut cmd, &tag, "2")
+        .args(["--threads", "1", "generate"])
         .args([
             "--model", "tiny", "--width", "64", "--height", "32", "--frames", "117",
         ])
@@ -286,22 +287,10 @@ fn a_rank_that_fails_alone_ends_the_job_naming_it() {
     assert!(!Path::new("/tmp/headroom-never.mp4").exists());
 }
 
-fn http_get(addr: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).unwrap();
-    text
-}
-
 /// The `headroom_rank_post_session_reserved_bytes` of each rank, from `/metrics`.
 fn post_session_floors(addr: &str) -> Vec<String> {
-    http_get(addr, "/metrics")
+    common::http_get(addr, "/metrics")
+        .1
         .lines()
         .filter(|l| l.starts_with("headroom_rank_post_session_reserved_bytes{"))
         .map(str::to_string)
@@ -312,18 +301,8 @@ fn post_session_floors(addr: &str) -> Vec<String> {
 fn a_sharded_server_streams_sessions_in_a_row_and_every_rank_returns_to_its_floor() {
     let Some(mut cmd) = mpirun() else { return };
     let tag = format!("serve-{}", std::process::id());
-    let mut child = cmd
-        .env("HEADROOM_TEST_TAG", &tag)
-        .args([
-            "-x",
-            "HEADROOM_TEST_TAG",
-            "-n",
-            "4",
-            bin(),
-            "--threads",
-            "1",
-            "serve",
-        ])
+    let mut child = tagged_job(&mut cmd, &tag, "4")
+        .args(["--threads", "1", "serve"])
         .args(["--model", "tiny", "--tp", "2", "--sp", "2", "--port", "0"])
         .args(["--width", "48", "--height", "32"])
         .stderr(Stdio::piped())
@@ -379,7 +358,7 @@ fn a_sharded_server_streams_sessions_in_a_row_and_every_rank_returns_to_its_floo
         floors[0], floors[1],
         "every rank's post-session reserved is its floor"
     );
-    assert!(http_get(&addr, "/health").contains("\"ok\""));
+    assert!(common::http_get(&addr, "/health").1.contains("\"ok\""));
     // SIGTERM to rank 0 (mpirun itself exits non-zero when signalled): it stops serving
     // and releases the followers, and the whole job exits 0.
     let rank0 = tagged_ranks(&tag)

@@ -40,20 +40,39 @@ pub fn relative_error(a: &[f32], b: &[f32]) -> f64 {
     diff / scale.max(f64::MIN_POSITIVE)
 }
 
+/// `GET path` on `addr` over plain HTTP/1.1: the status code and the whole response.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let status = text[9..12].parse().unwrap();
+    (status, text)
+}
+
+/// The `(allocated, reserved, post-session reserved)` fields `keys` of each rank row.
+fn triples(rows: &[serde_json::Value], keys: [&str; 3]) -> Vec<(u64, u64, u64)> {
+    let field = |r: &serde_json::Value, k: &str| r[k].as_u64().unwrap();
+    rows.iter()
+        .map(|r| (field(r, keys[0]), field(r, keys[1]), field(r, keys[2])))
+        .collect()
+}
+
 /// `(allocated peak, reserved peak, post-session reserved)` of each rank, in rank order,
 /// from `headroom --threads 1 plan … --json` (one policy; scratch sizes follow the thread
 /// count, so plans and runs use the same one).
 pub fn plan_ranks(args: &[&str]) -> Vec<(u64, u64, u64)> {
-    plan_report(args)
-        .iter()
-        .map(|r| {
-            (
-                r["peak_allocated_bytes"].as_u64().unwrap(),
-                r["peak_reserved_bytes"].as_u64().unwrap(),
-                r["post_session_reserved_bytes"].as_u64().unwrap(),
-            )
-        })
-        .collect()
+    let keys = [
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "post_session_reserved_bytes",
+    ];
+    triples(&plan_report(args), keys)
 }
 
 /// Each rank's `(collective kind, calls, input bytes)` from a plan or generate report's
@@ -90,16 +109,13 @@ pub fn plan_report(args: &[&str]) -> Vec<serde_json::Value> {
 
 /// The same triples from a `generate --json` report's `ranks`.
 pub fn generate_ranks(report: &serde_json::Value) -> Vec<(u64, u64, u64)> {
-    report["ranks"]
+    let rows = report["ranks"]
         .as_array()
-        .expect("a sharded report has ranks")
-        .iter()
-        .map(|r| {
-            (
-                r["allocated_peak_bytes"].as_u64().unwrap(),
-                r["reserved_peak_bytes"].as_u64().unwrap(),
-                r["post_session_reserved_bytes"].as_u64().unwrap(),
-            )
-        })
-        .collect()
+        .expect("a sharded report has ranks");
+    let keys = [
+        "allocated_peak_bytes",
+        "reserved_peak_bytes",
+        "post_session_reserved_bytes",
+    ];
+    triples(rows, keys)
 }
