@@ -53,6 +53,9 @@ pub struct SessionBenchConfig {
     pub capacity: Option<u64>,
     /// Weight (and compute) dtype of the model.
     pub dtype: headroom_tensor::DType,
+    /// This rank's groups when the benchmark runs on a TP × SP mesh (every rank runs it;
+    /// rank 0 writes the files).
+    pub groups: Option<headroom_engine::RankGroups>,
 }
 
 /// Where a run is, for the sampler's tags.
@@ -140,6 +143,8 @@ struct Run {
     sha256: Vec<String>,
     #[serde(skip)]
     recording: Recording,
+    #[serde(skip)]
+    collectives: std::collections::BTreeMap<String, headroom_tensor::comm::OpTotals>,
 }
 
 /// One (allocator, policy) pair's medians across repetitions.
@@ -179,6 +184,9 @@ pub struct PolicyRow {
     pub output_sha256: Vec<String>,
     /// Reserved peak over allocated peak − 1 (the goal: ≤ 5 %).
     pub reserved_over_allocated: f64,
+    /// Every rank's figures, on a mesh (empty when unsharded).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<crate::session_ranks::RankRow>,
 }
 
 /// The whole report.
@@ -213,7 +221,7 @@ fn run_once(
     (allocator, policy): (AllocatorPolicy, ReclaimPolicy),
     rep: usize,
 ) -> Result<Run> {
-    let engine = Engine::new(EngineConfig {
+    let engine_config = EngineConfig {
         model: config.model.clone(),
         allocator: AllocatorConfig {
             max_split_size: config.max_split_size,
@@ -223,11 +231,25 @@ fn run_once(
         capacity: config.capacity,
         weight_dtype: config.dtype,
         ..EngineConfig::default()
-    })
+    };
+    let engine = match &config.groups {
+        Some(groups) => headroom_mem::CachingPlatform::cpu(
+            engine_config.capacity,
+            engine_config.allocator.clone(),
+            engine_config.reclaim,
+        )
+        .map_err(headroom_engine::EngineError::from)
+        .and_then(|p| Engine::on_mesh(engine_config, Arc::new(p), groups)),
+        None => Engine::new(engine_config),
+    }
     .map_err(|e| BenchError::InvalidConfig {
         field: "engine",
         rule: e.to_string(),
     })?;
+    let meter = engine
+        .transformer()
+        .sharding()
+        .map(|s| Arc::clone(&s.meter));
     let platform: Arc<dyn Platform> = engine.platform().clone();
     platform.reset_peak_stats();
     let tags = Mutex::new(Tags {
@@ -249,6 +271,7 @@ fn run_once(
         reclaim_s: 0.0,
         sha256: Vec::new(),
         recording: Recording::default(),
+        collectives: Default::default(),
     };
     let recording = Mutex::new(Recording::default());
     let result = std::thread::scope(|scope| -> Result<()> {
@@ -358,6 +381,7 @@ fn run_once(
         .unwrap_or(0);
     run.reclaims = s.num_reclaims;
     run.reclaim_s = s.reclaim_ns as f64 / 1e9;
+    run.collectives = meter.map(|m| m.totals()).unwrap_or_default();
     Ok(run)
 }
 
@@ -426,6 +450,7 @@ fn row((allocator, label): (&str, &str), runs: &[Run]) -> PolicyRow {
         } else {
             0.0
         },
+        ranks: Vec::new(),
     }
 }
 
@@ -477,7 +502,7 @@ pub fn run_session_bench(config: &SessionBenchConfig) -> Result<SessionBenchSumm
     }
     let reference = &runs[0][0].sha256;
     let hashes_match = runs.iter().flatten().all(|r| &r.sha256 == reference);
-    let summary = SessionBenchSummary {
+    let mut summary = SessionBenchSummary {
         model: config.model.clone(),
         allocator: config
             .allocators
@@ -495,6 +520,24 @@ pub fn run_session_bench(config: &SessionBenchConfig) -> Result<SessionBenchSumm
             .map(|((a, p), r)| row((a, p), r))
             .collect(),
     };
+    if let Some(groups) = &config.groups {
+        let mine: Vec<crate::session_ranks::Measured> = runs
+            .iter()
+            .map(|r| crate::session_ranks::Measured {
+                allocated_peak: r[0].allocated_peak,
+                reserved_peak: r[0].reserved_peak,
+                chunks: r[0].chunk_s.len(),
+                collectives: r[0].collectives.clone(),
+            })
+            .collect();
+        let rows = crate::session_ranks::gather(config, groups, &pairs, &mine)?;
+        for (row, ranks) in summary.policies.iter_mut().zip(rows) {
+            row.ranks = ranks;
+        }
+        if groups.rank() != 0 {
+            return Ok(summary);
+        }
+    }
     let write = |name: &str, text: String| {
         let path = config.out.join(name);
         std::fs::write(&path, text).map_err(|e| io_err(&path, e))
@@ -592,6 +635,12 @@ pub fn markdown(s: &SessionBenchSummary) -> String {
             }
         );
     }
+    for p in s.policies.iter().filter(|p| !p.ranks.is_empty()) {
+        out.push_str(&crate::session_ranks::markdown(
+            &p.ranks,
+            &format!("{} {}", p.allocator, p.policy),
+        ));
+    }
     out
 }
 
@@ -650,6 +699,7 @@ mod tests {
             reclaim_s,
             sha256: vec!["a".into(), "b".into()],
             recording: Recording::default(),
+            collectives: Default::default(),
         };
         let r = row(
             ("pytorch", "fit"),

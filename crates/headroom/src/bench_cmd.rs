@@ -127,6 +127,8 @@ struct SessionArgs {
     /// Output folder (samples.csv, summary.json, summary.md).
     #[arg(long, default_value = "bench-session")]
     out: std::path::PathBuf,
+    #[command(flatten)]
+    ranks: crate::ranks::RankArgs,
 }
 
 #[derive(Debug, Args)]
@@ -307,8 +309,30 @@ fn session(args: SessionArgs) -> Result<()> {
         seed: args.shape.seed,
         capacity: args.shape.capacity_bytes()?,
         dtype: args.shape.dtype.dtype(),
+        groups: None,
     };
-    let summary = run_session_bench(&config)?;
+    let summary = if args.ranks.is_single()? {
+        run_session_bench(&config)?
+    } else {
+        headroom_engine::preset::check_mesh(
+            &headroom_engine::EngineConfig {
+                model: config.model.clone(),
+                ..headroom_engine::EngineConfig::default()
+            },
+            args.ranks.mesh()?,
+        )?;
+        let summary = args.ranks.launch(false, |groups| {
+            let config = SessionBenchConfig {
+                groups: Some(groups),
+                ..config.clone()
+            };
+            Ok(run_session_bench(&config)?)
+        })?;
+        match summary {
+            Some(s) => s,
+            None => return Ok(()),
+        }
+    };
     print!("{}", headroom_bench::session::markdown(&summary));
     println!(
         "

@@ -107,3 +107,12 @@ fn mpi_without_an_mpi_build_or_launcher_says_what_is_missing() {
         assert!(err.contains("--features mpi"), "{err}");
     }
 }
+
+#[test]
+fn bench_session_on_a_thread_mesh_reports_every_rank_beside_its_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_headroom"));
+    let ranks = common::bench_session_ranks(&mut cmd, dir.path());
+    assert_eq!(ranks[3]["tp_rank"], 1);
+    assert_eq!(ranks[3]["sp_rank"], 1);
+}

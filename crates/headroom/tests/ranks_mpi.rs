@@ -372,3 +372,16 @@ fn a_sharded_server_streams_sessions_in_a_row_and_every_rank_returns_to_its_floo
     assert!(status.success(), "{status}");
     assert!(tagged_ranks(&tag).is_empty());
 }
+
+#[test]
+fn bench_session_under_mpi_reports_every_rank_beside_its_plan() {
+    let Some(mut cmd) = mpirun() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    cmd.args(["-n", "4", bin()]);
+    let ranks = common::bench_session_ranks(&mut cmd, dir.path());
+    let secs: Vec<f64> = ranks
+        .iter()
+        .map(|r| r["collective_s_per_chunk"].as_f64().unwrap())
+        .collect();
+    println!("seconds in collectives per chunk, by rank: {secs:?}");
+}

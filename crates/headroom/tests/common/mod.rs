@@ -119,3 +119,43 @@ pub fn generate_ranks(report: &serde_json::Value) -> Vec<(u64, u64, u64)> {
     ];
     triples(rows, keys)
 }
+
+/// `bench session` on a mesh: each rank's row, its collectives per chunk beside the
+/// plan's prediction of them.
+pub fn bench_session_ranks(
+    cmd: &mut std::process::Command,
+    out: &std::path::Path,
+) -> Vec<serde_json::Value> {
+    let res = cmd
+        .args(["--threads", "1", "bench", "session", "--model", "tiny"])
+        .args([
+            "--width", "64", "--height", "32", "--frames", "21", "--tp", "2", "--sp", "2",
+        ])
+        .args(["--allocator", "planned", "--policies", "before-decode"])
+        .args([
+            "--reps",
+            "1",
+            "--warmup",
+            "0",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_ok(&res);
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    let ranks = summary["policies"][0]["ranks"].as_array().unwrap().clone();
+    assert_eq!(ranks.len(), 4);
+    for r in &ranks {
+        let moved = r["collective_bytes_per_chunk"].as_f64().unwrap();
+        assert!(moved > 0.0, "{r}");
+        assert_eq!(
+            moved,
+            r["planned_collective_bytes_per_chunk"].as_f64().unwrap(),
+            "{r}"
+        );
+        assert!(r["reserved_peak_bytes"].as_u64() >= r["allocated_peak_bytes"].as_u64());
+    }
+    ranks
+}
