@@ -233,13 +233,9 @@ fn run_once(
         ..EngineConfig::default()
     };
     let engine = match &config.groups {
-        Some(groups) => headroom_mem::CachingPlatform::cpu(
-            engine_config.capacity,
-            engine_config.allocator.clone(),
-            engine_config.reclaim,
-        )
-        .map_err(headroom_engine::EngineError::from)
-        .and_then(|p| Engine::on_mesh(engine_config, Arc::new(p), groups)),
+        Some(groups) => engine_config
+            .cpu_platform()
+            .and_then(|p| Engine::on_mesh(engine_config, p, groups)),
         None => Engine::new(engine_config),
     }
     .map_err(|e| BenchError::InvalidConfig {

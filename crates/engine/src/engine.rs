@@ -96,12 +96,23 @@ pub struct Engine {
     meta: Option<crate::planned::MetaTwin>,
 }
 
+impl EngineConfig {
+    /// A host (`cpu`) platform with this configuration's capacity, allocator and
+    /// reclaim policy: what [`Engine::new`] runs on, and each rank of a mesh.
+    pub fn cpu_platform(&self) -> Result<Arc<dyn Platform>> {
+        Ok(Arc::new(CachingPlatform::cpu(
+            self.capacity,
+            self.allocator.clone(),
+            self.reclaim,
+        )?))
+    }
+}
+
 impl Engine {
     /// An engine on the host (`cpu` platform) with the configured policies.
     pub fn new(config: EngineConfig) -> Result<Self> {
-        let platform =
-            CachingPlatform::cpu(config.capacity, config.allocator.clone(), config.reclaim)?;
-        Self::on(config, Arc::new(platform))
+        let platform = config.cpu_platform()?;
+        Self::on(config, platform)
     }
 
     /// An engine on `platform` (tests use a recording or failing platform).

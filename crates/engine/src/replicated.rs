@@ -19,6 +19,7 @@
 use std::sync::Arc;
 
 use headroom_model::camera::{CameraUpdate, Keys, Trajectory};
+use headroom_model::dit::Sharding;
 use headroom_tensor::comm::Communicator;
 use headroom_tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -98,26 +99,15 @@ pub struct RankMemory {
 impl RankMemory {
     fn of(engine: &Engine) -> Self {
         let stats = engine.platform().memory_stats();
-        let (tp_rank, sp_rank) = engine
-            .transformer()
-            .sharding()
-            .map_or((0, 0), |s| (s.tp.rank(), s.sp.rank()));
-        let world = engine
-            .transformer()
-            .sharding()
-            .map_or(0, |s| s.world_rank());
+        let shard = engine.transformer().sharding();
         Self {
-            rank: world,
-            tp_rank,
-            sp_rank,
+            rank: shard.map_or(0, Sharding::world_rank),
+            tp_rank: shard.map_or(0, |s| s.tp.rank()),
+            sp_rank: shard.map_or(0, |s| s.sp.rank()),
             allocated_peak_bytes: stats.allocated_bytes.all().peak.max(0) as u64,
             reserved_peak_bytes: stats.reserved_bytes.all().peak.max(0) as u64,
             post_session_reserved_bytes: stats.reserved_bytes.all().current.max(0) as u64,
-            collectives: engine
-                .transformer()
-                .sharding()
-                .map(|s| s.meter.totals())
-                .unwrap_or_default(),
+            collectives: shard.map(|s| s.meter.totals()).unwrap_or_default(),
         }
     }
 }
@@ -265,16 +255,11 @@ fn agree(
     world: &dyn Communicator,
     outcome: &std::result::Result<(), String>,
 ) -> Result<Option<(usize, String)>> {
+    // An empty message means success, so a failure always says something.
     let mine = match outcome {
         Ok(()) => Vec::new(),
-        Err(text) => {
-            let text = text.clone();
-            if text.is_empty() {
-                b"error".to_vec()
-            } else {
-                text.into_bytes()
-            }
-        }
+        Err(text) if text.is_empty() => b"error".to_vec(),
+        Err(text) => text.as_bytes().to_vec(),
     };
     let all = world.all_gather_bytes(&mine)?;
     Ok(all

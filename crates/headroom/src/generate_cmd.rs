@@ -16,7 +16,6 @@ use headroom_engine::{
 };
 use headroom_media::{png_frame_path, write_png, Mp4Writer, Y4mWriter};
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
-use headroom_mem::{CachingPlatform, Platform};
 use headroom_model::camera::{Keys, Trajectory};
 use headroom_model::import::lingbot::trajectory_from_dir;
 use headroom_tensor::io::npy::{read_npy, write_npy};
@@ -332,12 +331,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 /// every other rank follows its commands.
 fn rank_main(args: &GenerateArgs, prepared: &Prepared, groups: RankGroups) -> Result<Report> {
     let config = &prepared.config;
-    let platform: Arc<dyn Platform> = Arc::new(CachingPlatform::cpu(
-        config.capacity,
-        config.allocator.clone(),
-        config.reclaim,
-    )?);
-    let engine = Engine::on_mesh(config.clone(), platform, &groups)?;
+    let engine = Engine::on_mesh(config.clone(), config.cpu_platform()?, &groups)?;
     if groups.rank() != 0 {
         replicated::follow(&engine, &groups.world)?;
         return Ok(Report::default());

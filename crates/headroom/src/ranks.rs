@@ -102,8 +102,7 @@ impl RankArgs {
         if self.mesh()? != Mesh::SINGLE {
             return Ok(false);
         }
-        let ranks = mpi_world_size();
-        if headroom_mpi::launched_by_mpi() && ranks > 1 {
+        if let Some(ranks) = headroom_mpi::launched_ranks() {
             bail!(
                 "this process is one of {ranks} that an MPI launcher started, but --tp 1 --sp 1 is one rank: pass --tp and --sp with tp·sp = {ranks}"
             );
@@ -122,10 +121,9 @@ impl RankArgs {
         let mesh = self.mesh()?;
         match self.comm(on_gpu) {
             CommArg::Threads => {
-                if headroom_mpi::launched_by_mpi() && mpi_world_size() > 1 {
+                if let Some(ranks) = headroom_mpi::launched_ranks() {
                     bail!(
-                        "--comm threads runs every rank in one process, but this process is one of {} started by an MPI launcher; use --comm mpi, or start one process",
-                        mpi_world_size()
+                        "--comm threads runs every rank in one process, but this process is one of {ranks} started by an MPI launcher; use --comm mpi, or start one process"
                     );
                 }
                 let mut values = mesh.run_threads(|groups| {
@@ -159,12 +157,4 @@ impl RankArgs {
             ),
         }
     }
-}
-
-/// The world size an MPI launcher announced in the environment (1 if none did).
-fn mpi_world_size() -> usize {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
-        .iter()
-        .find_map(|v| std::env::var(v).ok()?.parse().ok())
-        .unwrap_or(1)
 }

@@ -8,10 +8,7 @@ use clap::Args;
 use std::sync::Arc;
 
 use headroom_engine::{replicated, Engine, EngineConfig};
-use headroom_mem::{
-    parse_size, AllocatorConfig, AllocatorPolicy, CachingPlatform, HostMemory, Platform,
-    ReclaimPolicy,
-};
+use headroom_mem::{parse_size, AllocatorConfig, AllocatorPolicy, HostMemory, ReclaimPolicy};
 use headroom_server::{Defaults, Limits, Server, ServerConfig};
 
 /// Arguments of `headroom serve`.
@@ -199,11 +196,7 @@ fn serve_mesh(args: &ServeArgs, mut engine: EngineConfig, config: ServerConfig) 
     headroom_engine::preset::check_mesh(&engine, mesh)?;
     engine.max_sessions = 1;
     args.ranks.launch(false, |groups| {
-        let platform: Arc<dyn Platform> = Arc::new(CachingPlatform::cpu(
-            engine.capacity,
-            engine.allocator.clone(),
-            engine.reclaim,
-        )?);
+        let platform = engine.cpu_platform()?;
         if groups.rank() != 0 {
             if groups.backend() == "mpi" {
                 // mpirun forwards SIGTERM and Ctrl-C to every rank: rank 0 shuts the

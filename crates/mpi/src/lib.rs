@@ -52,3 +52,12 @@ pub fn launched_by_mpi() -> bool {
     .iter()
     .any(|v| std::env::var_os(v).is_some())
 }
+
+/// The number of processes an MPI launcher started, when it announced more than one in
+/// the environment (`None` for a lone process or no launcher).
+pub fn launched_ranks() -> Option<usize> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .filter(|&n: &usize| n > 1)
+}

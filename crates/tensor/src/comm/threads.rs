@@ -56,8 +56,9 @@ impl Gate {
 #[derive(Debug)]
 struct Shared {
     size: usize,
-    /// `slots[src][dst]`: the bytes `src` sends `dst` in the current exchange.
-    slots: Mutex<Vec<Vec<Vec<u8>>>>,
+    /// `slots[src][dst]`: the bytes `src` sends `dst` in the current exchange (what a
+    /// rank sends every rank, a gather or a broadcast, is one buffer shared by all).
+    slots: Mutex<Vec<Vec<Arc<[u8]>>>>,
     gate: Gate,
 }
 
@@ -71,7 +72,7 @@ impl InProcessGroup {
         let size = size.max(1);
         let shared = Arc::new(Shared {
             size,
-            slots: Mutex::new(vec![vec![Vec::new(); size]; size]),
+            slots: Mutex::new(vec![vec![Arc::from(Vec::new()); size]; size]),
             gate: Gate {
                 state: Mutex::new((0, 0, false)),
                 cv: Condvar::new(),
@@ -99,7 +100,7 @@ pub struct InProcessComm {
 impl InProcessComm {
     /// Sends `outgoing[j]` to rank `j` and returns what every rank sent this one, in
     /// rank order.
-    fn exchange(&self, op: &'static str, outgoing: Vec<Vec<u8>>) -> Result<Vec<Vec<u8>>> {
+    fn exchange(&self, op: &'static str, outgoing: Vec<Arc<[u8]>>) -> Result<Vec<Arc<[u8]>>> {
         {
             let mut slots = self.lock();
             for (dst, bytes) in outgoing.into_iter().enumerate() {
@@ -110,7 +111,7 @@ impl InProcessComm {
         let incoming = {
             let mut slots = self.lock();
             (0..self.shared.size)
-                .map(|src| std::mem::take(&mut slots[src][self.rank]))
+                .map(|src| std::mem::replace(&mut slots[src][self.rank], Arc::from(Vec::new())))
                 .collect()
         };
         // Nobody refills the mailboxes before everyone has emptied theirs.
@@ -118,7 +119,12 @@ impl InProcessComm {
         Ok(incoming)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Vec<Vec<Vec<u8>>>> {
+    /// The same `bytes` for every rank, one buffer.
+    fn to_all(&self, bytes: &[u8]) -> Vec<Arc<[u8]>> {
+        vec![Arc::from(bytes); self.shared.size]
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Vec<Arc<[u8]>>>> {
         self.shared
             .slots
             .lock()
@@ -126,7 +132,7 @@ impl InProcessComm {
     }
 
     /// Copies the `size` received parts into `recv`, checking every rank sent as much.
-    fn fill(op: &'static str, parts: Vec<Vec<u8>>, recv: &mut Tensor) -> Result<()> {
+    fn fill(op: &'static str, parts: Vec<Arc<[u8]>>, recv: &mut Tensor) -> Result<()> {
         let dst = recv_bytes(BACKEND, recv)?;
         let each = dst.len() / parts.len().max(1);
         for (src, (part, out)) in parts.iter().zip(dst.chunks_exact_mut(each)).enumerate() {
@@ -159,18 +165,15 @@ impl Communicator for InProcessComm {
     }
 
     fn exchange_all_gather(&self, send: &Tensor, recv: &mut Tensor) -> Result<()> {
-        let mine = send_bytes(BACKEND, send)?.to_vec();
-        let parts = self.exchange("all_gather", vec![mine; self.shared.size])?;
+        let outgoing = self.to_all(send_bytes(BACKEND, send)?);
+        let parts = self.exchange("all_gather", outgoing)?;
         Self::fill("all_gather", parts, recv)
     }
 
     fn exchange_all_to_all(&self, send: &Tensor, recv: &mut Tensor) -> Result<()> {
         let bytes = send_bytes(BACKEND, send)?;
         let each = bytes.len() / self.shared.size;
-        let outgoing = bytes
-            .chunks_exact(each.max(1))
-            .map(<[u8]>::to_vec)
-            .collect();
+        let outgoing = bytes.chunks_exact(each.max(1)).map(Arc::from).collect();
         let parts = self.exchange("all_to_all", outgoing)?;
         Self::fill("all_to_all", parts, recv)
     }
@@ -186,16 +189,17 @@ impl Communicator for InProcessComm {
             ));
         }
         let outgoing = if self.rank == root {
-            vec![bytes; self.shared.size]
+            self.to_all(&bytes)
         } else {
-            vec![Vec::new(); self.shared.size]
+            self.to_all(&[])
         };
-        let mut incoming = self.exchange("broadcast", outgoing)?;
-        Ok(std::mem::take(&mut incoming[root]))
+        let incoming = self.exchange("broadcast", outgoing)?;
+        Ok(incoming[root].to_vec())
     }
 
     fn all_gather_bytes(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
-        self.exchange("all_gather_bytes", vec![mine.to_vec(); self.shared.size])
+        let incoming = self.exchange("all_gather_bytes", self.to_all(mine))?;
+        Ok(incoming.iter().map(|b| b.to_vec()).collect())
     }
 
     fn abort(&self) {
