@@ -355,13 +355,13 @@ pub fn run_kernel_bench_on(device: &Device, config: &KernelBenchConfig) -> Resul
     Ok(rows)
 }
 
-/// Runs every kernel benchmark on every path this CPU runs (AMX, AVX-512, else the best
-/// one), in f32, near-f32 (AMX only) and bf16.
+/// Runs every kernel benchmark on every path this CPU runs (AMX, AVX512-BF16, AVX-512,
+/// else the best one), in f32, near-f32 (packed bf16 paths only) and bf16.
 pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     use headroom_tensor::kernels::cpu::{self, peak::peak_gflops, CpuPath};
     use headroom_tensor::kernels::gemm::set_near_f32;
     let device = Device::cpu()?;
-    let mut paths: Vec<CpuPath> = [CpuPath::Amx, CpuPath::Avx512]
+    let mut paths: Vec<CpuPath> = [CpuPath::Amx, CpuPath::Avx512Bf16, CpuPath::Avx512]
         .into_iter()
         .filter(|p| p.supported())
         .collect();
@@ -376,13 +376,22 @@ pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
             rule,
         })?;
         let f32_peak = peak_gflops(CpuPath::Avx512, iterations).filter(|_| path >= CpuPath::Avx512);
-        let amx_peak = peak_gflops(CpuPath::Amx, iterations / 8).filter(|_| path == CpuPath::Amx);
+        // bf16 products run at the path's own bf16 peak (tiles or `vdpbf16ps`); the
+        // AVX-512 path rounds operands and multiplies in f32.
+        let bf16_peak = match path {
+            CpuPath::Amx => peak_gflops(CpuPath::Amx, iterations / 8),
+            CpuPath::Avx512Bf16 => peak_gflops(CpuPath::Avx512Bf16, iterations),
+            _ => f32_peak,
+        };
         let mut modes = vec![
             ("f32", DType::F32, false, f32_peak),
-            ("bf16", DType::BF16, false, amx_peak),
+            ("bf16", DType::BF16, false, bf16_peak),
         ];
-        if path == CpuPath::Amx {
-            modes.insert(1, ("near-f32", DType::F32, true, amx_peak.map(|p| p / 3.0)));
+        if path.packs_bf16() {
+            modes.insert(
+                1,
+                ("near-f32", DType::F32, true, bf16_peak.map(|p| p / 3.0)),
+            );
         }
         for (compute, dtype, near, peak) in modes {
             set_near_f32(near);

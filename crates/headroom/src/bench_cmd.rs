@@ -400,12 +400,13 @@ fn kernels(args: KernelsArgs) -> Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::json!({ "threads": headroom_tensor::parallel::num_threads(), "kernels": rows })
+            serde_json::json!({ "cpu": headroom_tensor::kernels::cpu::model_name(), "threads": headroom_tensor::parallel::num_threads(), "kernels": rows })
         );
         return Ok(());
     }
     println!(
-        "best of {} runs each, {} kernel threads; peak = the path's bare arithmetic loop on every thread (near-f32: a third of the AMX peak); gemm crate = one bare f32 gemm call of the FLOP-equivalent shape",
+        "{}: best of {} runs each, {} kernel threads; peak = the path's bare arithmetic loop on every thread (bf16: the tiles' or vdpbf16ps' own; near-f32: a third of it); gemm crate = one bare f32 gemm call of the FLOP-equivalent shape",
+        headroom_tensor::kernels::cpu::model_name(),
         config.reps,
         headroom_tensor::parallel::num_threads()
     );
@@ -452,12 +453,13 @@ fn models(args: ModelsArgs) -> Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::json!({ "threads": headroom_tensor::parallel::num_threads(), "path": headroom_tensor::kernels::cpu::selected().name(), "rows": rows })
+            serde_json::json!({ "cpu": headroom_tensor::kernels::cpu::model_name(), "threads": headroom_tensor::parallel::num_threads(), "path": headroom_tensor::kernels::cpu::selected().name(), "rows": rows })
         );
         return Ok(());
     }
     println!(
-        "one AR block: 3 latent frames at {}x{}, 512 text tokens; best of {} after a warm-up; {} kernel threads, path {}",
+        "{}: one AR block: 3 latent frames at {}x{}, 512 text tokens; best of {} after a warm-up; {} kernel threads, path {}",
+        headroom_tensor::kernels::cpu::model_name(),
         config.width,
         config.height,
         config.reps,

@@ -79,7 +79,20 @@ fn main() {
                 ldc: n,
             };
             headroom_tensor::parallel::run(|| {
-                amx::gemm(m, n, k, &a, &b, dst, false, 1.0, prec, threads, scratch)
+                amx::gemm(
+                    amx::Kernel::current(),
+                    m,
+                    n,
+                    k,
+                    &a,
+                    &b,
+                    dst,
+                    false,
+                    1.0,
+                    prec,
+                    threads,
+                    scratch,
+                )
             })
         })
     };

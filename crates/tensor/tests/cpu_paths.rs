@@ -111,7 +111,7 @@ fn every_supported_path_matches_the_scalar_gemm() {
                     let grow = (k as f32 / 300.0).max(1.0);
                     let tol = grow
                         * match compute {
-                            Compute::NearF32 if path == CpuPath::Amx => 1e-5,
+                            Compute::NearF32 if path.packs_bf16() => 1e-5,
                             Compute::F32 | Compute::NearF32 => 1e-6,
                             Compute::Bf16 => 1e-5,
                         };
@@ -123,7 +123,7 @@ fn every_supported_path_matches_the_scalar_gemm() {
                         }
                         if compute == Compute::Bf16
                             || path == CpuPath::Scalar
-                            || (path == CpuPath::Amx && compute == Compute::NearF32)
+                            || (path.packs_bf16() && compute == Compute::NearF32)
                         {
                             let got =
                                 run(path, m, n, k, a, b_bf, compute, threads, accumulate, alpha);
@@ -165,7 +165,7 @@ fn a_path_gives_the_same_bytes_on_every_call_and_thread_split() {
             let pool = run(path, m, n, k, a, b, compute, Threads::Pool, false, 1.0);
             let again = run(path, m, n, k, a, b, compute, Threads::Pool, false, 1.0);
             assert_eq!(pool, again, "{path} {compute:?} repeats");
-            if path == CpuPath::Amx {
+            if path.packs_bf16() {
                 // Rows are split between threads, never the sum over k.
                 assert_eq!(one, pool, "{path} {compute:?} thread split");
             }
@@ -174,11 +174,17 @@ fn a_path_gives_the_same_bytes_on_every_call_and_thread_split() {
 }
 
 #[test]
-fn near_f32_amx_gemm_is_within_f32_rounding_of_the_exact_product() {
-    if let Some(why) = CpuPath::Amx.unsupported_reason() {
-        eprintln!("skipped: {why}");
-        return;
+fn near_f32_packed_gemm_is_within_f32_rounding_of_the_exact_product() {
+    for path in [CpuPath::Amx, CpuPath::Avx512Bf16] {
+        if let Some(why) = path.unsupported_reason() {
+            eprintln!("skipped {path}: {why}");
+            continue;
+        }
+        near_f32_on(path);
     }
+}
+
+fn near_f32_on(path: CpuPath) {
     let (m, n, k) = (64, 64, 1536);
     let av = values(m * k, 7);
     let bv = values(k * n, 8);
@@ -196,7 +202,7 @@ fn near_f32_amx_gemm_is_within_f32_rounding_of_the_exact_product() {
         d
     };
     let x3 = run(
-        CpuPath::Amx,
+        path,
         m,
         n,
         k,
@@ -208,7 +214,7 @@ fn near_f32_amx_gemm_is_within_f32_rounding_of_the_exact_product() {
         1.0,
     );
     let b16 = run(
-        CpuPath::Amx,
+        path,
         m,
         n,
         k,
@@ -220,7 +226,7 @@ fn near_f32_amx_gemm_is_within_f32_rounding_of_the_exact_product() {
         1.0,
     );
     let (e3, e16) = (max_rel(&x3, &exact), max_rel(&b16, &exact));
-    eprintln!("amx vs f64: near-f32 {e3:.2e}, bf16 {e16:.2e}");
+    eprintln!("{path} vs f64: near-f32 {e3:.2e}, bf16 {e16:.2e}");
     assert!(e3 < 2e-5 && e3 * 50.0 < e16, "near-f32 {e3}, bf16 {e16}");
 }
 
@@ -234,7 +240,7 @@ fn a_packed_linear_weight_gives_the_bits_of_the_plain_one() {
         let w = Tensor::from_f32(&values(out * inp, 7), &[out, inp], DType::BF16, &device)
             .expect("weight");
         let Some(packed) = w.pack_linear().expect("pack") else {
-            eprintln!("skipped: the selected CPU path does not run bf16 products on AMX");
+            eprintln!("skipped: the selected CPU path does not run bf16 products on packed panels");
             return;
         };
         let bias = Tensor::from_f32(&values(out, 8), &[out], DType::F32, &device).expect("bias");

@@ -27,9 +27,9 @@
 
 use rayon::prelude::*;
 
+use super::cpu;
 use super::cpu::amx::{self, Precision};
 use super::cpu::pack::{as_u16, pack_a, pack_b_kstep, Operand, PANEL, TILE_K};
-use super::cpu::{self, CpuPath};
 use super::gemm::{gemm, gemm_scratch_len, Compute, MatRef, Threads};
 use crate::parallel;
 
@@ -225,7 +225,7 @@ struct Plan {
 /// The AMX precision of `p`'s GEMMs when the tiles run them: the weights are then packed
 /// once per call and im2col writes straight into packed B.
 fn amx_precision(p: &Conv3dParams) -> Option<Precision> {
-    if cpu::selected() != CpuPath::Amx {
+    if !cpu::selected().packs_bf16() {
         return None;
     }
     match p.compute {
@@ -755,8 +755,8 @@ mod tests {
 
     #[test]
     fn amx_packed_im2col_gives_the_bytes_of_cols_then_gemm() {
-        if CpuPath::Amx.unsupported_reason().is_some() || cpu::selected() != CpuPath::Amx {
-            eprintln!("skipped: the AMX path is not selected here");
+        if !cpu::selected().packs_bf16() {
+            eprintln!("skipped: no packed bf16 path (amx, avx512bf16) is selected here");
             return;
         }
         // K = 3·27 = 81 (a K tail), 40 output channels (an M tail), tiles of odd widths.

@@ -184,7 +184,7 @@ pub const F32_GEMM_ENV: &str = "HEADROOM_F32_GEMM";
 
 /// Whether f32 compute on `path` runs on the AMX tiles (three part products).
 pub fn f32_uses_amx(path: CpuPath, compute: Compute) -> bool {
-    path == CpuPath::Amx && compute == Compute::NearF32
+    path.packs_bf16() && compute == Compute::NearF32
 }
 
 static NEAR_F32: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
@@ -233,14 +233,14 @@ pub fn gemm_scratch_len_on(
     threads: Threads,
 ) -> usize {
     match (compute, path) {
-        (Compute::Bf16, CpuPath::Amx) => {
+        (Compute::Bf16, CpuPath::Amx | CpuPath::Avx512Bf16) => {
             amx::scratch_len(n, k, Precision::Bf16, threads_of(threads)).div_ceil(2)
         }
-        (Compute::NearF32, CpuPath::Amx) => {
+        (Compute::NearF32, CpuPath::Amx | CpuPath::Avx512Bf16) => {
             amx::scratch_len(n, k, Precision::Bf16x3, threads_of(threads)).div_ceil(2)
         }
         // Rounded f32 copies of both operands.
-        (Compute::Bf16, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Avx2) => m * k + k * n,
+        (Compute::Bf16, CpuPath::Avx512 | CpuPath::Avx2) => m * k + k * n,
         // f32 through the gemm crate: bf16 operands are widened by the caller.
         (Compute::F32 | Compute::NearF32, _) => 0,
         (Compute::Bf16, CpuPath::Scalar) => 0,
@@ -313,12 +313,12 @@ pub fn gemm_on(
     threads: Threads,
     scratch: &mut [f32],
 ) {
-    let amx_precision = match compute {
-        Compute::Bf16 if path == CpuPath::Amx => Some(Precision::Bf16),
-        Compute::NearF32 if path == CpuPath::Amx => Some(Precision::Bf16x3),
+    let packed = match (compute, amx::Kernel::of(path)) {
+        (Compute::Bf16, Some(kernel)) => Some((kernel, Precision::Bf16)),
+        (Compute::NearF32, Some(kernel)) => Some((kernel, Precision::Bf16x3)),
         _ => None,
     };
-    if let Some(precision) = amx_precision {
+    if let Some((kernel, precision)) = packed {
         let dst = Dst {
             data: dst,
             offset: dst_offset,
@@ -326,6 +326,7 @@ pub fn gemm_on(
         };
         let scratch = super::cpu::pack::as_u16(scratch);
         amx::gemm(
+            kernel,
             m,
             n,
             k,

@@ -14,9 +14,9 @@ use half::bf16;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::kernels::activation::{self, Activation};
+use crate::kernels::cpu;
 use crate::kernels::cpu::amx::{self, Precision};
 use crate::kernels::cpu::pack::{as_u16, Operand, PANEL};
-use crate::kernels::cpu::{self, CpuPath};
 use crate::kernels::gemm::{Compute, MatRef};
 use crate::layout::Layout;
 use crate::tensor::Tensor;
@@ -67,7 +67,7 @@ impl Tensor {
         let op = "pack_linear";
         // A GPU device multiplies through cuBLASLt, which takes the plain weight.
         let gpu = self.device().launcher().is_some();
-        if gpu || self.dtype() != DType::BF16 || cpu::selected() != CpuPath::Amx {
+        if gpu || self.dtype() != DType::BF16 || !cpu::selected().packs_bf16() {
             return Ok(None);
         }
         if self.rank() != 2 {

@@ -6,14 +6,14 @@
 //! the output bits equal the generic path's.
 
 use super::{online_softmax, write_rows, AttentionParams, Plan, BLOCK_KV, BLOCK_Q};
+use crate::kernels::cpu;
 use crate::kernels::cpu::amx::{self, Precision};
 use crate::kernels::cpu::pack::{as_u16, pack_a, pack_b, Operand, PANEL};
-use crate::kernels::cpu::{self, CpuPath};
 use crate::kernels::gemm::{Compute, MatRef};
 
 /// The AMX precision of the two products for `compute` when the tiles run them.
 pub(super) fn amx_precision(compute: Compute) -> Option<Precision> {
-    if cpu::selected() != CpuPath::Amx {
+    if !cpu::selected().packs_bf16() {
         return None;
     }
     match compute {

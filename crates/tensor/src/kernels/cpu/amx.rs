@@ -14,6 +14,11 @@
 //! order (K ascending, whatever the blocking), so the bytes do not depend on the thread
 //! that computes them.
 //!
+//! The same loops, packing and epilogues run on CPUs without AMX that have AVX512_BF16:
+//! [`Kernel::Vdp`] computes each 32 × 32 block with `vdpbf16ps` ([`super::vdp`]) instead
+//! of the tiles, with K blocks of [`super::vdp::KC`] k-steps. [`Kernel::current`] picks
+//! by the selected CPU path.
+//!
 //! The tiles need the kernel's permission (`arch_prctl(ARCH_REQ_XCOMP_PERM,
 //! XFEATURE_XTILEDATA)`, asked once per process by [`enable`]) and a tile configuration
 //! per thread, loaded at the start of each task and released at its end.
@@ -51,6 +56,53 @@ pub const B_BLOCK_BYTES: usize = 32 << 20;
 fn panels_per_block(n: usize, k: usize, parts: usize) -> usize {
     let panel_bytes = 2 * packed_len(PANEL, k, parts);
     (B_BLOCK_BYTES / panel_bytes).clamp(1, n.div_ceil(PANEL).max(1))
+}
+
+/// What computes each 32 × 32 block of C.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// AMX tiles (`tdpbf16ps`).
+    Tiles,
+    /// AVX512-BF16 (`vdpbf16ps` on ZMM registers).
+    Vdp,
+}
+
+impl Kernel {
+    /// The kernel of `path`, or `None` where the path has no packed bf16 GEMM.
+    pub fn of(path: super::CpuPath) -> Option<Kernel> {
+        match path {
+            super::CpuPath::Amx => Some(Kernel::Tiles),
+            super::CpuPath::Avx512Bf16 => Some(Kernel::Vdp),
+            _ => None,
+        }
+    }
+
+    /// The kernel of the selected path. Panics where it has none (callers check
+    /// [`super::CpuPath::packs_bf16`] first: an internal bug, never input).
+    pub fn current() -> Kernel {
+        let path = super::selected();
+        Kernel::of(path).unwrap_or_else(|| panic!("the {path} path has no packed bf16 GEMM"))
+    }
+
+    /// Packed k-steps per K block.
+    fn kc(self) -> usize {
+        match self {
+            Kernel::Tiles => KC,
+            Kernel::Vdp => super::vdp::KC,
+        }
+    }
+
+    /// The tile configuration for this thread when the kernel uses tiles.
+    ///
+    /// # Safety
+    /// For [`Kernel::Tiles`], AMX must be enabled for the process ([`enable`]).
+    unsafe fn configure(self) -> Option<Tiles> {
+        match self {
+            // SAFETY: the caller's contract.
+            Kernel::Tiles => Some(unsafe { Tiles::configure() }),
+            Kernel::Vdp => None,
+        }
+    }
 }
 
 /// How f32 operands become bf16 for the tiles.
@@ -137,6 +189,7 @@ unsafe impl Sync for SendPtr {}
 /// The checks both GEMM entries make, and the cases with nothing to multiply: empty
 /// output (nothing to do) or `k = 0` (C becomes 0 unless accumulating). True when done.
 fn entry_is_trivial(
+    kernel: Kernel,
     m: usize,
     n: usize,
     k: usize,
@@ -144,7 +197,13 @@ fn entry_is_trivial(
     accumulate: bool,
     alpha: f32,
 ) -> bool {
-    assert!(enable(), "AMX tiles are not available");
+    match kernel {
+        Kernel::Tiles => assert!(enable(), "AMX tiles are not available"),
+        Kernel::Vdp => assert!(
+            super::CpuPath::Avx512Bf16.supported(),
+            "AVX512_BF16 is not available"
+        ),
+    }
     assert!(alpha == 1.0 || !accumulate, "alpha needs a fresh output");
     if m == 0 || n == 0 {
         return true;
@@ -162,13 +221,14 @@ fn entry_is_trivial(
     k == 0
 }
 
-/// `dst = (accumulate ? dst : 0) + alpha · A[m×k] · B[k×n]` on AMX tiles with `threads`
+/// `dst = (accumulate ? dst : 0) + alpha · A[m×k] · B[k×n]` on `kernel` with `threads`
 /// threads of the kernel pool (1: the calling thread only).
 ///
 /// `alpha` other than 1 needs `accumulate == false`. Panics when AMX was not enabled, a
 /// matrix does not fit its buffer or the scratch is short (internal bugs, never input).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
+    kernel: Kernel,
     m: usize,
     n: usize,
     k: usize,
@@ -182,6 +242,7 @@ pub fn gemm(
     scratch: &mut [u16],
 ) {
     gemm_from(
+        kernel,
         m,
         n,
         k,
@@ -226,6 +287,7 @@ pub fn gemm_prepacked_b(
         "packed B too short"
     );
     gemm_from(
+        Kernel::current(),
         m,
         n,
         k,
@@ -251,6 +313,7 @@ enum BSource<'a> {
 
 #[allow(clippy::too_many_arguments)]
 fn gemm_from(
+    kernel: Kernel,
     m: usize,
     n: usize,
     k: usize,
@@ -264,7 +327,7 @@ fn gemm_from(
     scratch: &mut [u16],
     epilogue: Option<&Epilogue<'_>>,
 ) {
-    if entry_is_trivial(m, n, k, &mut dst, accumulate, alpha) {
+    if entry_is_trivial(kernel, m, n, k, &mut dst, accumulate, alpha) {
         return;
     }
     let threads = threads.max(1);
@@ -292,6 +355,7 @@ fn gemm_from(
     let out_len = dst.data.len() - dst.offset;
     let out = &out;
     let shape = Shape {
+        kernel,
         m,
         n,
         panel_len,
@@ -312,8 +376,9 @@ fn gemm_from(
         let panels_here = rows.len().div_ceil(PANEL);
         let blocks = panels_here.div_ceil(MC / PANEL);
         let block_rows = panels_here.div_ceil(blocks) * PANEL;
-        // SAFETY: AMX was enabled above; the tile configuration is this thread's own.
-        let _tiles = unsafe { Tiles::configure() };
+        // SAFETY: the kernel's instructions were checked above; a tile configuration
+        // is this thread's own.
+        let _tiles = unsafe { kernel.configure() };
         for r0 in rows.clone().step_by(block_rows) {
             let mc = block_rows.min(rows.end - r0);
             for k0 in (0..k).step_by(kb) {
@@ -325,7 +390,7 @@ fn gemm_from(
                     load: accumulate || k0 > 0,
                     last: k0 + kn == k,
                 };
-                // SAFETY: tiles configured; `a_buf` holds rows r0.. over K values
+                // SAFETY: tiles configured (for the tile kernel); `a_buf` holds rows r0.. over K values
                 // k0..k0 + kn packed, `packed_b` the panels; this thread alone writes
                 // rows `rows` of the output (bounds asserted at entry).
                 unsafe {
@@ -395,6 +460,7 @@ pub fn pack_b_panels(
 
 /// What [`multiply`] needs to know of the whole GEMM.
 struct Shape<'e> {
+    kernel: Kernel,
     m: usize,
     n: usize,
     /// `u16` values of one packed B panel.
@@ -438,9 +504,10 @@ unsafe fn multiply(
     out_len: usize,
 ) {
     let count = panels.len();
+    let kc = g.kernel.kc();
     for (i, jb) in panels.enumerate() {
-        for s0 in (0..span.steps).step_by(KC) {
-            let steps = KC.min(span.steps - s0);
+        for s0 in (0..span.steps).step_by(kc) {
+            let steps = kc.min(span.steps - s0);
             let load = span.load || s0 > 0;
             let last = span.last && s0 + steps == span.steps;
             let bp = &packed_b[i * g.panel_len + (span.b_step0 + s0) * KSTEP_LEN..];
@@ -465,8 +532,8 @@ unsafe fn multiply(
                 // (row, col) is inside the output and this thread's (caller).
                 unsafe {
                     block(
-                        ap, bp, pf, out, out_len, g.ldc, row, col, h, w, steps, load, scale,
-                        epilogue,
+                        g.kernel, ap, bp, pf, out, out_len, g.ldc, row, col, h, w, steps, load,
+                        scale, epilogue,
                     )
                 };
             }
@@ -500,7 +567,8 @@ pub fn gemm_packed(
     alpha: f32,
     precision: Precision,
 ) {
-    if entry_is_trivial(m, n, k, &mut dst, accumulate, alpha) {
+    let kernel = Kernel::current();
+    if entry_is_trivial(kernel, m, n, k, &mut dst, accumulate, alpha) {
         return;
     }
     assert!(
@@ -513,6 +581,7 @@ pub fn gemm_packed(
     );
     let (pa, pb) = precision.parts();
     let shape = Shape {
+        kernel,
         m,
         n,
         panel_len: packed_len(PANEL, k, pb.len()),
@@ -528,9 +597,10 @@ pub fn gemm_packed(
     };
     let out_len = dst.data.len() - dst.offset;
     let out = dst.data[dst.offset..].as_mut_ptr();
-    // SAFETY: AMX was enabled above; the tile configuration is this thread's own.
-    let _tiles = unsafe { Tiles::configure() };
-    // SAFETY: tiles configured; the packed buffers hold every row and panel (asserted);
+    // SAFETY: the kernel's instructions were checked above; a tile configuration is
+    // this thread's own.
+    let _tiles = unsafe { kernel.configure() };
+    // SAFETY: tiles configured (for the tile kernel); the packed buffers hold every row and panel (asserted);
     // the output holds the m × n block (asserted) and is borrowed mutably here.
     unsafe {
         multiply(
@@ -555,6 +625,7 @@ pub fn gemm_packed(
 /// in bounds and not accessed by another thread.
 #[allow(clippy::too_many_arguments)]
 unsafe fn block(
+    kernel: Kernel,
     a: &[u16],
     b: &[u16],
     pf: *const u16,
@@ -590,7 +661,7 @@ unsafe fn block(
                     );
                 }
             }
-            tile_kernel(a.as_ptr(), b.as_ptr(), pf, c, ldc * 4, steps, load);
+            run_kernel(kernel, a.as_ptr(), b.as_ptr(), pf, c, ldc * 4, steps, load);
             if scale.is_some() || epilogue.is_some() {
                 let data = std::slice::from_raw_parts_mut(c, (PANEL - 1) * ldc + PANEL);
                 finish(data, ldc, row, col, PANEL, PANEL, scale, epilogue);
@@ -609,7 +680,8 @@ unsafe fn block(
                 tmp[r * PANEL..r * PANEL + w].copy_from_slice(src);
             }
         }
-        tile_kernel(
+        run_kernel(
+            kernel,
             a.as_ptr(),
             b.as_ptr(),
             pf,
@@ -722,6 +794,31 @@ impl Drop for Tiles {
     fn drop(&mut self) {
         // SAFETY: releasing the tile state this thread configured; touches no memory.
         unsafe { std::arch::asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// [`tile_kernel`] or [`super::vdp::kernel`], by `kernel`.
+///
+/// # Safety
+/// As for the kernel run (its instructions available, tiles configured for the tiles).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn run_kernel(
+    kernel: Kernel,
+    a: *const u16,
+    b: *const u16,
+    pf: *const u16,
+    c: *mut f32,
+    ldc_bytes: usize,
+    steps: usize,
+    load: bool,
+) {
+    // SAFETY: the caller's contract, which is each kernel's.
+    unsafe {
+        match kernel {
+            Kernel::Tiles => tile_kernel(a, b, pf, c, ldc_bytes, steps, load),
+            Kernel::Vdp => super::vdp::kernel(a, b, pf, c, ldc_bytes, steps, load),
+        }
     }
 }
 

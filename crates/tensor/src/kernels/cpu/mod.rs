@@ -4,13 +4,15 @@
 //! directly because `is_x86_feature_detected!("amx-bf16")` is not stable), or the one
 //! `HEADROOM_CPU_PATH` names. Every GEMM in the runtime goes through [`crate::kernels::gemm`],
 //! which routes to the file of the chosen path, except where operands stay packed for the
-//! AMX tiles across products (weights packed at load in `ops::packed`, attention's tiles in
-//! `kernels::attention`): those call [`amx`] directly, with the same loops.
+//! bf16 paths (`amx`, `avx512bf16`) across products (weights packed at load in
+//! `ops::packed`, attention's tiles in `kernels::attention`, conv3d's weights): those call
+//! [`amx`] directly, with the same loops and the path's micro-kernel.
 //!
 //! | path | bf16 GEMM | f32 GEMM |
 //! |---|---|---|
 //! | `amx` | AMX tiles (`tdpbf16ps`) | the `gemm` crate; near-f32 (`HEADROOM_F32_GEMM=amx`): AMX, each operand split into a bf16 high and low part (three products) |
-//! | `avx512bf16`, `avx512`, `avx2` | bf16-rounded operands through the `gemm` crate | the `gemm` crate (it picks AVX-512 or AVX2 itself) |
+//! | `avx512bf16` | `vdpbf16ps` on the AMX path's packed panels ([`vdp`]) | the `gemm` crate; near-f32 as on `amx`, with `vdpbf16ps` |
+//! | `avx512`, `avx2` | bf16-rounded operands through the `gemm` crate | the `gemm` crate (it picks AVX-512 or AVX2 itself) |
 //! | `scalar` | plain loops | plain loops |
 //!
 //! Same inputs, path and thread count give the same bytes; different paths round
@@ -20,6 +22,7 @@ pub mod amx;
 pub mod pack;
 pub mod peak;
 pub mod scalar;
+pub mod vdp;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -80,6 +83,12 @@ impl CpuPath {
             CpuPath::Avx512Bf16 => f.avx512 && f.avx512_bf16,
             CpuPath::Amx => f.avx512 && f.amx_bf16 && amx::enable(),
         }
+    }
+
+    /// Whether the path multiplies bf16 on packed panels ([`amx`]'s loops): `amx` and
+    /// `avx512bf16`.
+    pub fn packs_bf16(self) -> bool {
+        amx::Kernel::of(self).is_some()
     }
 
     /// Why the path cannot run here (for test skips), or `None` when it can.
@@ -161,6 +170,43 @@ unsafe fn xgetbv0() -> u64 {
 #[cfg(not(target_arch = "x86_64"))]
 fn detect() -> CpuFeatures {
     CpuFeatures::default()
+}
+
+/// The CPU's model as its brand string says (CPUID leaves 0x8000_0002..4), for the
+/// header of every speed figure; `"unknown CPU"` where it has none.
+pub fn model_name() -> String {
+    static NAME: OnceLock<String> = OnceLock::new();
+    NAME.get_or_init(brand).clone()
+}
+
+#[cfg(target_arch = "x86_64")]
+fn brand() -> String {
+    use std::arch::x86_64::__cpuid;
+    if __cpuid(0x8000_0000).eax < 0x8000_0004 {
+        return "unknown CPU".into();
+    }
+    let mut bytes = Vec::with_capacity(48);
+    for leaf in 0x8000_0002u32..=0x8000_0004 {
+        let r = __cpuid(leaf);
+        for word in [r.eax, r.ebx, r.ecx, r.edx] {
+            bytes.extend_from_slice(&word.to_le_bytes());
+        }
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let name = text
+        .trim_matches(char::from(0))
+        .split_whitespace()
+        .collect::<Vec<_>>();
+    if name.is_empty() {
+        "unknown CPU".into()
+    } else {
+        name.join(" ")
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn brand() -> String {
+    std::env::consts::ARCH.to_string()
 }
 
 /// The best path this CPU supports.
@@ -246,5 +292,14 @@ mod tests {
         assert!(CpuPath::Scalar.supported());
         assert!(best().supported());
         assert!(selected().supported());
+    }
+
+    #[test]
+    fn the_cpu_model_name_is_one_clean_line() {
+        let name = model_name();
+        assert!(
+            !name.is_empty() && !name.contains('\0') && !name.contains("  "),
+            "{name:?}"
+        );
     }
 }

@@ -1,0 +1,121 @@
+//! The AVX512-BF16 micro-kernel: one 32 × 32 block of C from the packed panels the AMX
+//! tiles read, with `vdpbf16ps` on ZMM registers (Intel Cooper Lake, Sapphire Rapids and
+//! later; AMD Zen 4 and Zen 5).
+//!
+//! A packed k-step (see [`super::pack`]) holds 32 rows of A as two 16-row halves, each
+//! row 32 bf16 values (16 pairs of consecutive k), and 32 columns of B as two 16-column
+//! halves, each of 16 pair rows of 16 columns × 2 k values: a pair row of B is exactly one
+//! `vdpbf16ps` operand, and one pair of an A row broadcast to all 16 lanes is the other.
+//! The block is computed in four bands of [`BAND`] rows: 16 f32 accumulators (8 rows × 2
+//! column halves) stay in registers over every k-step of the call, fed by two B loads and
+//! eight A broadcasts per pair. Every element sums its pairs in one fixed order (k
+//! ascending), so the bytes do not depend on the blocking or the thread.
+
+/// Rows of C one pass of the kernel keeps in registers (× 32 columns).
+const BAND: usize = 8;
+
+/// Packed k-steps per K block on this path: the B sub-panel of a block (16 KiB) stays in
+/// the 32 KiB L1 while the A panels of the block pass it.
+pub const KC: usize = 8;
+
+/// C (32 × 32 f32 at `c`, rows `ldc_bytes` apart) `(load ? C : 0) +=` A panel · B panel
+/// over `steps` packed k-steps, prefetching four cache lines per k-step at `pf`.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512_BF16; `a` and `b` point at `steps` packed k-steps
+/// (2,048 bytes each); the 32 rows of 128 bytes at `c` are writable; `steps ≥ 1`. `pf`
+/// may point anywhere (a prefetch never faults).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub unsafe fn kernel(
+    a: *const u16,
+    b: *const u16,
+    pf: *const u16,
+    c: *mut f32,
+    ldc_bytes: usize,
+    steps: usize,
+    load: bool,
+) {
+    for band in 0..32 / BAND {
+        // SAFETY: the caller's contract; band rows lie inside the block.
+        unsafe { band_kernel(a, b, pf, c, ldc_bytes, steps, load, band * BAND) };
+    }
+}
+
+/// Rows `r0..r0 + BAND` of [`kernel`]'s block.
+///
+/// # Safety
+/// As for [`kernel`]; `r0 + BAND ≤ 32` and `r0` is a multiple of [`BAND`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn band_kernel(
+    a: *const u16,
+    b: *const u16,
+    pf: *const u16,
+    c: *mut f32,
+    ldc_bytes: usize,
+    steps: usize,
+    load: bool,
+    r0: usize,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: every pointer below stays inside the caller's buffers: C rows r0..r0 + 8
+    // (columns 0..32), A rows r0..r0 + 8 of each k-step (half r0 / 16, row r0 % 16 on),
+    // B's two halves of each k-step.
+    unsafe {
+        let row = |r: usize| c.cast::<u8>().add((r0 + r) * ldc_bytes).cast::<f32>();
+        let mut acc = [[_mm512_setzero_ps(); 2]; BAND];
+        if load {
+            for (r, pair) in acc.iter_mut().enumerate() {
+                pair[0] = _mm512_loadu_ps(row(r));
+                pair[1] = _mm512_loadu_ps(row(r).add(16));
+            }
+        }
+        // A rows of this band within a k-step: half r0 / 16 (1,024 bytes each), row r0 % 16.
+        let a_band = a.add((r0 / 16) * 512 + (r0 % 16) * 32);
+        for s in 0..steps {
+            let ap = a_band.add(s * 1024);
+            let bp = b.add(s * 1024);
+            if r0 == 0 {
+                let p = pf.add(s * 128).cast::<i8>();
+                _mm_prefetch::<_MM_HINT_T0>(p);
+                _mm_prefetch::<_MM_HINT_T0>(p.add(64));
+                _mm_prefetch::<_MM_HINT_T0>(p.add(128));
+                _mm_prefetch::<_MM_HINT_T0>(p.add(192));
+            }
+            for p in 0..16 {
+                let b0: __m512bh = std::mem::transmute(_mm512_loadu_ps(bp.add(p * 32).cast()));
+                let b1: __m512bh =
+                    std::mem::transmute(_mm512_loadu_ps(bp.add(512 + p * 32).cast()));
+                for (r, pair) in acc.iter_mut().enumerate() {
+                    let bits = ap.add(r * 32 + p * 2).cast::<i32>().read_unaligned();
+                    let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(bits));
+                    pair[0] = _mm512_dpbf16_ps(pair[0], x, b0);
+                    pair[1] = _mm512_dpbf16_ps(pair[1], x, b1);
+                }
+            }
+        }
+        for (r, pair) in acc.iter().enumerate() {
+            _mm512_storeu_ps(row(r), pair[0]);
+            _mm512_storeu_ps(row(r).add(16), pair[1]);
+        }
+    }
+}
+
+/// Without x86-64 there is no such kernel; the path is never selected there.
+///
+/// # Safety
+/// Never called: [`super::CpuPath::Avx512Bf16`] is unsupported off x86-64.
+#[cfg(not(target_arch = "x86_64"))]
+pub unsafe fn kernel(
+    _a: *const u16,
+    _b: *const u16,
+    _pf: *const u16,
+    _c: *mut f32,
+    _ldc_bytes: usize,
+    _steps: usize,
+    _load: bool,
+) {
+    unreachable!("the AVX512-BF16 kernel runs on x86-64 only")
+}
