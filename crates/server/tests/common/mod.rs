@@ -195,9 +195,27 @@ pub struct Streamed {
 /// Reads until `session.done` (the end) or the server closes the socket (the end is then
 /// the last `error`).
 pub async fn stream_to_end(ws: &mut Ws) -> Streamed {
+    stream_to_end_pinging(ws, None).await
+}
+
+/// [`stream_to_end`], sending `session.ping` every `every` while it waits, so that how
+/// long a chunk takes on this machine never counts as a stall.
+pub async fn stream_to_end_pinging(ws: &mut Ws, every: Option<std::time::Duration>) -> Streamed {
     let mut out = Streamed::default();
     loop {
-        match recv(ws).await {
+        let message = match every {
+            None => recv(ws).await,
+            Some(every) => {
+                tokio::select! {
+                    m = recv(ws) => m,
+                    _ = tokio::time::sleep(every) => {
+                        send(ws, serde_json::json!({"type": "session.ping"})).await;
+                        continue;
+                    }
+                }
+            }
+        };
+        match message {
             In::Json(v) => match v["type"].as_str() {
                 Some("video.chunk_metadata") => {
                     out.metadata.push(v);
