@@ -208,7 +208,8 @@ fn bench_kernels_prints_every_kernel_per_path_and_compute() {
             .iter()
             .map(|k| k["name"].as_str().unwrap().split(' ').next().unwrap())
             .collect();
-        let packed = group[0]["path"] == "amx" && group[0]["compute"] == "bf16";
+        let packed = (group[0]["path"] == "amx" || group[0]["path"] == "avx512bf16")
+            && group[0]["compute"] == "bf16";
         let want: &[&str] = if packed {
             &[
                 "matmul",
