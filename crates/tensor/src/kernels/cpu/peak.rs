@@ -69,138 +69,91 @@ fn amx_loop(iterations: usize) -> f64 {
     (iterations.max(1) * 4 * 16 * 16 * 32 * 2) as f64
 }
 
-/// `iterations` rounds of 24 independent 16-lane FMAs (enough chains to hide the latency of a
-/// core that runs two 512-bit FMAs per cycle, or one as two 256-bit halves); FLOPs done.
+/// `iterations` rounds of `$op` on 24 independent ZMM accumulators (enough chains to
+/// hide the latency of a core that runs two 512-bit ops per cycle, or one as two 256-bit
+/// halves), on registers only.
+///
+/// # Safety
+/// The CPU runs `$op`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! zmm_loop {
+    ($op:literal, $iterations:expr) => {
+        std::arch::asm!(
+                "vxorps zmm0, zmm0, zmm0",
+                "vxorps zmm1, zmm1, zmm1",
+                "vxorps zmm2, zmm2, zmm2",
+                "vxorps zmm3, zmm3, zmm3",
+                "vxorps zmm4, zmm4, zmm4",
+                "vxorps zmm5, zmm5, zmm5",
+                "vxorps zmm6, zmm6, zmm6",
+                "vxorps zmm7, zmm7, zmm7",
+                "vxorps zmm8, zmm8, zmm8",
+                "vxorps zmm9, zmm9, zmm9",
+                "vxorps zmm10, zmm10, zmm10",
+                "vxorps zmm11, zmm11, zmm11",
+                "vxorps zmm12, zmm12, zmm12",
+                "vxorps zmm13, zmm13, zmm13",
+                "vxorps zmm14, zmm14, zmm14",
+                "vxorps zmm15, zmm15, zmm15",
+                "vxorps zmm16, zmm16, zmm16",
+                "vxorps zmm17, zmm17, zmm17",
+                "vxorps zmm18, zmm18, zmm18",
+                "vxorps zmm19, zmm19, zmm19",
+                "vxorps zmm20, zmm20, zmm20",
+                "vxorps zmm21, zmm21, zmm21",
+                "vxorps zmm22, zmm22, zmm22",
+                "vxorps zmm23, zmm23, zmm23",
+                "vxorps zmm24, zmm24, zmm24",
+                "vxorps zmm25, zmm25, zmm25",
+                "2:",
+                concat!($op, " zmm0, zmm24, zmm25"),
+                concat!($op, " zmm1, zmm24, zmm25"),
+                concat!($op, " zmm2, zmm24, zmm25"),
+                concat!($op, " zmm3, zmm24, zmm25"),
+                concat!($op, " zmm4, zmm24, zmm25"),
+                concat!($op, " zmm5, zmm24, zmm25"),
+                concat!($op, " zmm6, zmm24, zmm25"),
+                concat!($op, " zmm7, zmm24, zmm25"),
+                concat!($op, " zmm8, zmm24, zmm25"),
+                concat!($op, " zmm9, zmm24, zmm25"),
+                concat!($op, " zmm10, zmm24, zmm25"),
+                concat!($op, " zmm11, zmm24, zmm25"),
+                concat!($op, " zmm12, zmm24, zmm25"),
+                concat!($op, " zmm13, zmm24, zmm25"),
+                concat!($op, " zmm14, zmm24, zmm25"),
+                concat!($op, " zmm15, zmm24, zmm25"),
+                concat!($op, " zmm16, zmm24, zmm25"),
+                concat!($op, " zmm17, zmm24, zmm25"),
+                concat!($op, " zmm18, zmm24, zmm25"),
+                concat!($op, " zmm19, zmm24, zmm25"),
+                concat!($op, " zmm20, zmm24, zmm25"),
+                concat!($op, " zmm21, zmm24, zmm25"),
+                concat!($op, " zmm22, zmm24, zmm25"),
+                concat!($op, " zmm23, zmm24, zmm25"),
+                "dec {n}",
+                "jnz 2b",
+                n = inout(reg) $iterations => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _, out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _, out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _, out("zmm24") _, out("zmm25") _,
+                options(nostack, nomem),
+        )
+    };
+}
+
+/// `iterations` rounds of 24 independent 16-lane FMAs; FLOPs done.
 #[cfg(target_arch = "x86_64")]
 fn avx512_loop(iterations: usize) -> f64 {
     // SAFETY: the caller checked AVX-512 support; only registers are touched.
-    unsafe {
-        std::arch::asm!(
-            "vxorps zmm0, zmm0, zmm0",
-            "vxorps zmm1, zmm1, zmm1",
-            "vxorps zmm2, zmm2, zmm2",
-            "vxorps zmm3, zmm3, zmm3",
-            "vxorps zmm4, zmm4, zmm4",
-            "vxorps zmm5, zmm5, zmm5",
-            "vxorps zmm6, zmm6, zmm6",
-            "vxorps zmm7, zmm7, zmm7",
-            "vxorps zmm8, zmm8, zmm8",
-            "vxorps zmm9, zmm9, zmm9",
-            "vxorps zmm10, zmm10, zmm10",
-            "vxorps zmm11, zmm11, zmm11",
-            "vxorps zmm12, zmm12, zmm12",
-            "vxorps zmm13, zmm13, zmm13",
-            "vxorps zmm14, zmm14, zmm14",
-            "vxorps zmm15, zmm15, zmm15",
-            "vxorps zmm16, zmm16, zmm16",
-            "vxorps zmm17, zmm17, zmm17",
-            "vxorps zmm18, zmm18, zmm18",
-            "vxorps zmm19, zmm19, zmm19",
-            "vxorps zmm20, zmm20, zmm20",
-            "vxorps zmm21, zmm21, zmm21",
-            "vxorps zmm22, zmm22, zmm22",
-            "vxorps zmm23, zmm23, zmm23",
-            "vxorps zmm24, zmm24, zmm24",
-            "vxorps zmm25, zmm25, zmm25",
-            "2:",
-            "vfmadd231ps zmm0, zmm24, zmm25",
-            "vfmadd231ps zmm1, zmm24, zmm25",
-            "vfmadd231ps zmm2, zmm24, zmm25",
-            "vfmadd231ps zmm3, zmm24, zmm25",
-            "vfmadd231ps zmm4, zmm24, zmm25",
-            "vfmadd231ps zmm5, zmm24, zmm25",
-            "vfmadd231ps zmm6, zmm24, zmm25",
-            "vfmadd231ps zmm7, zmm24, zmm25",
-            "vfmadd231ps zmm8, zmm24, zmm25",
-            "vfmadd231ps zmm9, zmm24, zmm25",
-            "vfmadd231ps zmm10, zmm24, zmm25",
-            "vfmadd231ps zmm11, zmm24, zmm25",
-            "vfmadd231ps zmm12, zmm24, zmm25",
-            "vfmadd231ps zmm13, zmm24, zmm25",
-            "vfmadd231ps zmm14, zmm24, zmm25",
-            "vfmadd231ps zmm15, zmm24, zmm25",
-            "vfmadd231ps zmm16, zmm24, zmm25",
-            "vfmadd231ps zmm17, zmm24, zmm25",
-            "vfmadd231ps zmm18, zmm24, zmm25",
-            "vfmadd231ps zmm19, zmm24, zmm25",
-            "vfmadd231ps zmm20, zmm24, zmm25",
-            "vfmadd231ps zmm21, zmm24, zmm25",
-            "vfmadd231ps zmm22, zmm24, zmm25",
-            "vfmadd231ps zmm23, zmm24, zmm25",
-            "dec {n}",
-            "jnz 2b",
-            n = inout(reg) iterations.max(1) => _,
-            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _, out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _, out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _, out("zmm24") _, out("zmm25") _,
-            options(nostack, nomem),
-        );
-    }
+    unsafe { zmm_loop!("vfmadd231ps", iterations.max(1)) };
     (iterations.max(1) * 24 * 16 * 2) as f64
 }
 
-/// `iterations` rounds of 24 independent `vdpbf16ps` (16 lanes × 2 bf16 products each); FLOPs done.
+/// `iterations` rounds of 24 independent `vdpbf16ps` (16 lanes × 2 bf16 products each);
+/// FLOPs done.
 #[cfg(target_arch = "x86_64")]
 fn avx512bf16_loop(iterations: usize) -> f64 {
-    // SAFETY: the caller checked AVX-512 and AVX512_BF16 support; only registers are touched.
-    unsafe {
-        std::arch::asm!(
-            "vxorps zmm0, zmm0, zmm0",
-            "vxorps zmm1, zmm1, zmm1",
-            "vxorps zmm2, zmm2, zmm2",
-            "vxorps zmm3, zmm3, zmm3",
-            "vxorps zmm4, zmm4, zmm4",
-            "vxorps zmm5, zmm5, zmm5",
-            "vxorps zmm6, zmm6, zmm6",
-            "vxorps zmm7, zmm7, zmm7",
-            "vxorps zmm8, zmm8, zmm8",
-            "vxorps zmm9, zmm9, zmm9",
-            "vxorps zmm10, zmm10, zmm10",
-            "vxorps zmm11, zmm11, zmm11",
-            "vxorps zmm12, zmm12, zmm12",
-            "vxorps zmm13, zmm13, zmm13",
-            "vxorps zmm14, zmm14, zmm14",
-            "vxorps zmm15, zmm15, zmm15",
-            "vxorps zmm16, zmm16, zmm16",
-            "vxorps zmm17, zmm17, zmm17",
-            "vxorps zmm18, zmm18, zmm18",
-            "vxorps zmm19, zmm19, zmm19",
-            "vxorps zmm20, zmm20, zmm20",
-            "vxorps zmm21, zmm21, zmm21",
-            "vxorps zmm22, zmm22, zmm22",
-            "vxorps zmm23, zmm23, zmm23",
-            "vxorps zmm24, zmm24, zmm24",
-            "vxorps zmm25, zmm25, zmm25",
-            "2:",
-            "vdpbf16ps zmm0, zmm24, zmm25",
-            "vdpbf16ps zmm1, zmm24, zmm25",
-            "vdpbf16ps zmm2, zmm24, zmm25",
-            "vdpbf16ps zmm3, zmm24, zmm25",
-            "vdpbf16ps zmm4, zmm24, zmm25",
-            "vdpbf16ps zmm5, zmm24, zmm25",
-            "vdpbf16ps zmm6, zmm24, zmm25",
-            "vdpbf16ps zmm7, zmm24, zmm25",
-            "vdpbf16ps zmm8, zmm24, zmm25",
-            "vdpbf16ps zmm9, zmm24, zmm25",
-            "vdpbf16ps zmm10, zmm24, zmm25",
-            "vdpbf16ps zmm11, zmm24, zmm25",
-            "vdpbf16ps zmm12, zmm24, zmm25",
-            "vdpbf16ps zmm13, zmm24, zmm25",
-            "vdpbf16ps zmm14, zmm24, zmm25",
-            "vdpbf16ps zmm15, zmm24, zmm25",
-            "vdpbf16ps zmm16, zmm24, zmm25",
-            "vdpbf16ps zmm17, zmm24, zmm25",
-            "vdpbf16ps zmm18, zmm24, zmm25",
-            "vdpbf16ps zmm19, zmm24, zmm25",
-            "vdpbf16ps zmm20, zmm24, zmm25",
-            "vdpbf16ps zmm21, zmm24, zmm25",
-            "vdpbf16ps zmm22, zmm24, zmm25",
-            "vdpbf16ps zmm23, zmm24, zmm25",
-            "dec {n}",
-            "jnz 2b",
-            n = inout(reg) iterations.max(1) => _,
-            out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _, out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _, out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _, out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _, out("zmm16") _, out("zmm17") _, out("zmm18") _, out("zmm19") _, out("zmm20") _, out("zmm21") _, out("zmm22") _, out("zmm23") _, out("zmm24") _, out("zmm25") _,
-            options(nostack, nomem),
-        );
-    }
+    // SAFETY: the caller checked AVX-512 and AVX512_BF16 support; only registers are
+    // touched.
+    unsafe { zmm_loop!("vdpbf16ps", iterations.max(1)) };
     (iterations.max(1) * 24 * 16 * 2 * 2) as f64
 }
 
