@@ -224,8 +224,9 @@ fn entry_is_trivial(
 /// `dst = (accumulate ? dst : 0) + alpha · A[m×k] · B[k×n]` on `kernel` with `threads`
 /// threads of the kernel pool (1: the calling thread only).
 ///
-/// `alpha` other than 1 needs `accumulate == false`. Panics when AMX was not enabled, a
-/// matrix does not fit its buffer or the scratch is short (internal bugs, never input).
+/// `alpha` other than 1 needs `accumulate == false`. Panics when the kernel cannot run
+/// here, a matrix does not fit its buffer or the scratch is short (internal bugs, never
+/// input).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm(
     kernel: Kernel,

@@ -9,7 +9,8 @@
 //! The block is computed in four bands of [`BAND`] rows: 16 f32 accumulators (8 rows × 2
 //! column halves) stay in registers over every k-step of the call, fed by two B loads and
 //! eight A broadcasts per pair. Every element sums its pairs in one fixed order (k
-//! ascending), so the bytes do not depend on the blocking or the thread.
+//! ascending), so the bytes do not depend on the blocking or the thread. x86-64 only, as
+//! the tile kernel beside it.
 
 /// Rows of C one pass of the kernel keeps in registers (× 32 columns).
 const BAND: usize = 8;
@@ -25,7 +26,6 @@ pub const KC: usize = 8;
 /// The CPU has AVX-512F and AVX512_BF16; `a` and `b` point at `steps` packed k-steps
 /// (2,048 bytes each); the 32 rows of 128 bytes at `c` are writable; `steps ≥ 1`. `pf`
 /// may point anywhere (a prefetch never faults).
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 pub unsafe fn kernel(
     a: *const u16,
@@ -46,7 +46,6 @@ pub unsafe fn kernel(
 ///
 /// # Safety
 /// As for [`kernel`]; `r0 + BAND ≤ 32` and `r0` is a multiple of [`BAND`].
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn band_kernel(
@@ -101,21 +100,4 @@ unsafe fn band_kernel(
             _mm512_storeu_ps(row(r).add(16), pair[1]);
         }
     }
-}
-
-/// Without x86-64 there is no such kernel; the path is never selected there.
-///
-/// # Safety
-/// Never called: [`super::CpuPath::Avx512Bf16`] is unsupported off x86-64.
-#[cfg(not(target_arch = "x86_64"))]
-pub unsafe fn kernel(
-    _a: *const u16,
-    _b: *const u16,
-    _pf: *const u16,
-    _c: *mut f32,
-    _ldc_bytes: usize,
-    _steps: usize,
-    _load: bool,
-) {
-    unreachable!("the AVX512-BF16 kernel runs on x86-64 only")
 }
