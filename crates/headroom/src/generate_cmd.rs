@@ -2,19 +2,20 @@
 //! as Y4M or PNG frames, with its memory story.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
+use crate::outputs::{commit_all, Output};
 use crate::ranks::RankArgs;
 use crate::session_args::SessionShape;
 use headroom_engine::replicated::{self, LeadSession, RankMemory};
 use headroom_engine::{
     Chunk, Engine, EngineConfig, LatentRecorder, NoiseSource, RankGroups, Session, SessionRequest,
 };
-use headroom_media::{png_frame_path, write_png, Mp4Writer, Y4mWriter};
+use headroom_media::{write_png, Mp4Writer, Y4mWriter};
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
 use headroom_model::camera::{Keys, Trajectory};
 use headroom_model::import::lingbot::trajectory_from_dir;
@@ -125,24 +126,41 @@ enum Sink {
     Png(PathBuf, usize),
 }
 
-impl Sink {
-    fn create(out: &Path, width: usize, height: usize) -> Result<Self> {
-        if out.extension().is_some_and(|e| e == "mp4") {
-            Ok(Sink::Mp4(Box::new(Mp4Writer::create(
-                out, width, height, FPS,
-            )?)))
-        } else if out.extension().is_some_and(|e| e == "y4m") {
-            Ok(Sink::Y4m(Y4mWriter::create(out, width, height, FPS)?))
-        } else if out.extension().is_some() {
-            bail!(
-                "--out {}: use a .mp4 or .y4m file, or a directory for PNG frames",
+/// The kind of video `--out` names, from its extension.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum VideoKind {
+    Mp4,
+    Y4m,
+    PngFrames,
+}
+
+impl VideoKind {
+    fn of(out: &Path) -> Result<Self> {
+        match out.extension().and_then(|e| e.to_str()) {
+            Some("mp4") => Ok(VideoKind::Mp4),
+            Some("y4m") => Ok(VideoKind::Y4m),
+            None => Ok(VideoKind::PngFrames),
+            Some(_) => bail!(
+                "--out {}: use a .mp4 or .y4m file, or a folder (no extension) for PNG frames",
                 out.display()
-            );
-        } else {
-            std::fs::create_dir_all(out)
-                .with_context(|| format!("--out {}: cannot create the directory", out.display()))?;
-            Ok(Sink::Png(out.to_path_buf(), 0))
+            ),
         }
+    }
+}
+
+impl Sink {
+    /// A writer of `kind` at `path` (the output's partial name).
+    fn create(kind: VideoKind, path: &Path, width: usize, height: usize) -> Result<Self> {
+        Ok(match kind {
+            VideoKind::Mp4 => Sink::Mp4(Box::new(Mp4Writer::create(path, width, height, FPS)?)),
+            VideoKind::Y4m => Sink::Y4m(Y4mWriter::create(path, width, height, FPS)?),
+            VideoKind::PngFrames => {
+                std::fs::create_dir_all(path).with_context(|| {
+                    format!("--out {}: cannot create the folder", path.display())
+                })?;
+                Sink::Png(path.to_path_buf(), 0)
+            }
+        })
     }
 
     fn write(&mut self, frame: &[u8], width: usize, height: usize) -> Result<()> {
@@ -169,21 +187,37 @@ impl Sink {
         }
         Ok(())
     }
+}
 
-    /// Removes what this run wrote, so a failed run leaves no partial output behind.
-    fn discard(self, out: &Path) {
-        match self {
-            Sink::Png(dir, written) => {
-                for i in 0..written {
-                    let _ = std::fs::remove_file(png_frame_path(&dir, i));
-                }
-                let _ = std::fs::remove_dir(&dir);
+/// Every file the run writes, checked before any weights load.
+struct Outputs {
+    kind: VideoKind,
+    video: Output,
+    latents: Option<Output>,
+    trace: Option<Output>,
+}
+
+impl Outputs {
+    fn check(args: &GenerateArgs, width: usize, height: usize) -> Result<Self> {
+        let kind = VideoKind::of(&args.out)?;
+        let video = match kind {
+            VideoKind::Mp4 => {
+                headroom_media::check_h264_size(width, height, FPS)
+                    .with_context(|| format!("--out {}", args.out.display()))?;
+                Output::file("--out", &args.out)?
             }
-            file => {
-                drop(file);
-                let _ = std::fs::remove_file(out);
-            }
-        }
+            VideoKind::Y4m => Output::file("--out", &args.out)?,
+            VideoKind::PngFrames => Output::dir("--out", &args.out)?,
+        };
+        let file = |field, path: &Option<PathBuf>| {
+            path.as_deref().map(|p| Output::file(field, p)).transpose()
+        };
+        Ok(Self {
+            kind,
+            video,
+            latents: file("--dump-latents", &args.dump_latents)?,
+            trace: file("--trace", &args.trace)?,
+        })
     }
 }
 
@@ -245,6 +279,8 @@ struct Prepared {
     height: usize,
     actions: Vec<Keys>,
     trajectory: Option<Trajectory>,
+    /// The files the run writes (rank 0 writes them).
+    outputs: Mutex<Outputs>,
 }
 
 fn prepare(args: &GenerateArgs) -> Result<Prepared> {
@@ -282,6 +318,7 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
         weight_dtype: args.shape.dtype.dtype(),
         ..EngineConfig::default()
     };
+    let outputs = Mutex::new(Outputs::check(args, width, height)?);
     Ok(Prepared {
         config,
         reclaim,
@@ -289,11 +326,13 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
         height,
         actions,
         trajectory,
+        outputs,
     })
 }
 
 /// Runs `headroom generate`.
 pub fn run(args: GenerateArgs) -> Result<()> {
+    crate::outputs::stop_on_signals("generate")?;
     let prepared = prepare(&args)?;
     let on_gpu = args.shape.device != crate::device_arg::DeviceArg::Cpu;
     if args.ranks.is_single()? {
@@ -466,8 +505,13 @@ where
     let start = Instant::now();
     // The request is validated (and admitted) before any output exists.
     let mut session = open(request)?;
-    let mut sink = Sink::create(&args.out, width, height)?;
+    let mut outputs = prepared
+        .outputs
+        .lock()
+        .map_err(|_| anyhow::anyhow!("the outputs' lock was poisoned"))?;
+    let mut sink = Sink::create(outputs.kind, outputs.video.open(), width, height)?;
     let total = session.chunks_total();
+    crate::outputs::set_progress(0, total);
     let progress = ProgressBar::new(total as u64);
     progress.set_style(
         ProgressStyle::with_template("{spinner} chunk {pos}/{len} [{bar:30}] {msg}")
@@ -494,6 +538,7 @@ where
                 sink.write(f, w, h)?;
             }
             frames += n;
+            crate::outputs::set_progress(i + 1, total);
             chunk_reports.push(serde_json::json!({
                 "frames": n,
                 "total_s": secs,
@@ -525,22 +570,28 @@ where
             Err(e)
         }
     };
-    let ranks = match ranks {
-        Ok(r) => r,
-        Err(e) => {
-            sink.discard(&args.out);
-            return Err(e);
-        }
-    };
+    // On any failure the outputs' partial files go with them (Output's drop).
+    let ranks = ranks?;
     sink.finish()?;
-    if let (Some(path), Some(recorder)) = (&args.dump_latents, &recorder) {
-        write_npy(path, &recorder.stacked(&device)?)
-            .with_context(|| format!("--dump-latents {}: cannot write it", path.display()))?;
+    let Outputs {
+        video,
+        latents,
+        trace,
+        ..
+    } = &mut *outputs;
+    if let (Some(out), Some(recorder)) = (latents.as_mut(), &recorder) {
+        write_npy(out.open(), &recorder.stacked(&device)?).with_context(|| {
+            format!("--dump-latents {}: cannot write it", out.target().display())
+        })?;
     }
-    if let Some(path) = &args.trace {
-        std::fs::write(path, platform.allocator().snapshot().to_pickle())
-            .with_context(|| format!("--trace {}: cannot write it", path.display()))?;
+    if let Some(out) = trace.as_mut() {
+        std::fs::write(out.open(), platform.allocator().snapshot().to_pickle())
+            .with_context(|| format!("--trace {}: cannot write it", out.target().display()))?;
     }
+    let mut all: Vec<&mut Output> = vec![video];
+    all.extend(latents.as_mut());
+    all.extend(trace.as_mut());
+    commit_all(&mut all)?;
     let stats = platform.memory_stats();
     let mean = chunk_times.iter().sum::<f64>() / chunk_times.len().max(1) as f64;
     let text_report = engine.text_report();

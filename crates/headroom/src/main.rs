@@ -8,6 +8,7 @@ mod dit_cmd;
 mod dtype_arg;
 mod generate_cmd;
 mod mem_cmd;
+mod outputs;
 mod plan_cmd;
 mod ranks;
 mod serve_cmd;

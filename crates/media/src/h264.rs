@@ -26,7 +26,7 @@ pub(crate) struct EncodedFrame {
 }
 
 /// Checks that `width × height` at `fps` can be encoded, naming the problem otherwise.
-fn validate(width: usize, height: usize, fps: u32) -> Result<()> {
+pub fn check_h264_size(width: usize, height: usize, fps: u32) -> Result<()> {
     let reason = if width == 0 || height == 0 {
         Some("width and height must be positive")
     } else if !width.is_multiple_of(2) || !height.is_multiple_of(2) {
@@ -75,7 +75,7 @@ impl std::fmt::Debug for H264Encoder {
 impl H264Encoder {
     /// Creates an encoder for `width × height` RGB frames at `fps`.
     pub(crate) fn new(width: usize, height: usize, fps: u32) -> Result<Self> {
-        validate(width, height, fps)?;
+        check_h264_size(width, height, fps)?;
         let config = EncoderConfig::new()
             // Constant quality (OpenH264's QP 26) instead of a bitrate target: rate
             // control without frame skipping cannot hold a bitrate anyway (OpenH264

@@ -6,6 +6,7 @@
 mod h264;
 pub mod mp4;
 
+pub use h264::check_h264_size;
 pub use mp4::{FragmentedMp4, Mp4Writer};
 
 use std::fs::File;
