@@ -14,6 +14,7 @@ use headroom_tensor::{DType, Device, Tensor};
 use headroom_text::{TextEncoderMode, TextEncoderReport};
 
 use crate::error::{EngineError, Result};
+use crate::model_source::ModelSource;
 use crate::preset::ModelPreset;
 use crate::session::{Session, SessionRequest, BLOCK_FRAMES};
 use crate::text::Prompts;
@@ -27,6 +28,9 @@ pub struct EngineConfig {
     /// A transformer checkpoint (file or folder, any supported layout) that replaces the
     /// model's own DiT: a Self-Forcing `.pt` or a LingBot-World folder over a Wan folder.
     pub transformer: Option<String>,
+    /// The `--transformer` checkpoint's config (diffusers or original keys) when the
+    /// checkpoint carries none and its shapes do not settle it.
+    pub transformer_config: Option<std::path::PathBuf>,
     /// Seed of the built-in model's weights.
     pub weight_seed: u64,
     /// Allocator settings of the `cpu` platform.
@@ -62,6 +66,7 @@ impl Default for EngineConfig {
         Self {
             model: "small".to_string(),
             transformer: None,
+            transformer_config: None,
             weight_seed: 0,
             allocator: AllocatorConfig::default(),
             reclaim: ReclaimPolicy::Never,
@@ -167,23 +172,26 @@ impl Engine {
 
     fn build(config: EngineConfig, device: Device, shard: Option<Sharding>) -> Result<Self> {
         let dtype = config.weight_dtype;
-        let folder = std::path::Path::new(&config.model);
-        let pipeline = folder.join("transformer").is_dir() && folder.join("vae").is_dir();
-        let first_frame = if pipeline {
-            crate::first_frame::load(folder)?
-        } else {
-            None
+        let source = ModelSource::resolve(&config.model)?;
+        let first_frame = match &source {
+            ModelSource::Pipeline(folder) => crate::first_frame::load(folder)?,
+            _ => None,
         };
-        let (dit, vae) = if pipeline || import::is_wan_repo(folder) {
+        // `--config` describes the `--transformer` checkpoint, never the base.
+        let override_config = ImportOptions {
+            config: config.transformer_config.clone(),
+            base: None,
+        };
+        let (dit, vae) = if let Some(folder) = source.folder() {
             // Real weights: a diffusers pipeline or an original Wan repo folder.
             let plain = ImportOptions::default();
             let vae = import::load_vae(folder, &plain, &device, dtype)?;
             let dit = match &config.transformer {
                 Some(path) => {
-                    let base = import::open_transformer(folder, &plain, &device, dtype)?.0;
+                    let base = source.dit_config()?;
                     let options = ImportOptions {
                         base: Some(base),
-                        ..plain
+                        ..override_config
                     };
                     import::load_transformer(Path::new(path), &options, &device, dtype, shard)?
                 }
@@ -196,7 +204,7 @@ impl Engine {
                 Some(path) => {
                     let options = ImportOptions {
                         base: Some(preset.dit.clone()),
-                        ..ImportOptions::default()
+                        ..override_config
                     };
                     import::load_transformer(Path::new(path), &options, &device, dtype, shard)?
                 }
@@ -292,74 +300,34 @@ impl Engine {
         self.prompts.report()
     }
 
+    /// Whether sessions can take a prompt: the model has a text encoder.
+    pub fn has_text_encoder(&self) -> bool {
+        self.prompts.available()
+    }
+
     /// The KV pool, once the first session created it.
     pub fn kv_pool(&self) -> Option<Arc<KvPool>> {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     fn validate(&self, r: &SessionRequest) -> Result<usize> {
-        let s = self.vae.config().spatial_factor() * self.dit.config().patch_size[1];
-        if r.width == 0
-            || r.height == 0
-            || !r.width.is_multiple_of(s)
-            || !r.height.is_multiple_of(s)
-        {
-            return Err(EngineError::request(
-                "width/height",
-                format!(
-                    "must be positive multiples of {s}, got {}x{}",
-                    r.width, r.height
-                ),
-            ));
-        }
-        if r.num_frames < 9 || !(r.num_frames + 3).is_multiple_of(12) {
-            return Err(EngineError::request(
-                "num_frames",
-                format!(
-                    "must be 12·K − 3 (9, 21, 33, …) for K chunks, got {}",
-                    r.num_frames
-                ),
-            ));
-        }
-        if let Some(shard) = self.dit.sharding() {
-            let c = self.dit.config();
-            let tokens = BLOCK_FRAMES / c.patch_size[0] * (r.height / s) * (r.width / s);
-            if !tokens.is_multiple_of(shard.sp.size()) {
-                return Err(EngineError::request(
-                    "width/height",
-                    format!(
-                        "a block's {tokens} tokens do not split into sp = {} equal parts",
-                        shard.sp.size()
-                    ),
-                ));
-            }
-        }
+        let sp = self.dit.sharding().map_or(1, |shard| shard.sp.size());
+        let blocks = crate::model_source::check_shape(
+            self.dit.config(),
+            self.vae.config(),
+            sp,
+            r.width,
+            r.height,
+            r.num_frames,
+        )?;
         if r.steps == 0 {
             return Err(EngineError::request("steps", "must be at least 1"));
         }
-        let blocks = (r.num_frames + 3) / 12;
-        if blocks * BLOCK_FRAMES > self.dit.config().rope_max_seq_len {
-            return Err(EngineError::request(
-                "num_frames",
-                "more latent frames than RoPE positions",
-            ));
-        }
-        if !r.actions.is_empty() && r.trajectory.is_some() {
-            return Err(EngineError::request(
-                "actions",
-                "give key actions or a pose trajectory, not both",
-            ));
-        }
-        if r.actions.len() > blocks * BLOCK_FRAMES {
-            return Err(EngineError::request(
-                "actions",
-                format!(
-                    "{} key sets for {} latent frames (one per latent frame)",
-                    r.actions.len(),
-                    blocks * BLOCK_FRAMES
-                ),
-            ));
-        }
+        crate::model_source::check_camera(
+            r.num_frames,
+            r.actions.len(),
+            r.trajectory.as_ref().map(|t| t.poses.len()),
+        )?;
         if r.prompt.is_some() && r.text_embeds.is_some() {
             return Err(EngineError::request(
                 "prompt",
@@ -369,10 +337,7 @@ impl Engine {
         if r.prompt.as_deref().is_some_and(|p| !p.trim().is_empty()) && !self.prompts.available() {
             return Err(EngineError::request(
                 "prompt",
-                format!(
-                    "cannot encode a prompt: no text encoder: {}/text_encoder missing",
-                    self.config.model
-                ),
+                "this model has no text encoder (no text_encoder/ in its folder), so it takes no prompt",
             ));
         }
         if let Some(image) = &r.image {

@@ -106,24 +106,7 @@ pub fn check_mesh(config: &crate::engine::EngineConfig, mesh: crate::mesh::Mesh)
     if mesh == crate::mesh::Mesh::SINGLE || config.transformer.is_some() {
         return Ok(());
     }
-    let folder = std::path::Path::new(&config.model);
-    let dit = if folder.is_dir() {
-        let file = [
-            folder.join("transformer/config.json"),
-            folder.join("config.json"),
-        ]
-        .into_iter()
-        .find(|f| f.is_file());
-        let Some(file) = file else { return Ok(()) };
-        let text = std::fs::read_to_string(&file)
-            .map_err(|e| EngineError::request("model", format!("{}: {e}", file.display())))?;
-        let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-            EngineError::request("model", format!("{}: not JSON: {e}", file.display()))
-        })?;
-        headroom_model::import::dit_config_from_json(&value)?
-    } else {
-        ModelPreset::named(&config.model)?.dit
-    };
+    let dit = crate::model_source::ModelSource::resolve(&config.model)?.dit_config()?;
     let (tp, sp) = (mesh.tp, mesh.sp);
     if !dit.num_attention_heads.is_multiple_of(tp * sp) || !dit.ffn_dim.is_multiple_of(tp) {
         return Err(EngineError::request(

@@ -187,7 +187,8 @@ fn camera_actions_steer_the_video_deterministically() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("actions") && err.contains("10 key sets for 9"),
+        err.contains("actions")
+            && err.contains("10 key sets for 33 frames, which are 9 latent frames"),
         "{err}"
     );
 }

@@ -34,6 +34,10 @@ pub struct GenerateArgs {
     /// Self-Forcing .pt, a LingBot-World or original Wan folder, a ComfyUI file).
     #[arg(long)]
     transformer: Option<String>,
+    /// The --transformer checkpoint's config.json (diffusers or original keys), for a
+    /// checkpoint that carries none and whose shapes do not settle it.
+    #[arg(long, requires = "transformer")]
+    config: Option<PathBuf>,
     /// DMD steps per block.
     #[arg(long, default_value_t = 4)]
     steps: usize,
@@ -82,7 +86,8 @@ pub struct GenerateArgs {
     /// expandable.
     #[arg(long, default_value = "planned")]
     allocator: String,
-    /// KV page budget (B, KiB, MiB, GiB); `auto` sizes it for this one session.
+    /// KV page budget (B, KiB, MiB, GiB), a fraction of the device capacity (e.g. 0.05),
+    /// or `auto` (sized for this one session).
     #[arg(long, default_value = "auto")]
     kv_budget: String,
     /// First frame for image-conditioned models: PNG or JPEG, resized to the video size
@@ -224,13 +229,13 @@ impl Outputs {
 /// Loads a PNG or JPEG first frame, resized (bicubic) to `width × height`, as
 /// `[3, H, W]` in [−1, 1].
 fn load_image(path: &Path, width: usize, height: usize, device: &Device) -> Result<Tensor> {
-    let image = image::open(path)
-        .with_context(|| format!("--image {}: cannot read it as PNG or JPEG", path.display()))?;
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("--image {}: cannot read it", path.display()))?;
+    let image =
+        headroom_engine::first_frame::decode_image(&bytes, headroom_engine::first_frame::MAX_SIDE)
+            .map_err(|e| anyhow::anyhow!("--image {}: {e}", path.display()))?;
     Ok(headroom_engine::first_frame::to_tensor(
-        &image.to_rgb8(),
-        width,
-        height,
-        device,
+        &image, width, height, device,
     )?)
 }
 
@@ -286,10 +291,8 @@ struct Prepared {
 fn prepare(args: &GenerateArgs) -> Result<Prepared> {
     let reclaim: ReclaimPolicy = args.policy.parse()?;
     let policy: AllocatorPolicy = args.allocator.parse()?;
-    let kv_budget_bytes = match args.kv_budget.as_str() {
-        "auto" => None,
-        size => Some(parse_size(size).context("--kv-budget")?),
-    };
+    let kv_budget_bytes =
+        crate::session_args::kv_budget(&args.kv_budget, args.shape.capacity_bytes()?)?;
     let (actions, trajectory) = if Path::new(&args.actions).is_dir() {
         // LingBot-World's camera input: poses.npy + intrinsics.npy.
         let device = Device::cpu()?;
@@ -309,6 +312,7 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
     let config = EngineConfig {
         model,
         transformer: args.transformer.clone(),
+        transformer_config: args.config.clone(),
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
         kv_budget_bytes,
@@ -318,6 +322,28 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
         weight_dtype: args.shape.dtype.dtype(),
         ..EngineConfig::default()
     };
+    headroom_engine::preset::check_mesh(&config, args.ranks.mesh()?)?;
+    headroom_engine::model_source::check_request(
+        &config,
+        args.ranks.sp,
+        width,
+        height,
+        args.shape.frames,
+    )?;
+    let frames = args.shape.frames;
+    headroom_engine::model_source::check_camera(
+        frames,
+        actions.len(),
+        trajectory.as_ref().map(|t| t.poses.len()),
+    )?;
+    let latent = headroom_engine::model_source::latent_frames(frames);
+    if !actions.is_empty() && actions.len() < latent {
+        eprintln!(
+            "--actions: {} key sets for {latent} latent frames; latent frames {}–{latent} have no keys",
+            actions.len(),
+            actions.len() + 1
+        );
+    }
     let outputs = Mutex::new(Outputs::check(args, width, height)?);
     Ok(Prepared {
         config,
@@ -355,8 +381,6 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             args.shape.device
         );
     }
-    let mesh = args.ranks.mesh()?;
-    headroom_engine::preset::check_mesh(&prepared.config, mesh)?;
     let report = args
         .ranks
         .launch(on_gpu, |groups| rank_main(&args, &prepared, groups))?;

@@ -62,6 +62,16 @@ fn main() -> ExitCode {
             eprintln!("error: --threads must be at least 1");
             return ExitCode::from(2);
         }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = if threads > cores {
+            // More kernel threads than cores only contend (1000 turned 1 s into 120 s).
+            eprintln!(
+                "warning: --threads {threads} is more than the {cores} cores here; using {cores}"
+            );
+            cores
+        } else {
+            threads
+        };
         headroom_tensor::parallel::set_threads(threads);
     }
     let result = match cli.command {
@@ -78,8 +88,27 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", one_line(&error));
             ExitCode::from(2)
         }
     }
+}
+
+/// An error and its causes on one line: a cause whose text is already said (libraries
+/// often print their source inside their own message) is left out, and runs of
+/// whitespace become one space.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let part = cause.to_string();
+        let part = part.trim().trim_end_matches(['.', ':']).trim();
+        if part.is_empty() || text.contains(part) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(part);
+    }
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }

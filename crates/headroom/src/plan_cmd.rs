@@ -10,6 +10,9 @@ use headroom_engine::Mesh;
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, ReclaimPolicy};
 use headroom_tensor::DType;
 
+/// The capacity a session that does not fit is planned on, to say what it needs (1 PiB).
+const UNBOUNDED: u64 = 1 << 50;
+
 /// Allocator events kept per rank when a plot or snapshots are asked for.
 const HISTORY_EVENTS: usize = 400_000;
 
@@ -133,7 +136,27 @@ pub fn run(args: PlanArgs) -> Result<()> {
         },
     };
     let start = std::time::Instant::now();
-    let rows = run_plan(&config)?;
+    let (rows, overflow) = match run_plan(&config) {
+        Ok(rows) => (rows, false),
+        // The session does not fit: plan it on an unbounded card to say by how much,
+        // instead of stopping at the first allocation that failed.
+        Err(e)
+            if e.to_string().contains("out of memory")
+                && !args.measure
+                && args.kv_fraction.is_none() =>
+        {
+            let unbounded = PlanConfig {
+                capacity: UNBOUNDED,
+                ..config.clone()
+            };
+            let mut rows = run_plan(&unbounded).with_context(|| format!("{e}"))?;
+            for r in &mut rows {
+                r.headroom_bytes = capacity as i64 - r.peak_reserved_bytes as i64;
+            }
+            (rows, true)
+        }
+        Err(e) => return Err(e.into()),
+    };
     let elapsed = start.elapsed().as_secs_f64();
     if let Some(dir) = &args.trace {
         std::fs::create_dir_all(dir).with_context(|| format!("--trace {}", dir.display()))?;
@@ -165,13 +188,20 @@ pub fn run(args: PlanArgs) -> Result<()> {
         )?;
     }
     if args.json {
+        let fits = rows.iter().all(|r| r.headroom_bytes >= 0);
         println!(
             "{}",
-            serde_json::to_string_pretty(&serde_json::json!({ "ranks": rows }))?
+            serde_json::to_string_pretty(&serde_json::json!({ "fits": fits, "ranks": rows }))?
         );
         return Ok(());
     }
     print!("{}", table(&args, capacity, &rows));
+    if overflow {
+        println!(
+            "\nThe session does not fit a {} card: the figures above are what it needs (planned on an unbounded card). Shard it (--tp/--sp; e.g. --tp 2 --sp 4 for lingbot-world-v2-14b), or lower --width/--height or --frames.",
+            format_bytes(capacity)
+        );
+    }
     println!(
         "\n{} in {elapsed:.1} s ({} ranks × {} policies).",
         if args.measure {

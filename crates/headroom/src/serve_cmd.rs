@@ -8,7 +8,7 @@ use clap::Args;
 use std::sync::Arc;
 
 use headroom_engine::{replicated, Engine, EngineConfig};
-use headroom_mem::{parse_size, AllocatorConfig, AllocatorPolicy, HostMemory, ReclaimPolicy};
+use headroom_mem::{parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
 use headroom_server::{Defaults, Limits, Server, ServerConfig};
 
 /// Arguments of `headroom serve`.
@@ -30,7 +30,11 @@ pub struct ServeArgs {
     /// A transformer checkpoint over --model (Self-Forcing .pt, LingBot-World folder, …).
     #[arg(long)]
     transformer: Option<String>,
-    /// Reclaim policy: never, before-decode, bounded[:…], always.
+    /// The --transformer checkpoint's config.json (diffusers or original keys), for a
+    /// checkpoint that carries none and whose shapes do not settle it.
+    #[arg(long, requires = "transformer")]
+    config: Option<std::path::PathBuf>,
+    /// Reclaim policy: never, before-decode, bounded[:…], fit[:slack=F], always.
     #[arg(long, default_value = "before-decode")]
     policy: String,
     /// Allocator: planned (default: sessions replay a plan at the live peak), pytorch or
@@ -47,8 +51,9 @@ pub struct ServeArgs {
     /// Seconds a client may wait in the queue before it is refused with `capacity`.
     #[arg(long, default_value_t = 120.0)]
     queue_timeout: f64,
-    /// KV page budget: bytes (B, KiB, MiB, GiB), a fraction of the device capacity
-    /// (e.g. 0.25), or `auto` (exactly --max-sessions sessions).
+    /// KV page budget, taken at the first open: bytes (B, KiB, MiB, GiB), a fraction of
+    /// the device capacity (--capacity, else physical memory; e.g. 0.05), or `auto`
+    /// (exactly --max-sessions sessions of the largest size).
     #[arg(long, default_value = "auto")]
     kv_budget: String,
     /// Device capacity (B, KiB, MiB, GiB) to emulate a memory-tight device; physical
@@ -94,23 +99,6 @@ fn size(value: &str, flag: &str) -> Result<usize> {
     usize::try_from(bytes).with_context(|| format!("--{flag} {value} does not fit this machine"))
 }
 
-/// `--kv-budget`: `auto`, a size, or a fraction in (0, 1] of the device capacity.
-fn kv_budget(value: &str, capacity: Option<u64>) -> Result<Option<u64>> {
-    if value == "auto" {
-        return Ok(None);
-    }
-    if let Ok(fraction) = value.parse::<f64>() {
-        if value.contains('.') {
-            if !(fraction > 0.0 && fraction <= 1.0) {
-                bail!("--kv-budget {value}: a fraction must be in (0, 1]");
-            }
-            let total = capacity.unwrap_or_else(HostMemory::physical_memory);
-            return Ok(Some((total as f64 * fraction) as u64));
-        }
-    }
-    Ok(Some(parse_size(value).context("--kv-budget")?))
-}
-
 /// Resolves on SIGTERM or Ctrl-C.
 async fn shutdown_signal() {
     let ctrl_c = async {
@@ -152,9 +140,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
     let engine = EngineConfig {
         model,
         transformer: args.transformer.clone(),
+        transformer_config: args.config.clone(),
         allocator: AllocatorConfig::with_policy(policy),
         reclaim,
-        kv_budget_bytes: kv_budget(&args.kv_budget, capacity)?,
+        kv_budget_bytes: crate::session_args::kv_budget(&args.kv_budget, capacity)?,
         capacity,
         weight_dtype: args.dtype.dtype(),
         ..EngineConfig::default()

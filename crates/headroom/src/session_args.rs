@@ -2,7 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use headroom_mem::parse_size;
+use headroom_mem::{format_bytes, parse_size, HostMemory};
 
 /// Which model, how much video, and on how large a device.
 #[derive(Debug, Args)]
@@ -30,7 +30,8 @@ pub struct SessionShape {
     /// memory by default. `bounded` reclaim fractions refer to it.
     #[arg(long)]
     pub capacity: Option<String>,
-    /// Device: cpu, cuda or cuda:N (cuda needs a build with --features cuda).
+    /// Device: cpu, cuda or cuda:N (a build with --features cuda), or cuda-check (the
+    /// GPU path's launches checked on the host, nothing computed).
     #[arg(long, default_value = "cpu")]
     pub device: crate::device_arg::DeviceArg,
     /// What the model's weights are held and computed in.
@@ -70,4 +71,36 @@ pub fn video_size(width: Option<usize>, height: Option<usize>, model: &str) -> (
     let native = headroom_engine::first_frame::native_size(std::path::Path::new(model))
         .unwrap_or(DEFAULT_SIZE);
     (width.unwrap_or(native.0), height.unwrap_or(native.1))
+}
+
+/// `--kv-budget`: `auto` (`None`), a size, or a fraction in (0, 1] of the device
+/// capacity (`capacity`, else physical memory). A fraction is said on stderr with the
+/// bytes it came to, since on a host it is a share of the whole machine.
+pub fn kv_budget(value: &str, capacity: Option<u64>) -> Result<Option<u64>> {
+    if value == "auto" {
+        return Ok(None);
+    }
+    if value.contains('.') {
+        if let Ok(fraction) = value.parse::<f64>() {
+            if !(fraction > 0.0 && fraction <= 1.0) {
+                anyhow::bail!("--kv-budget {value}: a fraction must be in (0, 1]");
+            }
+            let (total, of) = match capacity {
+                Some(c) => (c, "--capacity"),
+                None => (HostMemory::physical_memory(), "physical memory"),
+            };
+            let bytes = (total as f64 * fraction) as u64;
+            eprintln!(
+                "--kv-budget {value}: {} of KV pages ({value} of {} {of})",
+                format_bytes(bytes),
+                format_bytes(total)
+            );
+            return Ok(Some(bytes));
+        }
+    }
+    let bytes = parse_size(value).context("--kv-budget")?;
+    if bytes == 0 {
+        anyhow::bail!("--kv-budget {value}: must be at least one page (e.g. 64MiB), or auto");
+    }
+    Ok(Some(bytes))
 }

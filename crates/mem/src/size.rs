@@ -42,6 +42,9 @@ pub fn parse_size(input: &str) -> Result<u64> {
             .ok_or_else(|| err("it does not fit in 64 bits"));
     }
     let value: f64 = number.parse().map_err(|_| err("the number is malformed"))?;
+    if multiplier == 1 && value.fract() != 0.0 {
+        return Err(err("a byte count must be whole; give a unit (e.g. 1.5MiB)"));
+    }
     let bytes = value * multiplier as f64;
     if !bytes.is_finite() || bytes >= u64::MAX as f64 {
         return Err(err("it does not fit in 64 bits"));
@@ -87,6 +90,9 @@ mod tests {
         let e = parse_size("MiB").unwrap_err().to_string();
         assert!(e.contains("number"), "{e}");
         assert!(parse_size("99999999999TiB").is_err());
+        // A fraction without a unit is never silently rounded to 0 B.
+        let e = parse_size("0.25").unwrap_err().to_string();
+        assert!(e.contains("whole"), "{e}");
     }
 
     #[test]

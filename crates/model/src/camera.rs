@@ -90,7 +90,8 @@ pub struct Keys {
 }
 
 impl Keys {
-    /// Parses a key set such as `"wd"` (case-insensitive; `-` or empty = no key).
+    /// Parses a key set such as `"wd"` or `"w+d"` (case-insensitive; `+` joins keys;
+    /// `-` or empty = no key).
     pub fn parse(s: &str) -> Result<Self> {
         let mut keys = Keys::default();
         for c in s.chars().map(|c| c.to_ascii_lowercase()) {
@@ -103,7 +104,7 @@ impl Keys {
                 'j' => keys.j = true,
                 'k' => keys.k = true,
                 'l' => keys.l = true,
-                '-' | '.' | ' ' => {}
+                '-' | '.' | ' ' | '+' => {}
                 other => {
                     return Err(ModelError::input(
                         "actions",
@@ -115,12 +116,36 @@ impl Keys {
         Ok(keys)
     }
 
-    /// One key set per character of `script` (`"wwaa-d"`): one latent frame each.
+    /// One key set per latent frame: each character is one frame (`"wwaa-d"`), and `+`
+    /// joins the next key into the same frame (`"ww+dd"` is w, then w and d, then d).
     pub fn script(script: &str) -> Result<Vec<Self>> {
-        script
-            .chars()
-            .map(|c| Keys::parse(&c.to_string()))
-            .collect()
+        let mut frames: Vec<String> = Vec::new();
+        let mut join = false;
+        for c in script.chars() {
+            if c == '+' {
+                if frames.is_empty() || join {
+                    return Err(ModelError::input(
+                        "actions",
+                        format!("{script:?}: `+` joins two keys into one frame (e.g. w+d)"),
+                    ));
+                }
+                join = true;
+            } else if join {
+                if let Some(last) = frames.last_mut() {
+                    last.push(c);
+                }
+                join = false;
+            } else {
+                frames.push(c.to_string());
+            }
+        }
+        if join {
+            return Err(ModelError::input(
+                "actions",
+                format!("{script:?} ends in `+`; it joins two keys into one frame (e.g. w+d)"),
+            ));
+        }
+        frames.iter().map(|f| Keys::parse(f)).collect()
     }
 }
 
@@ -346,6 +371,14 @@ impl Trajectory {
                 "values must be finite",
             ));
         }
+        for (i, p) in t.poses.iter().enumerate() {
+            if let Some(why) = not_rigid(p) {
+                return Err(ModelError::input(
+                    "camera trajectory",
+                    format!("pose {i} is not a camera-to-world rigid transform: {why}"),
+                ));
+            }
+        }
         Ok(t)
     }
 
@@ -360,10 +393,10 @@ impl Trajectory {
         height: usize,
     ) -> Result<(Vec<Pose>, Vec<[f64; 4]>)> {
         let f = self.poses.len();
-        if f != 1 && f < pixel_frames {
+        if f != 1 && f != pixel_frames {
             return Err(ModelError::input(
                 "camera trajectory",
-                format!("{f} poses for {pixel_frames} frames (need at least one per frame, or exactly one)"),
+                format!("{f} poses for {pixel_frames} frames (need exactly one per frame, or exactly one)"),
             ));
         }
         let (sx, sy) = (width as f64 / 832.0, height as f64 / 480.0);
@@ -389,6 +422,35 @@ impl Trajectory {
         }
         Ok((poses, ks))
     }
+}
+
+/// Why `p` is not a rigid transform (rotation, translation, last row `0 0 0 1`), if it
+/// is not: a singular or scaled matrix would turn into a meaningless camera.
+fn not_rigid(p: &Pose) -> Option<String> {
+    let last = p[3];
+    if last[..3].iter().any(|v| v.abs() > 1e-6) || (last[3] - 1.0).abs() > 1e-6 {
+        return Some(format!("its last row is {last:?}, not [0, 0, 0, 1]"));
+    }
+    let r = |a: usize, b: usize| p[a][b];
+    let det = r(0, 0) * (r(1, 1) * r(2, 2) - r(1, 2) * r(2, 1))
+        - r(0, 1) * (r(1, 0) * r(2, 2) - r(1, 2) * r(2, 0))
+        + r(0, 2) * (r(1, 0) * r(2, 1) - r(1, 1) * r(2, 0));
+    if det.abs() < 1e-6 {
+        return Some("its rotation part is singular (determinant 0)".into());
+    }
+    // RᵀR = I within what float32 storage and slerp rounding leave.
+    for a in 0..3 {
+        for b in 0..3 {
+            let dot: f64 = (0..3).map(|k| r(k, a) * r(k, b)).sum();
+            let want = if a == b { 1.0 } else { 0.0 };
+            if (dot - want).abs() > 1e-2 {
+                return Some(format!(
+                    "its rotation part is not orthonormal (columns {a}·{b} = {dot:.4}, want {want}; determinant {det:.4})"
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// Default intrinsics at `width × height`: `fx = fy = 500`, centre at the middle.
@@ -478,6 +540,15 @@ mod tests {
     #[test]
     fn scripts_parse_one_key_set_per_frame_and_reject_unknown_keys() {
         assert_eq!(Keys::script("wA-").unwrap().len(), 3);
+        let joined = Keys::script("ww+dd").unwrap();
+        assert_eq!(joined.len(), 3);
+        assert!(joined[1].w && joined[1].d && !joined[0].d && !joined[2].w);
+        for bad in ["+w", "w+", "w++d"] {
+            assert!(
+                Keys::script(bad).unwrap_err().to_string().contains("joins"),
+                "{bad}"
+            );
+        }
         assert!(Keys::script("wq").unwrap_err().to_string().contains("'q'"));
     }
 }

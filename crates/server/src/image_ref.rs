@@ -6,12 +6,9 @@
 //! Catmull-Rom filter), then the centre `width × height` is cropped. Nothing is
 //! stretched; the longer side loses equal margins on both ends.
 
-use std::io::Cursor;
-
 use base64::Engine as _;
 use headroom_tensor::{Device, Tensor};
 use image::imageops::{self, FilterType};
-use image::{ImageFormat, ImageReader, Limits};
 
 use crate::error::{Result, ServerError};
 
@@ -59,9 +56,9 @@ fn decode_rgb(url: &str) -> Result<image::RgbImage> {
     })?;
     let mut parts = header.split(';');
     let mime = parts.next().unwrap_or_default().to_ascii_lowercase();
-    let format = match mime.as_str() {
-        "image/png" => ImageFormat::Png,
-        "image/jpeg" | "image/jpg" => ImageFormat::Jpeg,
+    // The declared type only gates what is accepted; the bytes say which it is.
+    match mime.as_str() {
+        "image/png" | "image/jpeg" | "image/jpg" => {}
         other => {
             return Err(ServerError::request(
                 FIELD,
@@ -78,20 +75,8 @@ fn decode_rgb(url: &str) -> Result<image::RgbImage> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(payload.trim())
         .map_err(|e| ServerError::request(FIELD, format!("payload is not valid base64: {e}")))?;
-    let mut reader = ImageReader::new(Cursor::new(bytes));
-    reader.set_format(format);
-    let mut limits = Limits::default();
-    limits.max_image_width = Some(MAX_SIDE);
-    limits.max_image_height = Some(MAX_SIDE);
-    limits.max_alloc = Some(256 << 20);
-    reader.limits(limits);
-    let image = reader.decode().map_err(|e| {
-        ServerError::request(
-            FIELD,
-            format!("cannot decode the {mime} image (at most {MAX_SIDE}×{MAX_SIDE}): {e}"),
-        )
-    })?;
-    Ok(image.to_rgb8())
+    headroom_engine::first_frame::decode_image(&bytes, MAX_SIDE)
+        .map_err(|e| ServerError::request(FIELD, format!("the {mime} image: {e}")))
 }
 
 /// Scales `rgb` to cover `width × height` keeping its aspect ratio, then crops the centre.
@@ -110,6 +95,8 @@ fn cover_crop(rgb: &image::RgbImage, width: u32, height: u32) -> image::RgbImage
 #[cfg(test)]
 mod tests {
     use super::*;
+    use image::ImageFormat;
+    use std::io::Cursor;
 
     fn png_url(w: u32, h: u32, f: impl Fn(u32, u32) -> [u8; 3]) -> String {
         let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb(f(x, y)));
@@ -156,7 +143,7 @@ mod tests {
             ("data:image/gif;base64,AAAA", "image/png or image/jpeg"),
             ("data:image/png,rawbytes", "base64 encoded"),
             ("data:image/png;base64,!!!", "not valid base64"),
-            ("data:image/png;base64,AAAA", "cannot decode"),
+            ("data:image/png;base64,AAAA", "not a PNG or JPEG"),
         ] {
             let err = decode_image_url(url, 16, 16, &dev).unwrap_err();
             assert_eq!(err.code(), "invalid_request");

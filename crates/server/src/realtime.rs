@@ -45,6 +45,7 @@ pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>) {
         event_ids: HashSet::new(),
         fresh_ids: 0,
         held: Vec::new(),
+        scripted: false,
     };
     if let Some((start, started_at)) = conn.await_start().await {
         conn.run_session(start, started_at).await;
@@ -64,6 +65,8 @@ struct Connection {
     fresh_ids: u64,
     /// Interactions acknowledged while queued, handed to the worker once it starts.
     held: Vec<Interaction>,
+    /// The session follows its `camera_action_script`: camera updates are refused.
+    scripted: bool,
 }
 
 /// How a worker's run ended for the socket task.
@@ -119,7 +122,16 @@ impl Connection {
             .errors_sent
             .fetch_add(1, Ordering::Relaxed);
         let request_id = self.request_id.clone();
-        let message = wire::error(error, request_id.as_deref(), event_id);
+        let mut message = wire::error(error, request_id.as_deref(), event_id);
+        // A client never sees where the server keeps its model: the folder's path
+        // becomes the model's name.
+        let folder = &self.state.engine.config().model;
+        if let Some(text) = message["message"].as_str() {
+            if std::path::Path::new(folder).is_dir() && text.contains(folder.as_str()) {
+                let name = format!("<model {}>", self.state.config.model_name);
+                message["message"] = Value::String(text.replace(folder.as_str(), &name));
+            }
+        }
         self.send_json(&message).await;
     }
 
@@ -207,6 +219,7 @@ impl Connection {
             Err(e) => return self.send_error(&e, None).await,
         };
         drop(start);
+        self.scripted = !request.actions.is_empty();
         if let Some(model) = &request.model {
             if *model != state.config.model_name {
                 let e = ServerError::request(
@@ -621,6 +634,21 @@ impl Connection {
         } else if phase == Phase::Ending {
             Some(ServerError::InvalidState(
                 "the session is ending; no more interactions are taken".to_string(),
+            ))
+        } else if self.scripted && interaction.camera.is_some() {
+            Some(ServerError::request(
+                "interaction",
+                "this session follows its action script (extra_params.camera_action_script); camera updates cannot be mixed with it",
+            ))
+        } else if interaction
+            .prompt
+            .as_deref()
+            .is_some_and(|p| !p.trim().is_empty())
+            && !self.state.engine.has_text_encoder()
+        {
+            Some(ServerError::request(
+                "interaction.event.prompt",
+                "this server's model has no text encoder, so it takes no prompt",
             ))
         } else if self.event_ids.len() >= limits.events_per_session {
             Some(ServerError::Busy(format!(

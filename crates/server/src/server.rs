@@ -336,6 +336,7 @@ async fn stats(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
         "chunk_latency_mean_s": m.chunk_latency.mean_secs(),
         "time_to_first_chunk_mean_s": m.time_to_first_chunk.mean_secs(),
         "model": state.config.model_name,
+        "takes_prompt": state.engine.has_text_encoder(),
         "defaults": {
             "width": state.config.defaults.width,
             "height": state.config.defaults.height,

@@ -520,6 +520,14 @@ async fn an_image_reference_and_an_action_script_condition_the_session() {
         .as_str()
         .unwrap()
         .contains("action script"));
+    // Refused at once: never acknowledged first and rejected at the next chunk.
+    assert!(
+        !out.others
+            .iter()
+            .any(|v| v["type"] == "session.interaction.queued" && v["event_id"] == "mixed"),
+        "{:?}",
+        out.others
+    );
     ts.stop().await;
 }
 

@@ -1,0 +1,171 @@
+//! The README's command lines work when copied: every `headroom generate` and `headroom
+//! plan` line in its code blocks runs (generate on the tiny model at 48×32, everything
+//! else as written), and every other `headroom` line's flags are ones the binary has.
+
+mod common;
+
+use std::process::Command;
+
+/// The README's shell lines inside code blocks, continuations joined, comments dropped.
+fn code_lines() -> Vec<String> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("the README is readable");
+    let mut lines = Vec::new();
+    // Inside a fence, and whether it holds shell lines.
+    let (mut open, mut shell) = (false, false);
+    let mut pending = String::new();
+    for raw in text.lines() {
+        let line = raw.trim();
+        if line.starts_with("```") {
+            shell = !open && matches!(line, "```" | "```sh" | "```bash");
+            open = !open;
+            continue;
+        }
+        if !shell {
+            continue;
+        }
+        let line = match line.find(" #") {
+            Some(i) => line[..i].trim_end(),
+            None if line.starts_with('#') => "",
+            None => line,
+        };
+        if let Some(head) = line.strip_suffix('\\') {
+            pending.push_str(head);
+            pending.push(' ');
+            continue;
+        }
+        pending.push_str(line);
+        lines.push(std::mem::take(&mut pending));
+    }
+    lines
+}
+
+/// The words of a shell line (double and single quotes grouped, nothing else).
+fn words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    let mut quote = None;
+    let mut started = false;
+    for c in line.chars() {
+        match (quote, c) {
+            (None, '"' | '\'') => {
+                quote = Some(c);
+                started = true;
+            }
+            (Some(q), c) if c == q => quote = None,
+            (None, c) if c.is_whitespace() => {
+                if started {
+                    out.push(std::mem::take(&mut word));
+                    started = false;
+                }
+            }
+            (_, c) => {
+                word.push(c);
+                started = true;
+            }
+        }
+    }
+    if started {
+        out.push(word);
+    }
+    out
+}
+
+/// The `headroom` arguments of a line that runs the binary, if it does.
+fn headroom_args(line: &str) -> Option<Vec<String>> {
+    let w = words(line);
+    let skip = if w
+        .first()
+        .is_some_and(|c| c == "headroom" || c.ends_with("/headroom"))
+    {
+        1
+    } else if w.len() > 5 && w[..5] == ["cargo", "run", "--release", "-p", "headroom"] {
+        6
+    } else {
+        return None;
+    };
+    Some(w[skip..].to_vec())
+}
+
+/// Sets `flag`'s value to `value`, adding the flag when the line has none.
+fn set(args: &mut Vec<String>, flag: &str, value: &str) {
+    match args.iter().position(|a| a == flag) {
+        Some(i) => args[i + 1] = value.to_string(),
+        None => args.extend([flag.to_string(), value.to_string()]),
+    }
+}
+
+#[test]
+fn every_generate_and_plan_line_in_the_readme_runs_and_every_flag_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut ran, mut parsed) = (0, 0);
+    for line in code_lines() {
+        let Some(mut args) = headroom_args(&line) else {
+            continue;
+        };
+        // Synopses (`--model PATH [--config FILE]`) and placeholders are not commands.
+        if line.contains('[') || line.contains('|') || line.contains('…') {
+            continue;
+        }
+        let command = args.first().cloned().unwrap_or_default();
+        let gpu = args.iter().any(|a| a == "cuda" || a.starts_with("cuda:"));
+        let mpi = args.iter().any(|a| a == "mpi" || a == "nccl");
+        if command == "generate" && !gpu && !mpi {
+            set(&mut args, "--model", "tiny");
+            set(&mut args, "--width", "48");
+            set(&mut args, "--height", "32");
+            let out = dir.path().join(format!("readme-{ran}.mp4"));
+            set(&mut args, "--out", out.to_str().unwrap());
+            let res = Command::new(env!("CARGO_BIN_EXE_headroom"))
+                .args(&args)
+                .output()
+                .unwrap();
+            assert!(
+                res.status.success(),
+                "README line {line:?} failed: {}",
+                String::from_utf8_lossy(&res.stderr)
+            );
+            ran += 1;
+        } else if command == "plan" {
+            let res = Command::new(env!("CARGO_BIN_EXE_headroom"))
+                .args(&args)
+                .arg("--json")
+                .output()
+                .unwrap();
+            assert!(
+                res.status.success(),
+                "README line {line:?} failed: {}",
+                String::from_utf8_lossy(&res.stderr)
+            );
+            ran += 1;
+        } else {
+            // The flags exist: clap stops at --help only after every flag before it
+            // parsed.
+            args.push("--help".into());
+            let res = Command::new(env!("CARGO_BIN_EXE_headroom"))
+                .args(&args)
+                .output()
+                .unwrap();
+            assert!(
+                res.status.success(),
+                "README line {line:?} does not parse: {}",
+                String::from_utf8_lossy(&res.stderr)
+            );
+            parsed += 1;
+        }
+    }
+    assert!(ran >= 4 && parsed >= 5, "ran {ran}, parsed {parsed}");
+}
+
+#[test]
+fn the_quick_start_flight_gives_one_key_set_per_latent_frame() {
+    let flight = code_lines()
+        .into_iter()
+        .find(|l| l.contains("generate --actions"))
+        .expect("the quick start flies");
+    let args = headroom_args(&flight).unwrap();
+    let i = args.iter().position(|a| a == "--actions").unwrap();
+    let keys = headroom_model::camera::Keys::script(&args[i + 1]).unwrap();
+    // The default 33 frames are (33 + 3) / 4 = 9 latent frames.
+    assert_eq!(keys.len(), 9, "{flight}");
+}
