@@ -475,6 +475,14 @@ impl Connection {
                         stopped = true;
                         phase = Phase::Ending;
                         cancel(&worker);
+                        // A session still opening (a large KV pool can take seconds to
+                        // fault in) is answered now, not when its open ends: the worker
+                        // sees the cancel and releases what it took. On a mesh every
+                        // rank must leave the open together, so there it is waited for.
+                        if !opened && state.world.is_none() {
+                            self.send_json(&wire::session_done(request_id, 0, true)).await;
+                            return Outcome::Ended;
+                        }
                     }
                 }
                 event = worker.events.recv() => {
