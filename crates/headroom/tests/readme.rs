@@ -169,3 +169,82 @@ fn the_quick_start_flight_gives_one_key_set_per_latent_frame() {
     // The default 33 frames are (33 + 3) / 4 = 9 latent frames.
     assert_eq!(keys.len(), 9, "{flight}");
 }
+
+/// The README's fenced blocks of `lang`, each as one text.
+fn blocks(lang: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("the README is readable");
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    let fence = format!("```{lang}");
+    let mut other = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with("```") {
+            match current.take() {
+                Some(block) => out.push(block),
+                None if other => other = false,
+                None if t == fence => current = Some(String::new()),
+                None => other = true,
+            }
+            continue;
+        }
+        if let Some(block) = current.as_mut() {
+            block.push_str(line);
+            block.push('\n');
+        }
+    }
+    out
+}
+
+/// Checks one realtime message as the server would take it.
+fn check_message(text: &str) {
+    use headroom_server::{ClientMessage, Defaults, Interaction, Limits, StartRequest};
+    let parsed = ClientMessage::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    match parsed {
+        ClientMessage::Start(map) => {
+            StartRequest::parse(&map, &Defaults::default())
+                .unwrap_or_else(|e| panic!("{text}: {e}"));
+        }
+        ClientMessage::Interaction(map) => {
+            Interaction::parse(&map, &Limits::default(), || "fresh".into())
+                .unwrap_or_else(|e| panic!("{text}: {e}"));
+        }
+        ClientMessage::Ping | ClientMessage::Stop => {}
+    }
+}
+
+#[test]
+fn every_json_message_and_trace_in_the_readme_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut messages, mut traces) = (0, 0);
+    for block in blocks("json") {
+        let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
+        if lines.iter().all(|l| l.trim_start().starts_with("{\"op\"")) {
+            // An allocation trace: `headroom mem replay` takes it.
+            let path = dir.path().join(format!("trace-{traces}.jsonl"));
+            std::fs::write(&path, &block).unwrap();
+            let res = common::headroom(&["mem", "replay", path.to_str().unwrap()]);
+            common::assert_ok(&res);
+            traces += 1;
+        } else {
+            check_message(&block);
+            messages += 1;
+        }
+    }
+    // The Python client's messages, as it sends them.
+    for block in blocks("python") {
+        for line in block.lines() {
+            if let Some(start) = line.find("json.dumps(") {
+                let inner = &line[start + "json.dumps(".len()..];
+                let end = inner.rfind("))").expect("one call per line");
+                check_message(&inner[..end]);
+                messages += 1;
+            }
+        }
+    }
+    assert!(
+        messages >= 2 && traces >= 1,
+        "{messages} messages, {traces} traces"
+    );
+}
