@@ -105,8 +105,9 @@ struct SessionArgs {
         default_value = "never,before-decode,bounded,fit,always"
     )]
     policies: Vec<String>,
-    /// Allocators to compare, comma-separated: pytorch, expandable, planned.
-    #[arg(long, value_delimiter = ',', default_value = "pytorch")]
+    /// Allocators to compare, comma-separated: planned (the default, as for generate,
+    /// serve and plan), pytorch, expandable.
+    #[arg(long, value_delimiter = ',', default_value = "planned")]
     allocator: Vec<String>,
     /// PyTorch's max_split_size (B, KiB, MiB, GiB; > 20 MiB): blocks this large are never
     /// split. Unlimited by default, as in PyTorch.

@@ -48,8 +48,9 @@ pub struct PlanArgs {
     /// memory as the driver reports it replaces --capacity; needs --features cuda).
     #[arg(long, default_value = "cpu")]
     device: crate::device_arg::DeviceArg,
-    /// Allocator: pytorch, expandable or planned.
-    #[arg(long, default_value = "pytorch")]
+    /// Allocator: planned (the default of generate, serve and bench session too),
+    /// pytorch or expandable.
+    #[arg(long, default_value = "planned")]
     allocator: String,
     /// Reclaim policies to plan, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "never,before-decode")]

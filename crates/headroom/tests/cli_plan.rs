@@ -82,3 +82,37 @@ fn plan_prints_a_table_and_refuses_layouts_the_model_cannot_take() {
     let err = String::from_utf8_lossy(&res.stderr);
     assert!(err.contains("heads must divide by tp·sp"), "{err}");
 }
+
+#[test]
+fn plan_and_generate_with_the_same_flags_and_no_allocator_agree_byte_for_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    for (model, width, height, frames) in [("tiny", "48", "32", "21"), ("small", "64", "48", "9")] {
+        let shape = [
+            "--model", model, "--width", width, "--height", height, "--frames", frames,
+        ];
+        let mut plan_args = shape.to_vec();
+        plan_args.extend(["--policies", "before-decode"]);
+        let rows = common::plan_report(&plan_args);
+        let out = dir.path().join(format!("{model}.y4m"));
+        let mut gen_args = vec![
+            "--threads",
+            "1",
+            "generate",
+            "--json",
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        gen_args.extend_from_slice(&shape);
+        let res = headroom(&gen_args);
+        common::assert_ok(&res);
+        let report: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+        let plan = &rows[0];
+        for (planned, measured) in [
+            ("peak_allocated_bytes", "allocated_peak_bytes"),
+            ("peak_reserved_bytes", "reserved_peak_bytes"),
+            ("post_session_reserved_bytes", "post_session_reserved_bytes"),
+        ] {
+            assert_eq!(plan[planned], report[measured], "{model}: {planned}");
+        }
+    }
+}
