@@ -13,6 +13,7 @@ use headroom_model::{StreamingDecoder, WanTransformer, WanVae};
 use headroom_tensor::{DType, Device, Tensor};
 use headroom_text::{TextEncoderMode, TextEncoderReport};
 
+use crate::condition::ImageCondition;
 use crate::error::{EngineError, Result};
 use crate::model_source::ModelSource;
 use crate::preset::ModelPreset;
@@ -425,10 +426,10 @@ impl Engine {
             request.width,
             DType::F32,
         );
-        let latent_frames = blocks * BLOCK_FRAMES;
+        // The image condition is streamed: one block's latents at a time.
         let s = self.vae.config().spatial_factor();
         let cond_bytes =
-            (20 * latent_frames * (request.height / s) * (request.width / s) * 4) as u64;
+            (20 * BLOCK_FRAMES * (request.height / s) * (request.width / s) * 4) as u64;
         let (free, _) = self.platform().mem_info();
         let cached = {
             let st = self.platform().memory_stats();
@@ -449,7 +450,7 @@ impl Engine {
         self.begin_planned_span(&request)?;
         Ok(Admitted {
             engine: self,
-            parts: Some((request, kv, embeds, blocks, latent_frames)),
+            parts: Some((request, kv, embeds, blocks)),
         })
     }
 
@@ -460,7 +461,6 @@ impl Engine {
         kv: SessionKv,
         embeds: Option<Tensor>,
         blocks: usize,
-        latent_frames: usize,
     ) -> Result<Session> {
         let c = self.dit.config();
         let text = self
@@ -468,7 +468,7 @@ impl Engine {
             .text_key_values(self.padded_text(embeds.as_ref())?.as_ref())?;
         drop(embeds);
         let cond = if c.in_channels == c.out_channels() + 20 {
-            Some(self.image_condition(&request, latent_frames)?)
+            Some(self.image_condition(&request)?)
         } else {
             None
         };
@@ -544,13 +544,8 @@ impl Engine {
     /// `image2video_fast.py` (`torch.zeros`) and vllm-omni's `_prepare_condition`
     /// (`new_zeros`) build them; black (−1) frames condition a real checkpoint on a
     /// video it was never trained on.
-    fn image_condition(&self, r: &SessionRequest, latent_frames: usize) -> Result<Tensor> {
-        let frames = 1 + 4 * (latent_frames - 1);
-        let rest = Tensor::zeros(
-            &[1, 3, frames - 1, r.height, r.width],
-            DType::F32,
-            &self.device,
-        )?;
+    /// The session's image condition, streamed block by block from its first frame.
+    fn image_condition(&self, r: &SessionRequest) -> Result<ImageCondition> {
         let first = match &r.image {
             Some(image) => image
                 .to_device(&self.device)?
@@ -567,17 +562,7 @@ impl Engine {
                 )?,
             },
         };
-        let video = Tensor::cat(&[&first, &rest], 2)?;
-        drop(rest);
-        let latent = self.vae.normalize(&self.vae.encode(&video)?)?;
-        drop(video);
-        let [_, _, t, h, w] = *latent.shape() else {
-            unreachable!("latents are 5-D")
-        };
-        let ones = Tensor::full(&[1, 4, 1, h, w], 1.0, DType::F32, &self.device)?;
-        let zeros = Tensor::zeros(&[1, 4, t - 1, h, w], DType::F32, &self.device)?;
-        let mask = Tensor::cat(&[&ones, &zeros], 2)?;
-        Ok(Tensor::cat(&[&mask, &latent], 1)?)
+        ImageCondition::new(first)
     }
 }
 
@@ -614,7 +599,7 @@ pub(crate) fn pad_text(
 /// pages and its planned span; dropping it releases both.
 pub struct Admitted<'e> {
     engine: &'e Engine,
-    parts: Option<(SessionRequest, SessionKv, Option<Tensor>, usize, usize)>,
+    parts: Option<(SessionRequest, SessionKv, Option<Tensor>, usize)>,
 }
 
 impl std::fmt::Debug for Admitted<'_> {
@@ -629,12 +614,10 @@ impl Admitted<'_> {
     /// Opens the admitted session: the image condition, the text's keys/values, the
     /// first block's noise (sharded forwards meet at collectives here).
     pub fn open(mut self) -> Result<Session> {
-        let Some((request, kv, embeds, blocks, latent_frames)) = self.parts.take() else {
+        let Some((request, kv, embeds, blocks)) = self.parts.take() else {
             return Err(EngineError::request("session", "already opened"));
         };
-        let opened = self
-            .engine
-            .open_planned(request, kv, embeds, blocks, latent_frames);
+        let opened = self.engine.open_planned(request, kv, embeds, blocks);
         if opened.is_err() {
             self.engine.platform().allocator().end_span();
         }

@@ -4,6 +4,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod cancel;
+mod condition;
 pub mod engine;
 pub mod error;
 pub mod first_frame;

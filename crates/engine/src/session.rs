@@ -21,6 +21,7 @@ use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::{DType, Device, Tensor};
 
 use crate::cancel::{CancelToken, Checkpoint};
+use crate::condition::ImageCondition;
 use crate::error::{EngineError, Result};
 use crate::loop_io::{LatentSink, NoiseSource};
 use crate::text::Prompts;
@@ -179,7 +180,10 @@ pub struct Session {
     device: Device,
     kv: Option<SessionKv>,
     text: TextKeyValues,
-    cond: Option<Tensor>,
+    /// The image condition, streamed block by block (image-conditioned models).
+    cond: Option<ImageCondition>,
+    /// The condition of the block being denoised.
+    block_cond: Option<Tensor>,
     decode_state: StreamingDecodeState,
     schedule: DmdSchedule,
     seed: u64,
@@ -217,7 +221,7 @@ impl Session {
         vae: Arc<WanVae>,
         kv: SessionKv,
         text: TextKeyValues,
-        cond: Option<Tensor>,
+        cond: Option<ImageCondition>,
         request: &SessionRequest,
         blocks: usize,
     ) -> Result<Self> {
@@ -239,6 +243,7 @@ impl Session {
             kv: Some(kv),
             text,
             cond,
+            block_cond: None,
             schedule: DmdSchedule::shifted(request.steps, request.flow_shift)?,
             seed: request.seed,
             noise_counter: 0,
@@ -341,7 +346,8 @@ impl Session {
             .iter()
             .map(|kv| kv.k.storage_bytes() + kv.v.storage_bytes())
             .sum();
-        (text + self.cond.as_ref().map_or(0, Tensor::storage_bytes)) as u64
+        // `block_cond` shares the condition's storage: counted once, there.
+        text as u64 + self.cond.as_ref().map_or(0, ImageCondition::bytes)
     }
 
     /// The next noise tensor the loop draws: supplied, or from the session's generator.
@@ -410,12 +416,9 @@ impl Session {
 
     /// The model input of block latents `x`: with the block's image condition appended
     /// for image-conditioned models.
-    fn model_input(&self, x: &Tensor, first_frame: usize) -> Result<Tensor> {
-        match &self.cond {
-            Some(c) => Ok(Tensor::cat(
-                &[x, &c.narrow(2, first_frame, BLOCK_FRAMES)?],
-                1,
-            )?),
+    fn model_input(&self, x: &Tensor) -> Result<Tensor> {
+        match &self.block_cond {
+            Some(c) => Ok(Tensor::cat(&[x, c], 1)?),
             None => Ok(x.clone()),
         }
     }
@@ -513,7 +516,7 @@ impl Session {
         past: Option<&[KeyValues]>,
         camera: Option<&Tensor>,
     ) -> Result<(Tensor, Vec<KeyValues>, TokenGrid)> {
-        let input = self.model_input(x, first)?;
+        let input = self.model_input(x)?;
         let grid = self.dit.grid(&input)?;
         let tokens = self.dit.embed(&input)?;
         let (v, own) = self.dit.forward_tokens(
@@ -539,6 +542,12 @@ impl Session {
         let [h, w] = self.latent_hw;
         let out_c = self.dit.config().out_channels();
         let start = Instant::now();
+        // This block's image condition, encoded as the block starts (the last block's
+        // goes first, so one block's is held at a time).
+        self.block_cond = None;
+        if let Some(cond) = self.cond.as_mut() {
+            self.block_cond = Some(cond.block(&self.vae, n)?.clone());
+        }
         let past = self
             .kv
             .as_ref()
@@ -593,6 +602,7 @@ impl Session {
         self.pending = None;
         self.kv = None;
         self.cond = None;
+        self.block_cond = None;
         self.text = TextKeyValues(Vec::new());
         self.pending_text = None;
         self.decode_state.release();

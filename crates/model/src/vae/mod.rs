@@ -63,6 +63,13 @@ pub struct StreamingEncodeState {
     frames: usize,
 }
 
+impl StreamingEncodeState {
+    /// Bytes the cache holds (its slots' storage).
+    pub fn bytes(&self) -> usize {
+        self.slots.iter().flatten().map(Tensor::storage_bytes).sum()
+    }
+}
+
 /// The Wan 2.1 VAE; immutable once loaded (sessions keep their caches themselves).
 #[derive(Debug)]
 pub struct WanVae {

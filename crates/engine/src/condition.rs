@@ -1,0 +1,171 @@
+//! The image condition of an image-conditioned model (LingBot-World, `small`), streamed
+//! block by block: the pixel video `[image, zeros…]` of the whole horizon is never built.
+//! Block 0 encodes the first frame and 8 zero frames, every later block 12 zero frames,
+//! with the causal encoder's cache carried between blocks, so each block gets exactly the
+//! latents of the whole-horizon encode (a test holds the bytes) while the session holds
+//! one block's condition and the encoder's cache, whatever its length.
+
+use headroom_model::vae::StreamingEncodeState;
+use headroom_model::WanVae;
+use headroom_tensor::{DType, Device, Tensor};
+
+use crate::error::{EngineError, Result};
+use crate::session::BLOCK_FRAMES;
+
+/// Mask channels in front of the condition latents (the first latent frame is given).
+const MASK_CHANNELS: usize = 4;
+
+/// A session's image condition, one block at a time.
+#[derive(Debug)]
+pub(crate) struct ImageCondition {
+    /// The first frame `[1, 3, 1, H, W]`, until block 0 takes it.
+    first: Option<Tensor>,
+    state: StreamingEncodeState,
+    /// The block the condition below belongs to, and the condition
+    /// `[1, 4 + z_dim, 3, h, w]`.
+    current: Option<(usize, Tensor)>,
+    /// Pixel height and width.
+    size: [usize; 2],
+    device: Device,
+}
+
+impl ImageCondition {
+    /// The condition of a session starting from `first` (`[1, 3, 1, H, W]` in [−1, 1]).
+    pub(crate) fn new(first: Tensor) -> Result<Self> {
+        let [1, 3, 1, h, w] = *first.shape() else {
+            return Err(EngineError::request(
+                "image",
+                format!(
+                    "the first frame must be [1, 3, 1, H, W], got {:?}",
+                    first.shape()
+                ),
+            ));
+        };
+        Ok(Self {
+            device: first.device().clone(),
+            first: Some(first),
+            state: StreamingEncodeState::default(),
+            current: None,
+            size: [h, w],
+        })
+    }
+
+    /// Block `n`'s condition `[1, 4 + z_dim, 3, h, w]`: encoded now when `n` is the next
+    /// block, the one already made when it is the current one. Blocks come in order.
+    pub(crate) fn block(&mut self, vae: &WanVae, n: usize) -> Result<&Tensor> {
+        let next = self.current.as_ref().map_or(0, |(b, _)| b + 1);
+        if self.current.as_ref().is_some_and(|(b, _)| *b == n) {
+            return Ok(&self.current.as_ref().expect("checked above").1);
+        }
+        if n != next {
+            return Err(EngineError::request(
+                "image condition",
+                format!("block {n} asked for after block {}", next as isize - 1),
+            ));
+        }
+        // The previous block's condition is not needed any more: free it first.
+        self.current = None;
+        let [h, w] = self.size;
+        let first = self.first.take();
+        let device = self.device.clone();
+        let zeros = match &first {
+            Some(_) => 1 + 4 * (BLOCK_FRAMES - 1) - 1,
+            None => 4 * BLOCK_FRAMES,
+        };
+        let rest = Tensor::zeros(&[1, 3, zeros, h, w], DType::F32, &device)?;
+        let pixels = match &first {
+            Some(f) => Tensor::cat(&[f, &rest], 2)?,
+            None => rest,
+        };
+        let latent = vae.normalize(&vae.encode_frames(&pixels, &mut self.state)?)?;
+        drop(pixels);
+        let [_, _, t, lh, lw] = *latent.shape() else {
+            unreachable!("latents are 5-D")
+        };
+        let mask = match first {
+            Some(_) => Tensor::cat(
+                &[
+                    &Tensor::full(&[1, MASK_CHANNELS, 1, lh, lw], 1.0, DType::F32, &device)?,
+                    &Tensor::zeros(&[1, MASK_CHANNELS, t - 1, lh, lw], DType::F32, &device)?,
+                ],
+                2,
+            )?,
+            None => Tensor::zeros(&[1, MASK_CHANNELS, t, lh, lw], DType::F32, &device)?,
+        };
+        let cond = Tensor::cat(&[&mask, &latent], 1)?;
+        Ok(&self.current.insert((n, cond)).1)
+    }
+
+    /// Bytes held: the current block's condition and the encoder's cache.
+    pub(crate) fn bytes(&self) -> u64 {
+        let first = self.first.as_ref().map_or(0, Tensor::storage_bytes);
+        let current = self.current.as_ref().map_or(0, |(_, c)| c.storage_bytes());
+        (first + current + self.state.bytes()) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preset::ModelPreset;
+    use headroom_tensor::Device;
+
+    /// The whole-horizon condition as it was built before streaming: the pixel video
+    /// `[image, zeros × (frames − 1)]` encoded in one pass, the mask in front.
+    fn whole_horizon(vae: &WanVae, first: &Tensor, blocks: usize) -> Tensor {
+        let [_, _, _, h, w] = *first.shape() else {
+            unreachable!()
+        };
+        let frames = 1 + 4 * (blocks * BLOCK_FRAMES - 1);
+        let rest = Tensor::zeros(&[1, 3, frames - 1, h, w], DType::F32, first.device()).unwrap();
+        let video = Tensor::cat(&[first, &rest], 2).unwrap();
+        let latent = vae.normalize(&vae.encode(&video).unwrap()).unwrap();
+        let [_, _, t, lh, lw] = *latent.shape() else {
+            unreachable!()
+        };
+        let dev = first.device();
+        let ones = Tensor::full(&[1, 4, 1, lh, lw], 1.0, DType::F32, dev).unwrap();
+        let zeros = Tensor::zeros(&[1, 4, t - 1, lh, lw], DType::F32, dev).unwrap();
+        let mask = Tensor::cat(&[&ones, &zeros], 2).unwrap();
+        Tensor::cat(&[&mask, &latent], 1).unwrap()
+    }
+
+    #[test]
+    fn streamed_blocks_are_the_bytes_of_the_whole_horizon_encode() {
+        let dev = Device::cpu().unwrap();
+        let vae = WanVae::seeded(
+            ModelPreset::named("small").unwrap().vae,
+            7,
+            &dev,
+            DType::F32,
+        )
+        .unwrap();
+        let (h, w) = (32, 48);
+        let pixels: Vec<f32> = (0..3 * h * w)
+            .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+            .collect();
+        let first = Tensor::from_slice(&pixels, &[1, 3, 1, h, w], &dev).unwrap();
+        for blocks in [1, 3, 10] {
+            let whole = whole_horizon(&vae, &first, blocks);
+            let mut streamed = ImageCondition::new(first.clone()).unwrap();
+            for n in 0..blocks {
+                let block = streamed.block(&vae, n).unwrap().clone();
+                let want = whole.narrow(2, n * BLOCK_FRAMES, BLOCK_FRAMES).unwrap();
+                let bits = |t: &Tensor| -> Vec<u32> {
+                    t.to_f32_vec()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                };
+                assert_eq!(bits(&block), bits(&want), "{blocks} blocks: block {n}");
+                // Asking again for the current block gives it without encoding.
+                assert_eq!(streamed.block(&vae, n).unwrap().shape(), block.shape());
+            }
+            assert!(
+                streamed.block(&vae, blocks + 1).is_err(),
+                "blocks come in order"
+            );
+        }
+    }
+}
