@@ -142,7 +142,8 @@ pub fn run(args: PlanArgs) -> Result<()> {
         // The session does not fit: plan it on an unbounded card to say by how much,
         // instead of stopping at the first allocation that failed.
         Err(e)
-            if e.to_string().contains("out of memory")
+            if (e.to_string().contains("out of memory")
+                || e.to_string().contains("does not fit"))
                 && !args.measure
                 && args.kv_fraction.is_none() =>
         {

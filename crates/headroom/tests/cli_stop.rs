@@ -148,16 +148,9 @@ fn a_finished_run_renames_every_output_into_place_and_leaves_no_partial_name() {
     let dir = tempfile::tempdir().unwrap();
     let res = Command::new(env!("CARGO_BIN_EXE_headroom"))
         .current_dir(dir.path())
+        .arg("generate")
+        .args(common::TINY_SESSION)
         .args([
-            "generate",
-            "--model",
-            "tiny",
-            "--width",
-            "48",
-            "--height",
-            "32",
-            "--frames",
-            "9",
             "--out",
             "v.y4m",
             "--dump-latents",

@@ -3,6 +3,11 @@
 
 use std::process::{Command, Output};
 
+/// The tiny model's smallest session: 48×32, 9 frames.
+pub const TINY_SESSION: [&str; 8] = [
+    "--model", "tiny", "--width", "48", "--height", "32", "--frames", "9",
+];
+
 /// Runs `headroom` with `args`.
 pub fn headroom(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_headroom"))
