@@ -255,7 +255,10 @@ impl WanTransformer {
         if grid.rows > max || grid.cols > max {
             return Err(ModelError::input(
                 op,
-                format!("token grid {grid:?} exceeds rope_max_seq_len {max}"),
+                format!(
+                    "{}×{}×{} tokens (frames × rows × columns) exceed the rotary table's {max} per side",
+                    grid.frames, grid.rows, grid.cols
+                ),
             ));
         }
         Ok(grid)
