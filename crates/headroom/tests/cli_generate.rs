@@ -101,19 +101,7 @@ fn bad_arguments_are_one_line_errors_with_exit_code_2_and_leave_no_output() {
     ];
     for (extra, expected) in cases {
         // Defaults for every option the case does not set itself.
-        let mut args = vec!["generate", "--out", out_s];
-        for (flag, value) in [
-            ("--model", "tiny"),
-            ("--width", "48"),
-            ("--height", "32"),
-            ("--frames", "9"),
-        ] {
-            if !extra.contains(&flag) {
-                args.extend([flag, value]);
-            }
-        }
-        args.extend_from_slice(extra);
-        let res = headroom(&args);
+        let res = headroom(&common::tiny_generate(out_s, extra));
         assert_eq!(res.status.code(), Some(2), "{extra:?}");
         let stderr = String::from_utf8_lossy(&res.stderr);
         assert!(stderr.contains(expected), "{extra:?}: {stderr}");

@@ -11,19 +11,7 @@ use std::path::Path;
 /// replace any of those flags).
 fn generate(dir: &Path, extra: &[&str]) -> (Option<i32>, String) {
     let out = dir.join("v.y4m");
-    let mut args = vec!["generate", "--out", out.to_str().unwrap()];
-    for (flag, value) in [
-        ("--model", "tiny"),
-        ("--width", "48"),
-        ("--height", "32"),
-        ("--frames", "9"),
-    ] {
-        if !extra.contains(&flag) {
-            args.extend([flag, value]);
-        }
-    }
-    args.extend_from_slice(extra);
-    let res = headroom(&args);
+    let res = headroom(&common::tiny_generate(out.to_str().unwrap(), extra));
     (
         res.status.code(),
         String::from_utf8_lossy(&res.stderr).into_owned(),

@@ -8,6 +8,19 @@ pub const TINY_SESSION: [&str; 8] = [
     "--model", "tiny", "--width", "48", "--height", "32", "--frames", "9",
 ];
 
+/// `generate --out OUT` on [`TINY_SESSION`], each of its flags replaced by `extra`'s
+/// own when `extra` sets it, then `extra`.
+pub fn tiny_generate<'a>(out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["generate", "--out", out];
+    for pair in TINY_SESSION.chunks_exact(2) {
+        if !extra.contains(&pair[0]) {
+            args.extend_from_slice(pair);
+        }
+    }
+    args.extend_from_slice(extra);
+    args
+}
+
 /// Runs `headroom` with `args`.
 pub fn headroom(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_headroom"))
