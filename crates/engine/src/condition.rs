@@ -50,17 +50,18 @@ impl ImageCondition {
         })
     }
 
-    /// Block `n`'s condition `[1, 4 + z_dim, 3, h, w]`: encoded now when `n` is the next
-    /// block, the one already made when it is the current one. Blocks come in order.
-    pub(crate) fn block(&mut self, vae: &WanVae, n: usize) -> Result<&Tensor> {
-        let next = self.current.as_ref().map_or(0, |(b, _)| b + 1);
-        if self.current.as_ref().is_some_and(|(b, _)| *b == n) {
-            return Ok(&self.current.as_ref().expect("checked above").1);
-        }
+    /// Makes block `n`'s condition current: encoded now when `n` is the next block,
+    /// nothing to do when it is already current. Blocks come in order.
+    pub(crate) fn advance(&mut self, vae: &WanVae, n: usize) -> Result<()> {
+        let next = match &self.current {
+            Some((b, _)) if *b == n => return Ok(()),
+            Some((b, _)) => b + 1,
+            None => 0,
+        };
         if n != next {
             return Err(EngineError::request(
                 "image condition",
-                format!("block {n} asked for after block {}", next as isize - 1),
+                format!("block {n} asked for, but block {next} comes next"),
             ));
         }
         // The previous block's condition is not needed any more: free it first.
@@ -68,8 +69,9 @@ impl ImageCondition {
         let [h, w] = self.size;
         let first = self.first.take();
         let device = self.device.clone();
+        // Block 0: the image, then 8 zero frames (1 + 4 + 4); later blocks 3 × 4 zeros.
         let zeros = match &first {
-            Some(_) => 1 + 4 * (BLOCK_FRAMES - 1) - 1,
+            Some(_) => 4 * (BLOCK_FRAMES - 1),
             None => 4 * BLOCK_FRAMES,
         };
         let rest = Tensor::zeros(&[1, 3, zeros, h, w], DType::F32, &device)?;
@@ -92,8 +94,14 @@ impl ImageCondition {
             )?,
             None => Tensor::zeros(&[1, MASK_CHANNELS, t, lh, lw], DType::F32, &device)?,
         };
-        let cond = Tensor::cat(&[&mask, &latent], 1)?;
-        Ok(&self.current.insert((n, cond)).1)
+        self.current = Some((n, Tensor::cat(&[&mask, &latent], 1)?));
+        Ok(())
+    }
+
+    /// The current block's condition `[1, 4 + z_dim, 3, h, w]`, once a block was made
+    /// current.
+    pub(crate) fn current(&self) -> Option<&Tensor> {
+        self.current.as_ref().map(|(_, c)| c)
     }
 
     /// Bytes held: the current block's condition and the encoder's cache.
@@ -149,7 +157,8 @@ mod tests {
             let whole = whole_horizon(&vae, &first, blocks);
             let mut streamed = ImageCondition::new(first.clone()).unwrap();
             for n in 0..blocks {
-                let block = streamed.block(&vae, n).unwrap().clone();
+                streamed.advance(&vae, n).unwrap();
+                let block = streamed.current().unwrap().clone();
                 let want = whole.narrow(2, n * BLOCK_FRAMES, BLOCK_FRAMES).unwrap();
                 let bits = |t: &Tensor| -> Vec<u32> {
                     t.to_f32_vec()
@@ -159,11 +168,12 @@ mod tests {
                         .collect()
                 };
                 assert_eq!(bits(&block), bits(&want), "{blocks} blocks: block {n}");
-                // Asking again for the current block gives it without encoding.
-                assert_eq!(streamed.block(&vae, n).unwrap().shape(), block.shape());
+                // Asking again for the current block keeps it without encoding.
+                streamed.advance(&vae, n).unwrap();
+                assert_eq!(streamed.current().unwrap().shape(), block.shape());
             }
             assert!(
-                streamed.block(&vae, blocks + 1).is_err(),
+                streamed.advance(&vae, blocks + 1).is_err(),
                 "blocks come in order"
             );
         }

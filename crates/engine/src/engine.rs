@@ -537,14 +537,13 @@ impl Engine {
         pad_text(text, self.dit.config().text_dim, &self.device)
     }
 
-    /// `[mask (4) | normalised image latent (16)]` for every latent frame: the VAE mean
-    /// of `[image, 0, 0, …]` (the request's image, else the folder's own first frame,
-    /// else black) over the session's horizon, mask 1 at frame 0 only. The
-    /// later pixel frames are zeros in the [−1, 1] range (mid-grey), as LingBot's
-    /// `image2video_fast.py` (`torch.zeros`) and vllm-omni's `_prepare_condition`
-    /// (`new_zeros`) build them; black (−1) frames condition a real checkpoint on a
-    /// video it was never trained on.
-    /// The session's image condition, streamed block by block from its first frame.
+    /// The session's image condition, streamed block by block ([`ImageCondition`]):
+    /// `[mask (4) | normalised image latent (16)]` per latent frame, the VAE mean of
+    /// `[image, 0, 0, …]` (the request's image, else the folder's own first frame, else
+    /// black), mask 1 at frame 0 only. The later pixel frames are zeros in the [−1, 1]
+    /// range (mid-grey), as LingBot's `image2video_fast.py` (`torch.zeros`) and
+    /// vllm-omni's `_prepare_condition` (`new_zeros`) build them; black (−1) frames
+    /// condition a real checkpoint on a video it was never trained on.
     fn image_condition(&self, r: &SessionRequest) -> Result<ImageCondition> {
         let first = match &r.image {
             Some(image) => image

@@ -77,7 +77,7 @@ impl ModelSource {
         if PRESETS.contains(&model) {
             return Ok(ModelSource::Preset(Box::new(ModelPreset::named(model)?)));
         }
-        if model.contains(['/', '\\']) || model.starts_with('.') || model.starts_with('~') {
+        if looks_like_path(model) {
             return Err(refuse(format!("{model}: no such folder")));
         }
         Err(refuse(format!(
@@ -156,13 +156,12 @@ pub fn check_shape(
             format!("must be 12·K − 3 (9, 21, 33, …) for K chunks, got {num_frames}"),
         ));
     }
-    let blocks = (num_frames + 3) / 12;
-    if blocks * BLOCK_FRAMES > max {
+    let latent = latent_frames(num_frames);
+    if latent > max {
         return Err(EngineError::request(
             "num_frames",
             format!(
-                "{num_frames} frames are {} latent frames; the model's rotary table has {max} positions, so at most {} frames",
-                blocks * BLOCK_FRAMES,
+                "{num_frames} frames are {latent} latent frames; the model's rotary table has {max} positions, so at most {} frames",
                 max / BLOCK_FRAMES * 12 - 3
             ),
         ));
@@ -174,24 +173,42 @@ pub fn check_shape(
             format!("a block's {tokens} tokens do not split into sp = {sp} equal parts"),
         ));
     }
-    Ok(blocks)
+    Ok(latent / BLOCK_FRAMES)
 }
 
-/// Checks what `config` and a session of `width × height × num_frames` on `sp`
-/// sequence-parallel ranks can be told before any weights load: the model resolves,
-/// and the shape meets the declared architecture's rules.
+/// Whether `model` is written as a path rather than a name.
+fn looks_like_path(model: &str) -> bool {
+    model.contains(['/', '\\']) || model.starts_with(['.', '~'])
+}
+
+/// Whether `model` names nothing [`ModelSource::resolve`] can take: no file or folder
+/// of that name, no preset, and not written as a path (that is a missing folder).
+pub fn names_nothing(model: &str) -> bool {
+    !Path::new(model).exists() && !PRESETS.contains(&model) && !looks_like_path(model)
+}
+
+/// Checks what `config` and a session of `width × height × num_frames` on `mesh` can
+/// be told before any weights load, reading the model's configs once: the model
+/// resolves, the mesh divides its heads (as [`crate::preset::check_mesh`]), and the
+/// shape meets the declared architecture's rules.
 pub fn check_request(
     config: &crate::engine::EngineConfig,
-    sp: usize,
+    mesh: crate::mesh::Mesh,
     width: usize,
     height: usize,
     num_frames: usize,
 ) -> Result<()> {
+    mesh.validate()?;
     let source = ModelSource::resolve(&config.model)?;
+    let dit = source.dit_config()?;
+    // A `--transformer` checkpoint's heads are checked as it loads.
+    if mesh != crate::mesh::Mesh::SINGLE && config.transformer.is_none() {
+        crate::preset::check_heads(&dit, mesh)?;
+    }
     check_shape(
-        &source.dit_config()?,
+        &dit,
         &source.vae_config()?,
-        sp,
+        mesh.sp,
         width,
         height,
         num_frames,

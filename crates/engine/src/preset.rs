@@ -106,7 +106,15 @@ pub fn check_mesh(config: &crate::engine::EngineConfig, mesh: crate::mesh::Mesh)
     if mesh == crate::mesh::Mesh::SINGLE || config.transformer.is_some() {
         return Ok(());
     }
-    let dit = crate::model_source::ModelSource::resolve(&config.model)?.dit_config()?;
+    check_heads(
+        &crate::model_source::ModelSource::resolve(&config.model)?.dit_config()?,
+        mesh,
+    )
+}
+
+/// Refuses a mesh whose degrees do not divide `dit`'s heads (`tp · sp`) or FFN width
+/// (`tp`).
+pub(crate) fn check_heads(dit: &headroom_model::DitConfig, mesh: crate::mesh::Mesh) -> Result<()> {
     let (tp, sp) = (mesh.tp, mesh.sp);
     if !dit.num_attention_heads.is_multiple_of(tp * sp) || !dit.ffn_dim.is_multiple_of(tp) {
         return Err(EngineError::request(

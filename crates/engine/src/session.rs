@@ -180,10 +180,9 @@ pub struct Session {
     device: Device,
     kv: Option<SessionKv>,
     text: TextKeyValues,
-    /// The image condition, streamed block by block (image-conditioned models).
+    /// The image condition, streamed block by block (image-conditioned models); its
+    /// current block is the one being denoised.
     cond: Option<ImageCondition>,
-    /// The condition of the block being denoised.
-    block_cond: Option<Tensor>,
     decode_state: StreamingDecodeState,
     schedule: DmdSchedule,
     seed: u64,
@@ -243,7 +242,6 @@ impl Session {
             kv: Some(kv),
             text,
             cond,
-            block_cond: None,
             schedule: DmdSchedule::shifted(request.steps, request.flow_shift)?,
             seed: request.seed,
             noise_counter: 0,
@@ -346,7 +344,6 @@ impl Session {
             .iter()
             .map(|kv| kv.k.storage_bytes() + kv.v.storage_bytes())
             .sum();
-        // `block_cond` shares the condition's storage: counted once, there.
         text as u64 + self.cond.as_ref().map_or(0, ImageCondition::bytes)
     }
 
@@ -417,7 +414,7 @@ impl Session {
     /// The model input of block latents `x`: with the block's image condition appended
     /// for image-conditioned models.
     fn model_input(&self, x: &Tensor) -> Result<Tensor> {
-        match &self.block_cond {
+        match self.cond.as_ref().and_then(ImageCondition::current) {
             Some(c) => Ok(Tensor::cat(&[x, c], 1)?),
             None => Ok(x.clone()),
         }
@@ -544,9 +541,8 @@ impl Session {
         let start = Instant::now();
         // This block's image condition, encoded as the block starts (the last block's
         // goes first, so one block's is held at a time).
-        self.block_cond = None;
         if let Some(cond) = self.cond.as_mut() {
-            self.block_cond = Some(cond.block(&self.vae, n)?.clone());
+            cond.advance(&self.vae, n)?;
         }
         let past = self
             .kv
@@ -602,7 +598,6 @@ impl Session {
         self.pending = None;
         self.kv = None;
         self.cond = None;
-        self.block_cond = None;
         self.text = TextKeyValues(Vec::new());
         self.pending_text = None;
         self.decode_state.release();

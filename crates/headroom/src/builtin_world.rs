@@ -37,12 +37,10 @@ const FILES: [(&str, &[u8]); 5] = [
 /// (written on first use); anything else is passed through.
 pub fn resolve(model: &str) -> Result<String> {
     if model != WORLD {
-        let names = headroom_engine::PRESETS;
-        let path_like = model.contains(['/', '\\']) || model.starts_with(['.', '~']);
-        if !Path::new(model).exists() && !names.contains(&model) && !path_like {
+        if headroom_engine::model_source::names_nothing(model) {
             anyhow::bail!(
                 "model: unknown model {model:?}; built-in models are {WORLD} (the default), {}, or give a model folder",
-                names.join(", ")
+                headroom_engine::PRESETS.join(", ")
             );
         }
         return Ok(model.to_string());

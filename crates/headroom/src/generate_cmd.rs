@@ -322,10 +322,9 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
         weight_dtype: args.shape.dtype.dtype(),
         ..EngineConfig::default()
     };
-    headroom_engine::preset::check_mesh(&config, args.ranks.mesh()?)?;
     headroom_engine::model_source::check_request(
         &config,
-        args.ranks.sp,
+        args.ranks.mesh()?,
         width,
         height,
         args.shape.frames,

@@ -42,49 +42,25 @@ impl Output {
     /// A file output for the flag `field` (e.g. `--out`): refused unless its folder
     /// exists and a file can be created in it, and unless the target is not a folder.
     pub fn file(field: &'static str, target: &Path) -> Result<Self> {
-        if target.is_dir() {
-            bail!(
-                "{field} {}: is a folder; give a file name",
-                target.display()
-            );
-        }
-        let out = Self::beside(field, target, false)?;
-        // Probe the folder with the partial name itself, then leave it empty until the
-        // run writes (nothing exists while the weights load).
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&out.partial)
-            .with_context(|| {
-                format!(
-                    "{field} {}: cannot create a file in {}",
-                    target.display(),
-                    out.folder().display()
-                )
-            })?;
-        remove(&out.partial, false);
-        Ok(out)
+        Self::checked(field, target, false)
     }
 
     /// A folder output (PNG frames): refused when the target is a file or its parent
     /// cannot take a new folder.
     pub fn dir(field: &'static str, target: &Path) -> Result<Self> {
-        if target.exists() && !target.is_dir() {
-            bail!("{field} {}: exists and is not a folder", target.display());
-        }
-        let out = Self::beside(field, target, true)?;
-        std::fs::create_dir(&out.partial).with_context(|| {
-            format!(
-                "{field} {}: cannot create a folder in {}",
-                target.display(),
-                out.folder().display()
-            )
-        })?;
-        remove(&out.partial, true);
-        Ok(out)
+        Self::checked(field, target, true)
     }
 
-    fn beside(field: &'static str, target: &Path, dir: bool) -> Result<Self> {
+    fn checked(field: &'static str, target: &Path, dir: bool) -> Result<Self> {
+        if !dir && target.is_dir() {
+            bail!(
+                "{field} {}: is a folder; give a file name",
+                target.display()
+            );
+        }
+        if dir && target.exists() && !target.is_dir() {
+            bail!("{field} {}: exists and is not a folder", target.display());
+        }
         let Some(name) = target.file_name().and_then(|n| n.to_str()) else {
             bail!(
                 "{field} {}: must end in a file or folder name",
@@ -92,8 +68,8 @@ impl Output {
             );
         };
         let folder = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
         };
         if !folder.is_dir() {
             bail!(
@@ -103,6 +79,26 @@ impl Output {
             );
         }
         let partial = folder.join(format!(".{name}.partial-{}", std::process::id()));
+        // Probe the folder with the partial name itself, then leave nothing there until
+        // the run writes (nothing exists while the weights load).
+        let probe = if dir {
+            std::fs::create_dir(&partial)
+        } else {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&partial)
+                .map(drop)
+        };
+        probe.with_context(|| {
+            format!(
+                "{field} {}: cannot create a {} in {}",
+                target.display(),
+                if dir { "folder" } else { "file" },
+                folder.display()
+            )
+        })?;
+        remove(&partial, dir);
         Ok(Self {
             field,
             target: target.to_path_buf(),
@@ -110,10 +106,6 @@ impl Output {
             dir,
             committed: false,
         })
-    }
-
-    fn folder(&self) -> &Path {
-        self.partial.parent().unwrap_or(Path::new("."))
     }
 
     /// The path the run writes to until the output is committed; from now on a failure

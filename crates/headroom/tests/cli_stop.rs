@@ -17,28 +17,25 @@ fn entries(dir: &Path) -> Vec<String> {
     names
 }
 
+/// Frames of a session long enough that a signal always lands mid-run (100 chunks).
+const LONG: &str = "1197";
+
 /// Starts a long `generate` on tiny writing `out`, latents and a trace into `dir`, waits
 /// until its first partial output exists (an event, not a delay), then sends `signal`.
 fn stop_mid_run(dir: &Path, out: &str, signal: i32) -> std::process::ExitStatus {
     let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
         .current_dir(dir)
-        .args([
-            "generate",
-            "--model",
-            "tiny",
-            "--width",
-            "48",
-            "--height",
-            "32",
-            "--frames",
-            "1197",
-            "--out",
+        .args(common::tiny_generate(
             out,
-            "--dump-latents",
-            "l.npy",
-            "--trace",
-            "t.pickle",
-        ])
+            &[
+                "--frames",
+                LONG,
+                "--dump-latents",
+                "l.npy",
+                "--trace",
+                "t.pickle",
+            ],
+        ))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -81,10 +78,7 @@ fn a_signal_never_touches_frames_already_in_an_existing_folder() {
     std::fs::write(frames.join("mine.txt"), b"kept").unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
         .current_dir(dir.path())
-        .args([
-            "generate", "--model", "tiny", "--width", "48", "--height", "32", "--frames", "1197",
-            "--out", "frames",
-        ])
+        .args(common::tiny_generate("frames", &["--frames", LONG]))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -8,34 +8,24 @@ use std::process::Command;
 
 /// The README's shell lines inside code blocks, continuations joined, comments dropped.
 fn code_lines() -> Vec<String> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .expect("the README is readable");
     let mut lines = Vec::new();
-    // Inside a fence, and whether it holds shell lines.
-    let (mut open, mut shell) = (false, false);
-    let mut pending = String::new();
-    for raw in text.lines() {
-        let line = raw.trim();
-        if line.starts_with("```") {
-            shell = !open && matches!(line, "```" | "```sh" | "```bash");
-            open = !open;
-            continue;
+    for block in ["", "sh", "bash"].into_iter().flat_map(blocks) {
+        let mut pending = String::new();
+        for raw in block.lines() {
+            let line = raw.trim();
+            let line = match line.find(" #") {
+                Some(i) => line[..i].trim_end(),
+                None if line.starts_with('#') => "",
+                None => line,
+            };
+            if let Some(head) = line.strip_suffix('\\') {
+                pending.push_str(head);
+                pending.push(' ');
+                continue;
+            }
+            pending.push_str(line);
+            lines.push(std::mem::take(&mut pending));
         }
-        if !shell {
-            continue;
-        }
-        let line = match line.find(" #") {
-            Some(i) => line[..i].trim_end(),
-            None if line.starts_with('#') => "",
-            None => line,
-        };
-        if let Some(head) = line.strip_suffix('\\') {
-            pending.push_str(head);
-            pending.push(' ');
-            continue;
-        }
-        pending.push_str(line);
-        lines.push(std::mem::take(&mut pending));
     }
     lines
 }
