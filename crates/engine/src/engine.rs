@@ -158,6 +158,22 @@ impl Engine {
         Ok(engine)
     }
 
+    /// This rank's engine of a mesh on `device` (a GPU device, one per rank, whose TP
+    /// and SP groups run on NCCL), with the meta twin of the whole mesh for planning.
+    pub fn on_mesh_device(
+        config: EngineConfig,
+        device: Device,
+        groups: &crate::mesh::RankGroups,
+    ) -> Result<Self> {
+        let mesh = groups.mesh();
+        if mesh == crate::mesh::Mesh::SINGLE {
+            return Self::on_device(config, device);
+        }
+        let mut engine = Self::build(config, device, Some(groups.sharding.clone()))?;
+        engine.meta = Some(crate::planned::MetaTwin::for_mesh(mesh, groups.rank()));
+        Ok(engine)
+    }
+
     /// An engine on `device`: a GPU device (`Device::cuda`, or `Device::checked_gpu` to
     /// run every op through the launch path without a GPU) or any host device.
     pub fn on_device(config: EngineConfig, device: Device) -> Result<Self> {

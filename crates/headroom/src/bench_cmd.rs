@@ -322,7 +322,7 @@ fn session(args: SessionArgs) -> Result<()> {
             },
             args.ranks.mesh()?,
         )?;
-        let summary = args.ranks.launch(false, |groups| {
+        let summary = args.ranks.launch(None, |groups, _| {
             let config = SessionBenchConfig {
                 groups: Some(groups),
                 ..config.clone()

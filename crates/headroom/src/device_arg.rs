@@ -97,6 +97,15 @@ impl DeviceArg {
         }
     }
 
+    /// The device of a rank that is `local`-th among its node's processes: `cuda:N`
+    /// becomes `cuda:N+local` (one GPU per rank, counted from N); others are unchanged.
+    pub fn rank_device(self, local: usize) -> DeviceArg {
+        match self {
+            DeviceArg::Cuda(first) => DeviceArg::Cuda(first + local),
+            other => other,
+        }
+    }
+
     /// The capacity the card reports (`cuDeviceTotalMem`) for `cuda`; `None` for `cpu`.
     pub fn card_capacity(self) -> Result<Option<u64>> {
         match self {

@@ -374,15 +374,18 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         })?;
         return print_report(&args, &report);
     }
-    if on_gpu {
-        bail!(
-            "--tp/--sp on --device {}: sharded sessions run on the host in this build (--comm threads or mpi)",
-            args.shape.device
-        );
-    }
-    let report = args
-        .ranks
-        .launch(on_gpu, |groups| rank_main(&args, &prepared, groups))?;
+    let gpu = |local: usize| -> Result<Device> {
+        let device = args.shape.device.rank_device(local).engine_device(
+            &prepared.config.allocator,
+            prepared.reclaim,
+            prepared.config.capacity,
+        )?;
+        device.context("a GPU rank needs a GPU device")
+    };
+    let gpu: crate::ranks::GpuFor<'_> = &gpu;
+    let report = args.ranks.launch(on_gpu.then_some(gpu), |groups, device| {
+        rank_main(&args, &prepared, groups, device)
+    })?;
     match report {
         Some(report) => print_report(&args, &report),
         None => Ok(()),
@@ -391,9 +394,17 @@ pub fn run(args: GenerateArgs) -> Result<()> {
 
 /// One rank of a sharded `generate`: rank 0 streams the session and writes the video,
 /// every other rank follows its commands.
-fn rank_main(args: &GenerateArgs, prepared: &Prepared, groups: RankGroups) -> Result<Report> {
+fn rank_main(
+    args: &GenerateArgs,
+    prepared: &Prepared,
+    groups: RankGroups,
+    device: Option<Device>,
+) -> Result<Report> {
     let config = &prepared.config;
-    let engine = Engine::on_mesh(config.clone(), config.cpu_platform()?, &groups)?;
+    let engine = match device {
+        Some(device) => Engine::on_mesh_device(config.clone(), device, &groups)?,
+        None => Engine::on_mesh(config.clone(), config.cpu_platform()?, &groups)?,
+    };
     if groups.rank() != 0 {
         replicated::follow(&engine, &groups.world)?;
         return Ok(Report::default());

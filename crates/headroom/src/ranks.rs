@@ -16,6 +16,7 @@ use std::str::FromStr;
 use anyhow::{bail, Result};
 use clap::Args;
 use headroom_engine::{EngineError, Mesh, RankGroups};
+use headroom_tensor::Device;
 
 /// The collective backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,17 +111,24 @@ impl RankArgs {
         Ok(!matches!(self.comm, Some(CommArg::Mpi | CommArg::Nccl)))
     }
 
-    /// Runs `work` on every rank of the mesh with its groups and returns rank 0's value
-    /// in the process that holds rank 0 (`None` in the others). A world size that is not
-    /// `tp · sp` is refused before `work` runs (so before any weights load).
-    pub fn launch<T, W>(&self, on_gpu: bool, work: W) -> Result<Option<T>>
+    /// Runs `work` on every rank of the mesh with its groups (and, on GPUs, its device)
+    /// and returns rank 0's value in the process that holds rank 0 (`None` in the
+    /// others). `gpu` makes a rank's GPU from its rank among the job's processes on its
+    /// node; with it the collectives run on NCCL, without it on the host. A world size
+    /// that is not `tp · sp`, or a backend that cannot run where the ranks are, is
+    /// refused before `work` runs (so before any weights load).
+    pub fn launch<T, W>(&self, gpu: Option<GpuFor<'_>>, work: W) -> Result<Option<T>>
     where
         T: Send,
-        W: Fn(RankGroups) -> Result<T> + Sync,
+        W: Fn(RankGroups, Option<Device>) -> Result<T> + Sync,
     {
         let mesh = self.mesh()?;
-        match self.comm(on_gpu) {
-            CommArg::Threads => {
+        let comm = self.comm(gpu.is_some());
+        match (comm, gpu) {
+            (CommArg::Threads | CommArg::Mpi, Some(_)) => bail!(
+                "--comm {comm} on a GPU: a sharded session on GPUs runs its collectives on NCCL, one process per GPU (--comm nccl, the default there)"
+            ),
+            (CommArg::Threads, None) => {
                 if let Some(ranks) = headroom_mpi::launched_ranks() {
                     bail!(
                         "--comm threads runs every rank in one process, but this process is one of {ranks} started by an MPI launcher; use --comm mpi, or start one process"
@@ -128,33 +136,85 @@ impl RankArgs {
                 }
                 let mut values = mesh.run_threads(|groups| {
                     let rank = groups.rank();
-                    work(groups).map_err(|e| EngineError::Rank {
+                    work(groups, None).map_err(|e| EngineError::Rank {
                         rank,
                         reason: format!("{e:#}"),
                     })
                 })?;
                 Ok(Some(values.swap_remove(0)))
             }
-            CommArg::Mpi => {
+            (CommArg::Mpi, None) => {
                 let job = headroom_mpi::MpiJob::init()?;
                 let (tp, sp) = job.mesh_groups(mesh.tp, mesh.sp)?;
                 let groups = RankGroups::new(job.world(), tp, sp)?;
-                let rank = groups.rank();
-                let out = work(groups.clone());
-                match out {
-                    Ok(v) => Ok((rank == 0).then_some(v)),
-                    Err(e) if rank == 0 => Err(e),
-                    Err(e) => {
-                        // A follower that fails takes the job down, naming itself.
-                        eprintln!("headroom: rank {rank} failed: {e:#}");
-                        groups.world.abort();
-                        Err(e)
-                    }
-                }
+                run_rank(groups, None, &work)
             }
-            CommArg::Nccl => bail!(
-                "--comm nccl: this build runs NCCL collectives only with --features cuda,mpi on a CUDA device; use --comm mpi or threads on the host"
+            (CommArg::Nccl, None) => bail!(
+                "--comm nccl runs on GPUs, one process per GPU: pass --device cuda (rank r of a node takes cuda:r), or use --comm mpi or threads on the host"
             ),
+            (CommArg::Nccl, Some(gpu)) => nccl_launch(mesh, gpu, &work),
         }
     }
+}
+
+/// Makes a rank's GPU device from its rank among the job's processes on its node.
+pub type GpuFor<'a> = &'a (dyn Fn(usize) -> Result<Device> + Sync);
+
+/// Runs `work` as this process's rank and returns its value on rank 0. A follower that
+/// fails takes the job down, naming itself.
+fn run_rank<T, W>(groups: RankGroups, device: Option<Device>, work: &W) -> Result<Option<T>>
+where
+    W: Fn(RankGroups, Option<Device>) -> Result<T>,
+{
+    let rank = groups.rank();
+    match work(groups.clone(), device) {
+        Ok(v) => Ok((rank == 0).then_some(v)),
+        Err(e) if rank == 0 => Err(e),
+        Err(e) => {
+            eprintln!("headroom: rank {rank} failed: {e:#}");
+            groups.world.abort();
+            Err(e)
+        }
+    }
+}
+
+/// The NCCL mesh: an MPI job whose TP and SP groups each get an NCCL communicator on
+/// this rank's GPU (the unique ids travel over the MPI groups, which stay the control
+/// plane). Any rank that cannot open its GPU or its communicators ends the job, naming
+/// itself, instead of leaving the others waiting in NCCL's initialisation.
+#[cfg(all(feature = "cuda", feature = "mpi"))]
+fn nccl_launch<T, W>(mesh: headroom_engine::Mesh, gpu: GpuFor<'_>, work: &W) -> Result<Option<T>>
+where
+    W: Fn(RankGroups, Option<Device>) -> Result<T>,
+{
+    use headroom_tensor::comm::nccl::NcclComm;
+    use headroom_tensor::comm::Communicator;
+    use std::sync::Arc;
+
+    let job = headroom_mpi::MpiJob::init()?;
+    let (tp, sp) = job.mesh_groups(mesh.tp, mesh.sp)?;
+    let setup = || -> Result<(RankGroups, Device)> {
+        let local = headroom_mpi::local_rank().unwrap_or(job.rank());
+        let device = gpu(local)?;
+        let tp = Arc::new(NcclComm::init(tp, &device)?) as Arc<dyn Communicator>;
+        let sp = Arc::new(NcclComm::init(sp, &device)?) as Arc<dyn Communicator>;
+        Ok((RankGroups::new(job.world(), tp, sp)?, device))
+    };
+    match setup() {
+        Ok((groups, device)) => run_rank(groups, Some(device), work),
+        Err(e) => {
+            eprintln!("headroom: rank {} failed: {e:#}", job.rank());
+            job.world().abort();
+            Err(e)
+        }
+    }
+}
+
+/// A build without CUDA and MPI has no NCCL mesh.
+#[cfg(not(all(feature = "cuda", feature = "mpi")))]
+fn nccl_launch<T, W>(_: headroom_engine::Mesh, _: GpuFor<'_>, _: &W) -> Result<Option<T>>
+where
+    W: Fn(RankGroups, Option<Device>) -> Result<T>,
+{
+    bail!("--comm nccl: this build has no NCCL mesh; build with --features cuda,mpi (NCCL itself is loaded at run time)")
 }

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::sync::Arc;
 
-use headroom_engine::{replicated, Engine, EngineConfig};
+use headroom_engine::{replicated, Engine, EngineConfig, RankGroups};
 use headroom_mem::{parse_size, AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
 use headroom_server::{Defaults, Limits, Server, ServerConfig};
 
@@ -83,6 +83,11 @@ pub struct ServeArgs {
     /// Default frames of a session.start that gives none (12·K − 3).
     #[arg(long, default_value_t = 33)]
     frames: usize,
+    /// Where the engine runs: cpu, cuda[:N] (on a mesh, rank r of a node takes
+    /// cuda:N+r and the collectives run on NCCL) or cuda-check (the GPU path without a
+    /// GPU: launches checked, frames black).
+    #[arg(long, default_value = "cpu")]
+    device: crate::device_arg::DeviceArg,
     #[command(flatten)]
     ranks: crate::ranks::RankArgs,
 }
@@ -172,7 +177,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
         return serve_mesh(&args, engine, config);
     }
     eprintln!("headroom serve: loading model {}", args.model);
-    let server = Server::new(engine, config)?;
+    let server = match args
+        .device
+        .engine_device(&engine.allocator, reclaim, capacity)?
+    {
+        Some(device) => {
+            let engine = EngineConfig {
+                max_sessions: config.max_sessions,
+                ..engine
+            };
+            let loaded = Engine::on_device(engine, device)
+                .context("cannot load the engine on the device")?;
+            Server::with_engine(loaded, None, config)?
+        }
+        None => Server::new(engine, config)?,
+    };
     serve(&args, server)
 }
 
@@ -184,15 +203,28 @@ fn serve_mesh(args: &ServeArgs, mut engine: EngineConfig, config: ServerConfig) 
     let mesh = args.ranks.mesh()?;
     headroom_engine::preset::check_mesh(&engine, mesh)?;
     engine.max_sessions = 1;
-    args.ranks.launch(false, |groups| {
-        let platform = engine.cpu_platform()?;
+    let on_gpu = args.device != crate::device_arg::DeviceArg::Cpu;
+    let gpu = |local: usize| -> Result<headroom_tensor::Device> {
+        let device = args.device.rank_device(local).engine_device(
+            &engine.allocator,
+            engine.reclaim,
+            engine.capacity,
+        )?;
+        device.context("a GPU rank needs a GPU device")
+    };
+    let gpu: crate::ranks::GpuFor<'_> = &gpu;
+    let load = |groups: &RankGroups, device: Option<headroom_tensor::Device>| match device {
+        Some(device) => Engine::on_mesh_device(engine.clone(), device, groups),
+        None => Engine::on_mesh(engine.clone(), engine.cpu_platform()?, groups),
+    };
+    args.ranks.launch(on_gpu.then_some(gpu), |groups, device| {
         if groups.rank() != 0 {
             if groups.backend() == "mpi" {
                 // mpirun forwards SIGTERM and Ctrl-C to every rank: rank 0 shuts the
                 // server down and then tells the followers, who must not die first.
                 ignore_stop_signals();
             }
-            let engine = Engine::on_mesh(engine.clone(), platform, &groups)?;
+            let engine = load(&groups, device)?;
             replicated::follow(&engine, &groups.world)?;
             return Ok(());
         }
@@ -204,7 +236,7 @@ fn serve_mesh(args: &ServeArgs, mut engine: EngineConfig, config: ServerConfig) 
             mesh.sp,
             groups.backend()
         );
-        let loaded = Engine::on_mesh(engine.clone(), platform, &groups)?;
+        let loaded = load(&groups, device)?;
         let server = Server::with_engine(loaded, Some(Arc::clone(&groups.world)), config.clone())?;
         let served = serve(args, server);
         let shutdown = replicated::lead_shutdown(&groups.world);

@@ -112,6 +112,37 @@ fn a_kv_budget_fraction_is_a_share_of_the_capacity_and_says_its_bytes() {
 }
 
 #[test]
+fn a_backend_that_cannot_run_where_the_ranks_are_is_refused_before_the_weights_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // NCCL needs GPUs; host ranks run on threads or MPI.
+    assert_refused(
+        d,
+        &["--tp", "2", "--comm", "nccl"],
+        &["--comm nccl runs on GPUs", "--device cuda"],
+    );
+    // GPU ranks run their collectives on NCCL, never on host threads.
+    assert_refused(
+        d,
+        &["--device", "cuda-check", "--tp", "2", "--comm", "threads"],
+        &["--comm threads on a GPU", "--comm nccl"],
+    );
+    assert_refused(
+        d,
+        &["--device", "cuda-check", "--tp", "2", "--comm", "mpi"],
+        &["--comm mpi on a GPU"],
+    );
+    if !cfg!(all(feature = "cuda", feature = "mpi")) {
+        // The default on a GPU is NCCL, which this build does not carry.
+        assert_refused(
+            d,
+            &["--device", "cuda-check", "--tp", "2"],
+            &["--features cuda,mpi"],
+        );
+    }
+}
+
+#[test]
 fn threads_past_the_cores_are_capped_with_a_warning() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("v.y4m");

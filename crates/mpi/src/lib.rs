@@ -61,3 +61,17 @@ pub fn launched_ranks() -> Option<usize> {
         .find_map(|v| std::env::var(v).ok()?.parse().ok())
         .filter(|&n: &usize| n > 1)
 }
+
+/// This process's rank among the job's processes on its own node, as the launcher
+/// announced it (Open MPI, MPICH/Hydra, Slurm): the GPU a one-process-per-GPU rank
+/// takes. `None` when no launcher said.
+pub fn local_rank() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+        "PMIX_LOCAL_RANK",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+}
