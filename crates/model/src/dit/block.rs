@@ -119,14 +119,17 @@ impl Attention {
         Ok(KeyValues { k, v })
     }
 
-    /// Attention of the tokens `a` over keys/values `kv` (exchanged as in
-    /// [`Attention::key_values`] with `ulysses`), projected out and summed across the
-    /// TP group.
+    /// Attention of the tokens `a` over keys/values: segment `i`'s rows (`lens[i]` of
+    /// them, in order) over `kvs[i]` (exchanged as in [`Attention::key_values`] with
+    /// `ulysses`), projected out and summed across the TP group. Only the products
+    /// with keys are per segment; the projections run on every row at once.
+    #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         a: &Tensor,
         rope: Option<(&RopeTable, &[[usize; 3]])>,
-        kv: &KeyValues,
+        kvs: &[&KeyValues],
+        lens: &[usize],
         mask: Mask,
         shard: Option<&Sharding>,
         ulysses: bool,
@@ -136,7 +139,12 @@ impl Attention {
             q = shard::seq_to_heads(shard, q)?;
         }
         let compute = crate::compute_for(self.to_q.weight.dtype());
-        let mut o = Tensor::scaled_dot_product_attention_in(&q, &kv.k, &kv.v, mask, None, compute)?;
+        let mut o = per_segment(&q, lens, |q, i, _| {
+            let kv = kvs[i];
+            Ok(Tensor::scaled_dot_product_attention_in(
+                q, &kv.k, &kv.v, mask, None, compute,
+            )?)
+        })?;
         drop(q);
         if ulysses {
             o = shard::heads_to_seq(shard, o)?;
@@ -147,6 +155,26 @@ impl Attention {
         let o = o.reshape(&[b, l, self.heads * self.head_dim])?;
         shard::col_split_forward(shard, &self.to_out, &o)
     }
+}
+
+/// `op` on each segment's rows of `x` (`[1, ΣL, …]`, `lens[i]` rows for segment `i`, in
+/// order) with the segment's index and first row, the results stacked back along the
+/// rows; one segment is `op` on `x` itself, with no copy. Rows never mix, so a segment's
+/// result is what `op` gives its rows alone.
+fn per_segment<F>(x: &Tensor, lens: &[usize], mut op: F) -> Result<Tensor>
+where
+    F: FnMut(&Tensor, usize, usize) -> Result<Tensor>,
+{
+    if let [_] = lens {
+        return op(x, 0, 0);
+    }
+    let mut parts = Vec::with_capacity(lens.len());
+    let mut start = 0;
+    for (i, &len) in lens.iter().enumerate() {
+        parts.push(op(&x.narrow(1, start, len)?, i, start)?);
+        start += len;
+    }
+    Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 1)?)
 }
 
 /// Cross-attention keys and values of a session's text, computed once per block.
@@ -273,37 +301,71 @@ impl Block {
         (0..6).map(|i| Ok(m.narrow(1, i, 1)?)).collect()
     }
 
-    /// Runs the block on tokens `h [1, L, dim]` at `positions`. Self-attention sees
-    /// `past` keys/values (earlier frames) followed by the tokens' own, under `mask`;
-    /// `camera` tokens `[1, L, dim]` modulate the result when the block has an adapter.
-    /// Returns the new hidden states and the tokens' own keys/values (for a KV cache).
-    /// Sharded, `h`, `positions` and `camera` are this rank's tokens, and the keys/values
-    /// (past and own) cover the SP group's tokens with this rank's heads.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs the block on the stacked tokens `h [1, ΣL, dim]` of one or more segments
+    /// (sessions), `positions` and `camera` tokens covering every row. Segment `i`'s
+    /// rows are modulated by its own timestep and self-attend its `past` keys/values
+    /// (earlier frames) followed by its own under `mask`, and cross-attend its own
+    /// text; the linear layers run on every row at once. `camera` tokens modulate the
+    /// result when the block has an adapter. Returns the new hidden states and the
+    /// tokens' own keys/values (for a KV cache), both stacked. Sharded, `h`,
+    /// `positions` and `camera` are this rank's tokens (one segment), and the
+    /// keys/values (past and own) cover the SP group's tokens with this rank's heads.
     pub fn forward(
         &self,
         h: &Tensor,
-        tproj: &Tensor,
+        segments: &[Segment<'_>],
         rope: (&RopeTable, &[[usize; 3]]),
-        past: Option<&KeyValues>,
         mask: Mask,
-        text: &KeyValues,
         camera: Option<&Tensor>,
         shard: Option<&Sharding>,
     ) -> Result<(Tensor, KeyValues)> {
-        let m = self.modulation(tproj)?;
-        let a = modulate(h, &m[0], &m[1], self.eps)?;
+        let lens: Vec<usize> = segments.iter().map(|s| s.len).collect();
+        let m: Vec<Vec<Tensor>> = segments
+            .iter()
+            .map(|s| self.modulation(s.tproj))
+            .collect::<Result<_>>()?;
+        let a = per_segment(h, &lens, |x, i, _| {
+            modulate(x, &m[i][0], &m[i][1], self.eps)
+        })?;
         let own = self.attn1.key_values(&a, Some(rope), shard, true)?;
-        let all = match past {
-            Some(p) => KeyValues {
-                k: Tensor::cat(&[&p.k, &own.k], 1)?,
-                v: Tensor::cat(&[&p.v, &own.v], 1)?,
-            },
-            None => own.clone(),
+        // Each segment's keys/values: its past followed by its own rows' (after the
+        // Ulysses exchange, when sharded, a single segment covers the whole group).
+        let own_lens: Vec<usize> = if let [_] = lens[..] {
+            vec![own.k.shape()[1]]
+        } else {
+            lens.clone()
         };
-        let o = self.attn1.attend(&a, Some(rope), &all, mask, shard, true)?;
+        let mut all = Vec::with_capacity(segments.len());
+        let mut start = 0;
+        for (seg, &len) in segments.iter().zip(&own_lens) {
+            let (k, v) = if let [_] = own_lens[..] {
+                (own.k.clone(), own.v.clone())
+            } else {
+                (own.k.narrow(1, start, len)?, own.v.narrow(1, start, len)?)
+            };
+            start += len;
+            all.push(match seg.past {
+                Some(p) => KeyValues {
+                    k: Tensor::cat(&[&p.k, &k], 1)?,
+                    v: Tensor::cat(&[&p.v, &v], 1)?,
+                },
+                None => KeyValues { k, v },
+            });
+        }
+        let o = self.attn1.attend(
+            &a,
+            Some(rope),
+            &all.iter().collect::<Vec<_>>(),
+            &lens,
+            mask,
+            shard,
+            true,
+        )?;
         drop(all);
-        let mut h = h.add_mul(&o, &m[2])?;
+        let mut h = per_segment(h, &lens, |x, i, start| {
+            Ok(x.add_mul(&o.narrow(1, start, lens[i])?, &m[i][2])?)
+        })?;
+        drop(o);
         if let (Some(injection), Some(cam)) = (&self.camera, camera) {
             h = injection.apply(&h, cam)?;
         }
@@ -311,14 +373,33 @@ impl Block {
             Some((w, b)) => h.layer_norm(Some(w), Some(b), self.eps)?,
             None => h.clone(),
         };
+        let texts: Vec<&KeyValues> = segments.iter().map(|s| s.text).collect();
         let h = h.add(
             &self
                 .attn2
-                .attend(&a, None, text, Mask::None, shard, false)?,
+                .attend(&a, None, &texts, &lens, Mask::None, shard, false)?,
         )?;
-        let a = modulate(&h, &m[3], &m[4], self.eps)?;
+        let a = per_segment(&h, &lens, |x, i, _| {
+            modulate(x, &m[i][3], &m[i][4], self.eps)
+        })?;
         let hidden = self.ffn_in.forward_gelu_tanh(&a)?;
         let f = shard::col_split_forward(shard, &self.ffn_out, &hidden)?;
-        Ok((h.add_mul(&f, &m[5])?, own))
+        let h = per_segment(&h, &lens, |x, i, start| {
+            Ok(x.add_mul(&f.narrow(1, start, lens[i])?, &m[i][5])?)
+        })?;
+        Ok((h, own))
     }
+}
+
+/// One session's rows of a stacked block forward.
+#[derive(Debug, Clone, Copy)]
+pub struct Segment<'a> {
+    /// Rows (tokens) of the segment on this rank.
+    pub len: usize,
+    /// The projection of its timestep, `[1, 6, dim]`.
+    pub tproj: &'a Tensor,
+    /// Keys/values of its earlier tokens, if any.
+    pub past: Option<&'a KeyValues>,
+    /// Its cross-attention keys/values.
+    pub text: &'a KeyValues,
 }

@@ -15,7 +15,7 @@ use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::ops::conv::{Conv3dOptions, TimePad};
 use headroom_tensor::{DType, Device, Tensor};
 
-pub use block::{KeyValues, TextKeyValues};
+pub use block::{KeyValues, Segment, TextKeyValues};
 pub use config::DitConfig;
 pub use shard::Sharding;
 
@@ -46,6 +46,23 @@ pub struct WanTransformer {
     rope: RopeTable,
     device: Device,
     shard: Option<Sharding>,
+}
+
+/// One session's part of a batched forward ([`WanTransformer::forward_batch`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchItem<'a> {
+    /// Its tokens `[1, L, dim]` (from [`WanTransformer::embed`]).
+    pub tokens: &'a Tensor,
+    /// RoPE positions of its tokens.
+    pub positions: &'a [[usize; 3]],
+    /// Its timestep.
+    pub t: f32,
+    /// Its cross-attention keys/values.
+    pub text: &'a TextKeyValues,
+    /// Each block's keys/values of its earlier tokens.
+    pub past: Option<&'a [KeyValues]>,
+    /// Its camera tokens `[1, L, dim]` (all items or none).
+    pub camera: Option<&'a Tensor>,
 }
 
 /// Grid of latent tokens: frames × rows × columns after patching.
@@ -367,55 +384,160 @@ impl WanTransformer {
         mask: Mask,
         camera: Option<&Tensor>,
     ) -> Result<(Tensor, Vec<KeyValues>)> {
-        let (temb, tproj) = self.embedder.time(t, &self.device)?;
+        let item = BatchItem {
+            tokens,
+            positions,
+            t,
+            text,
+            past,
+            camera,
+        };
+        let mut out = self.forward_batch(&[item], mask)?;
+        Ok(out.swap_remove(0))
+    }
+
+    /// One forward of several sessions' tokens at once: their rows stacked for every
+    /// linear layer, each item's rows modulated by its own timestep, self-attending its
+    /// own `past` and cross-attending its own text (rows never mix, so each item's
+    /// result is the bytes [`WanTransformer::forward_tokens`] gives it alone). Returns,
+    /// per item, its velocity tokens and each block's own keys/values of its rows.
+    /// Several items need an engine without sequence parallelism (its ranks split one
+    /// session's tokens).
+    pub fn forward_batch(
+        &self,
+        items: &[BatchItem<'_>],
+        mask: Mask,
+    ) -> Result<Vec<(Tensor, Vec<KeyValues>)>> {
+        let op = "dit forward";
         let shard = self.shard.as_ref();
         // Sharded, this rank runs its contiguous share of the tokens.
         let (sp_rank, sp) = shard::sp_part(shard);
-        let len = tokens.shape()[1];
-        if !len.is_multiple_of(sp) {
+        if items.is_empty() || (items.len() > 1 && sp > 1) {
             return Err(ModelError::input(
-                "sequence parallelism",
-                format!("{len} tokens do not split into sp = {sp} equal parts"),
+                op,
+                format!(
+                    "{} items: a batch has at least one, and more than one needs sp = 1 (got sp = {sp})",
+                    items.len()
+                ),
             ));
         }
-        if positions.len() != len {
+        if items.iter().any(|i| i.camera.is_some()) && items.iter().any(|i| i.camera.is_none()) {
             return Err(ModelError::input(
-                "dit forward",
-                format!("{} positions for {len} tokens", positions.len()),
+                op,
+                "camera tokens for some items of a batch but not for others",
             ));
         }
-        let part = len / sp;
-        let range = sp_rank * part..(sp_rank + 1) * part;
-        let mut h = tokens.narrow(1, range.start, part)?;
-        let camera = camera.map(|c| c.narrow(1, range.start, part)).transpose()?;
-        let positions = &positions[range];
-        let mut own = Vec::with_capacity(self.blocks.len());
+        let mut times = Vec::with_capacity(items.len());
+        let (mut rows, mut cams, mut positions, mut lens) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for item in items {
+            let len = item.tokens.shape()[1];
+            if !len.is_multiple_of(sp) {
+                return Err(ModelError::input(
+                    "sequence parallelism",
+                    format!("{len} tokens do not split into sp = {sp} equal parts"),
+                ));
+            }
+            if item.positions.len() != len {
+                return Err(ModelError::input(
+                    op,
+                    format!("{} positions for {len} tokens", item.positions.len()),
+                ));
+            }
+            let part = len / sp;
+            let range = sp_rank * part..(sp_rank + 1) * part;
+            rows.push(item.tokens.narrow(1, range.start, part)?);
+            if let Some(c) = item.camera {
+                cams.push(c.narrow(1, range.start, part)?);
+            }
+            positions.extend_from_slice(&item.positions[range]);
+            lens.push(part);
+            times.push(self.embedder.time(item.t, &self.device)?);
+        }
+        let stack = |parts: &[Tensor]| -> Result<Tensor> {
+            match parts {
+                [one] => Ok(one.clone()),
+                _ => Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 1)?),
+            }
+        };
+        let mut h = stack(&rows)?;
+        drop(rows);
+        let camera = if cams.is_empty() {
+            None
+        } else {
+            Some(stack(&cams)?)
+        };
+        drop(cams);
+        let mut own: Vec<Vec<KeyValues>> = vec![Vec::with_capacity(self.blocks.len()); items.len()];
         // On a GPU, the rope tables and positions are uploaded once for all blocks.
         let _rope = self.rope.device_scope();
         for (i, block) in self.blocks.iter().enumerate() {
+            let segments: Vec<Segment<'_>> = items
+                .iter()
+                .zip(&times)
+                .zip(&lens)
+                .map(|((item, (_, tproj)), &len)| Segment {
+                    len,
+                    tproj,
+                    past: item.past.map(|p| &p[i]),
+                    text: &item.text.0[i],
+                })
+                .collect();
             let (next, kv) = block.forward(
                 &h,
-                &tproj,
-                (&self.rope, positions),
-                past.map(|p| &p[i]),
+                &segments,
+                (&self.rope, &positions),
                 mask,
-                &text.0[i],
                 camera.as_ref(),
                 shard,
             )?;
             h = next;
-            own.push(kv);
+            if let [one] = &mut own[..] {
+                one.push(kv);
+            } else {
+                let mut start = 0;
+                for (mine, &len) in own.iter_mut().zip(&lens) {
+                    mine.push(KeyValues {
+                        k: kv.k.narrow(1, start, len)?,
+                        v: kv.v.narrow(1, start, len)?,
+                    });
+                    start += len;
+                }
+            }
         }
-        let m = self.table_out.add(&temb.unsqueeze(1)?)?;
-        let (shift, scale) = (m.narrow(1, 0, 1)?, m.narrow(1, 1, 1)?);
-        let h = h
-            .layer_norm(None, None, self.config.eps as f32)?
-            .mul(&scale.add_scalar(1.0)?)?
-            .add(&shift)?;
-        Ok((
-            shard::gather_tokens(shard, self.proj_out.forward(&h)?)?,
-            own,
-        ))
+        drop(camera);
+        let mut start = 0;
+        let mut outs = Vec::with_capacity(items.len());
+        for ((temb, _), &len) in times.iter().zip(&lens) {
+            let m = self.table_out.add(&temb.unsqueeze(1)?)?;
+            let (shift, scale) = (m.narrow(1, 0, 1)?, m.narrow(1, 1, 1)?);
+            let rows = if let [_] = lens[..] {
+                h.clone()
+            } else {
+                h.narrow(1, start, len)?
+            };
+            start += len;
+            outs.push(
+                rows.layer_norm(None, None, self.config.eps as f32)?
+                    .mul(&scale.add_scalar(1.0)?)?
+                    .add(&shift)?,
+            );
+        }
+        drop(h);
+        let v = self.proj_out.forward(&stack(&outs)?)?;
+        drop(outs);
+        let mut start = 0;
+        let mut results = Vec::with_capacity(items.len());
+        for (kv, &len) in own.into_iter().zip(&lens) {
+            let mine = if let [_] = lens[..] {
+                v.clone()
+            } else {
+                v.narrow(1, start, len)?.contiguous()?
+            };
+            start += len;
+            results.push((shard::gather_tokens(shard, mine)?, kv));
+        }
+        Ok(results)
     }
 
     /// Velocity tokens → `[1, out, F, H, W]` (feature order `(pt, ph, pw, C)`, C fastest).
