@@ -36,6 +36,10 @@ pub enum EngineError {
         /// What it reported.
         reason: String,
     },
+    /// A batched step this session shared with others failed (the first session of the
+    /// batch carries the cause itself); the session is over.
+    #[error("the batched step this session shared failed: {0}")]
+    Batch(String),
     /// A model failed (shapes, weights, out of memory).
     #[error(transparent)]
     Model(#[from] headroom_model::ModelError),

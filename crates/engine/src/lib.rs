@@ -14,6 +14,7 @@ pub mod model_source;
 mod planned;
 pub mod preset;
 pub mod replicated;
+pub mod scheduler;
 pub mod session;
 mod text;
 

@@ -11,7 +11,7 @@ use headroom_model::camera::{
     default_intrinsics, framewise_deltas, ray_embedding, CameraUpdate, Controller,
     InteractionHandler, Keys, Pose, Trajectory, STEP,
 };
-use headroom_model::dit::{KeyValues, TextKeyValues, TokenGrid};
+use headroom_model::dit::{BatchItem, KeyValues, TextKeyValues, TokenGrid};
 use headroom_model::dmd::{renoise, x0_from_velocity, DmdSchedule};
 use headroom_model::kv::SessionKv;
 use headroom_model::{
@@ -114,9 +114,36 @@ pub struct Chunk {
     pub stats_decoded: MemoryStats,
 }
 
+/// A block being denoised: its inputs and where its DMD loop stands.
+#[derive(Debug)]
+pub(crate) struct BlockRun {
+    first: usize,
+    past: Option<Vec<KeyValues>>,
+    camera: Option<Tensor>,
+    x: Tensor,
+    x0: Tensor,
+    /// The next forward: DMD step `k` while `k < steps`, then the commit.
+    k: usize,
+    /// The block's keys/values, once a forward gave them for the commit.
+    own: Option<Vec<KeyValues>>,
+    start: Instant,
+    denoise: Duration,
+}
+
+/// The inputs of one transformer forward of a block.
+#[derive(Debug)]
+pub(crate) struct StepInput {
+    tokens: Tensor,
+    positions: Vec<[usize; 3]>,
+    t: f32,
+    grid: TokenGrid,
+    /// The model input the tokens were embedded from, held through the forward.
+    _input: Tensor,
+}
+
 /// A block's clean latents and how long they took.
 #[derive(Debug)]
-struct Denoised {
+pub(crate) struct Denoised {
     x0: Tensor,
     denoise: Duration,
     commit: Duration,
@@ -423,7 +450,14 @@ impl Session {
     /// Generates, commits and decodes the next block: 9 frames first, then 12.
     pub fn next_chunk(&mut self) -> Result<Chunk> {
         let result = self.try_next_chunk();
-        match &result {
+        self.settle(&result);
+        result
+    }
+
+    /// Ends the session when its chunk failed or was cancelled: what it held is given
+    /// back now, and the platform hears the phase.
+    pub(crate) fn settle<T>(&mut self, result: &Result<T>) {
+        match result {
             Ok(_) | Err(EngineError::Finished(_)) => {}
             // A cancelled chunk ends the session as a close does.
             Err(EngineError::Cancelled { .. }) => {
@@ -436,15 +470,63 @@ impl Session {
                 self.device.platform().phase(Phase::Error);
             }
         }
-        result
     }
 
-    fn try_next_chunk(&mut self) -> Result<Chunk> {
+    /// The next block's index, checking that the session can run it.
+    pub(crate) fn chunk_start(&self) -> Result<usize> {
         let n = self.next_block;
         if n >= self.blocks || self.kv.is_none() {
             return Err(EngineError::Finished(self.id.clone()));
         }
         self.checkpoint(Checkpoint::ChunkStart)?;
+        Ok(n)
+    }
+
+    /// Whether the session's next chunk can join a batched step: one that decodes on a
+    /// second thread while it denoises ahead (overlap) runs its chunks alone.
+    pub(crate) fn batches(&self) -> bool {
+        !self.overlap
+    }
+
+    /// The model the session runs.
+    pub(crate) fn dit(&self) -> &Arc<WanTransformer> {
+        &self.dit
+    }
+
+    /// Hands the denoised block `n` to the latent sink, decodes it through the
+    /// session's decoder state and makes the chunk (the path without overlap).
+    pub(crate) fn decode_chunk(
+        &mut self,
+        n: usize,
+        block: Denoised,
+        stats_denoise_end: MemoryStats,
+    ) -> Result<Chunk> {
+        if let Some(sink) = &self.latent_sink {
+            sink.accept(n, &block.x0)?;
+        }
+        let (frames, decode) = decode_block(
+            &self.vae,
+            &mut self.decode_state,
+            &block.x0,
+            &self.cancel,
+            &self.id,
+        )?;
+        self.next_block += 1;
+        Ok(Chunk {
+            index: n,
+            frames,
+            timings: ChunkTimings {
+                denoise: block.denoise,
+                commit: block.commit,
+                decode,
+            },
+            stats_denoise_end,
+            stats_decoded: self.device.platform().memory_stats(),
+        })
+    }
+
+    fn try_next_chunk(&mut self) -> Result<Chunk> {
+        let n = self.chunk_start()?;
         let platform = self.device.platform().clone();
         let block = match self.pending.take() {
             Some(block) => block,
@@ -455,10 +537,13 @@ impl Session {
             }
         };
         let stats_denoise_end = platform.memory_stats();
+        if !(self.overlap && n + 1 < self.blocks) {
+            return self.decode_chunk(n, block, stats_denoise_end);
+        }
         if let Some(sink) = &self.latent_sink {
             sink.accept(n, &block.x0)?;
         }
-        let (frames, decode) = if self.overlap && n + 1 < self.blocks {
+        let (frames, decode) = {
             // Decode block n on a second thread while block n + 1 denoises here; the
             // decoder state moves to that thread and back.
             let placeholder = StreamingDecodeState::new(&self.id)?;
@@ -480,14 +565,6 @@ impl Session {
             self.pending = Some(next?);
             platform.phase(Phase::DenoiseEnd);
             decoded?
-        } else {
-            decode_block(
-                &self.vae,
-                &mut self.decode_state,
-                &block.x0,
-                &self.cancel,
-                &self.id,
-            )?
         };
         self.next_block += 1;
         Ok(Chunk {
@@ -503,34 +580,10 @@ impl Session {
         })
     }
 
-    /// One transformer forward of block latents `x` at timestep `t` against the history:
-    /// the velocity tokens, the block's own keys/values, and its token grid.
-    fn block_forward(
-        &self,
-        x: &Tensor,
-        first: usize,
-        t: f32,
-        past: Option<&[KeyValues]>,
-        camera: Option<&Tensor>,
-    ) -> Result<(Tensor, Vec<KeyValues>, TokenGrid)> {
-        let input = self.model_input(x)?;
-        let grid = self.dit.grid(&input)?;
-        let tokens = self.dit.embed(&input)?;
-        let (v, own) = self.dit.forward_tokens(
-            &tokens,
-            &grid.positions(first),
-            t,
-            &self.text,
-            past,
-            Mask::None,
-            camera,
-        )?;
-        Ok((v, own, grid))
-    }
-
-    /// The DMD steps of block `n` and its KV commit (the commit forward at t = 0, or the
-    /// last step's keys/values when reusing them).
-    fn denoise_block(&mut self, n: usize) -> Result<Denoised> {
+    /// Starts block `n`: a prompt change takes effect, the block's image condition is
+    /// encoded, its history gathered from the KV pages, its camera tokens and first
+    /// noise drawn.
+    pub(crate) fn begin_block(&mut self, n: usize) -> Result<BlockRun> {
         if let Some(text) = self.pending_text.take() {
             // A prompt change takes effect at the first block denoised after it.
             self.text = text;
@@ -551,47 +604,145 @@ impl Session {
             .transpose()?
             .flatten();
         let camera = self.camera_tokens(first)?;
-        let mut x = self.noise(&[1, out_c, BLOCK_FRAMES, h, w])?;
-        let steps = self.schedule.len();
-        let mut x0 = x.clone();
-        let mut last_own = None;
-        for k in 0..steps {
-            self.checkpoint(Checkpoint::DenoiseStep { step: k })?;
-            let t = self.schedule.timesteps[k];
-            let (v, own, grid) =
-                self.block_forward(&x, first, t, past.as_deref(), camera.as_ref())?;
-            if self.reuse_last_step_kv && k + 1 == steps {
-                last_own = Some(own);
-            }
-            let v = self.dit.unpatchify(&v, grid)?;
-            x0 = x0_from_velocity(&x, &v, self.schedule.sigmas[k])?;
-            if k + 1 < steps {
-                let eps = self.noise(&[1, out_c, BLOCK_FRAMES, h, w])?;
-                x = renoise(&x0, &eps, self.schedule.sigmas[k + 1])?;
-            }
+        let x = self.noise(&[1, out_c, BLOCK_FRAMES, h, w])?;
+        Ok(BlockRun {
+            first,
+            past,
+            camera,
+            x0: x.clone(),
+            x,
+            k: 0,
+            own: None,
+            start,
+            denoise: Duration::ZERO,
+        })
+    }
+
+    /// The block's next transformer forward (a DMD step, then the commit at t = 0), or
+    /// `None` once its keys/values are there; looks at the cancel token first.
+    pub(crate) fn step_input(&self, run: &BlockRun) -> Result<Option<StepInput>> {
+        if run.own.is_some() {
+            return Ok(None);
         }
-        x0.device().synchronize()?;
-        let denoise = start.elapsed();
-        let start = Instant::now();
-        let own = match last_own {
-            Some(own) => own,
-            None => {
-                self.checkpoint(Checkpoint::Commit)?;
-                self.block_forward(&x0, first, 0.0, past.as_deref(), camera.as_ref())?
-                    .1
-            }
+        let steps = self.schedule.len();
+        let (x, t) = if run.k < steps {
+            self.checkpoint(Checkpoint::DenoiseStep { step: run.k })?;
+            (&run.x, self.schedule.timesteps[run.k])
+        } else {
+            self.checkpoint(Checkpoint::Commit)?;
+            (&run.x0, 0.0)
         };
+        let input = self.model_input(x)?;
+        let grid = self.dit.grid(&input)?;
+        let tokens = self.dit.embed(&input)?;
+        Ok(Some(StepInput {
+            positions: grid.positions(run.first),
+            tokens,
+            t,
+            grid,
+            _input: input,
+        }))
+    }
+
+    /// This session's part of a forward: its text, history and camera tokens.
+    pub(crate) fn batch_item<'a>(
+        &'a self,
+        run: &'a BlockRun,
+        step: &'a StepInput,
+    ) -> BatchItem<'a> {
+        BatchItem {
+            tokens: &step.tokens,
+            positions: &step.positions,
+            t: step.t,
+            text: &self.text,
+            past: run.past.as_deref(),
+            camera: run.camera.as_ref(),
+        }
+    }
+
+    /// Takes the forward's velocity `v` and keys/values `own`: a DMD step's x0 and the
+    /// next step's noisy latents, or the commit's keys/values.
+    pub(crate) fn step_output(
+        &mut self,
+        run: &mut BlockRun,
+        step: StepInput,
+        v: Tensor,
+        own: Vec<KeyValues>,
+    ) -> Result<()> {
+        let steps = self.schedule.len();
+        let k = run.k;
+        run.k += 1;
+        if k >= steps {
+            run.own = Some(own);
+            return Ok(());
+        }
+        if self.reuse_last_step_kv && k + 1 == steps {
+            run.own = Some(own);
+        } else {
+            drop(own);
+        }
+        let v = self.dit.unpatchify(&v, step.grid)?;
+        drop(step);
+        run.x0 = x0_from_velocity(&run.x, &v, self.schedule.sigmas[k])?;
+        if k + 1 < steps {
+            let [h, w] = self.latent_hw;
+            let out_c = self.dit.config().out_channels();
+            let eps = self.noise(&[1, out_c, BLOCK_FRAMES, h, w])?;
+            run.x = renoise(&run.x0, &eps, self.schedule.sigmas[k + 1])?;
+        } else {
+            run.x0.device().synchronize()?;
+            run.denoise = run.start.elapsed();
+            run.start = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Commits the block's keys/values to the session's KV pages.
+    pub(crate) fn finish_block(&mut self, run: BlockRun) -> Result<Denoised> {
+        let BlockRun {
+            first,
+            past,
+            camera,
+            x0,
+            own,
+            start,
+            denoise,
+            ..
+        } = run;
         drop(past);
         drop(camera);
+        let own = own.ok_or_else(|| {
+            EngineError::request("commit", "the block ended before its keys/values")
+        })?;
         if let Some(kv) = self.kv.as_mut() {
             kv.commit(first, &own)?;
         }
+        drop(own);
         x0.device().synchronize()?;
         Ok(Denoised {
             x0,
             denoise,
             commit: start.elapsed(),
         })
+    }
+
+    /// The DMD steps of block `n` and its KV commit (the commit forward at t = 0, or the
+    /// last step's keys/values when reusing them), one forward at a time.
+    fn denoise_block(&mut self, n: usize) -> Result<Denoised> {
+        let mut run = self.begin_block(n)?;
+        while let Some(step) = self.step_input(&run)? {
+            let (v, own) = self.dit.forward_tokens(
+                &step.tokens,
+                &step.positions,
+                step.t,
+                &self.text,
+                run.past.as_deref(),
+                Mask::None,
+                run.camera.as_ref(),
+            )?;
+            self.step_output(&mut run, step, v, own)?;
+        }
+        self.finish_block(run)
     }
 
     fn release(&mut self) {

@@ -1,0 +1,150 @@
+//! Sessions stepped together by the scheduler (their forwards batched) stream the bytes
+//! each gives alone: 1, 2 and 4 sessions with different prompts, camera scripts, seeds,
+//! lengths and start times, one of them hung up mid-stream (tiny model).
+
+use headroom_engine::{scheduler, Engine, EngineConfig, EngineError, Session, SessionRequest};
+use headroom_model::camera::Keys;
+use headroom_tensor::{DType, Device, Tensor};
+
+fn engine() -> Engine {
+    Engine::new(EngineConfig {
+        model: "tiny".to_string(),
+        kv_budget_bytes: Some(64 << 20),
+        max_sessions: 4,
+        ..EngineConfig::default()
+    })
+    .unwrap()
+}
+
+/// Four different sessions: two lengths, prompts or none, keys or none (one size: the
+/// KV pool's pages hold one resolution at a time; the model's batched forward is held
+/// for mixed sizes in `headroom-model`'s `dit_batch`).
+fn request(k: usize) -> SessionRequest {
+    let keys = |s: &str| s.split(' ').map(|k| Keys::parse(k).unwrap()).collect();
+    let dev = Device::cpu().unwrap();
+    let frames = [33, 21, 21, 33][k];
+    SessionRequest {
+        seed: 10 + k as u64,
+        text_embeds: (k % 2 == 1)
+            .then(|| Tensor::randn(&[3 + k, 16], 50 + k as u64, 0, DType::F32, &dev).unwrap()),
+        actions: match k {
+            0 => keys("w w d d j j l l i"),
+            2 => keys("a s k"),
+            _ => Vec::new(),
+        },
+        ..SessionRequest::new(48, 32, frames)
+    }
+}
+
+fn frames(chunk: Result<headroom_engine::Chunk, EngineError>) -> Vec<u8> {
+    chunk.unwrap().frames.to_vec::<u8>().unwrap()
+}
+
+/// Each request's chunks, run alone.
+fn alone(engine: &Engine, n: usize) -> Vec<Vec<Vec<u8>>> {
+    (0..n)
+        .map(|k| {
+            let mut s = engine.open_session(request(k)).unwrap();
+            (0..s.chunks_total())
+                .map(|_| frames(s.next_chunk()))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn sessions_stepped_together_stream_the_bytes_each_streams_alone() {
+    let engine = engine();
+    let expected = alone(&engine, 4);
+    for n in [1, 2, 4] {
+        let mut sessions: Vec<Session> = (0..n)
+            .map(|k| engine.open_session(request(k)).unwrap())
+            .collect();
+        let mut got: Vec<Vec<Vec<u8>>> = vec![Vec::new(); n];
+        loop {
+            let mut live: Vec<(usize, &mut Session)> = sessions
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, s)| s.chunks_done() < s.chunks_total())
+                .collect();
+            if live.is_empty() {
+                break;
+            }
+            let (ids, mut refs): (Vec<usize>, Vec<&mut Session>) = live.drain(..).unzip();
+            for (k, chunk) in ids.into_iter().zip(scheduler::next_chunks(&mut refs)) {
+                got[k].push(frames(chunk));
+            }
+        }
+        for k in 0..n {
+            assert_eq!(got[k].len(), expected[k].len(), "{n} sessions, session {k}");
+            for (c, (a, b)) in got[k].iter().zip(&expected[k]).enumerate() {
+                assert!(
+                    a == b,
+                    "{n} sessions: session {k} chunk {c} differs from alone"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_late_start_and_a_hang_up_leave_the_other_streams_unchanged() {
+    let engine = engine();
+    let expected = alone(&engine, 4);
+    let floor = engine
+        .platform()
+        .memory_stats()
+        .allocated_bytes
+        .all()
+        .current;
+    let mut a = engine.open_session(request(0)).unwrap();
+    let mut b = engine.open_session(request(1)).unwrap();
+    let hang_up = headroom_engine::CancelToken::new();
+    b.set_cancel(hang_up.clone());
+    // Round 1: a and b together.
+    let r = scheduler::next_chunks(&mut [&mut a, &mut b]);
+    let mut got_a = Vec::new();
+    let mut results = r.into_iter();
+    got_a.push(frames(results.next().unwrap()));
+    assert!(frames(results.next().unwrap()) == expected[1][0]);
+    // b hangs up; c and d join.
+    hang_up.cancel();
+    let mut c = engine.open_session(request(2)).unwrap();
+    let mut d = engine.open_session(request(3)).unwrap();
+    let r = scheduler::next_chunks(&mut [&mut a, &mut b, &mut c, &mut d]);
+    let mut results = r.into_iter();
+    got_a.push(frames(results.next().unwrap()));
+    assert!(matches!(
+        results.next().unwrap(),
+        Err(EngineError::Cancelled { .. })
+    ));
+    let got_c = frames(results.next().unwrap());
+    let got_d = frames(results.next().unwrap());
+    assert!(got_c == expected[2][0] && got_d == expected[3][0]);
+    let r = scheduler::next_chunks(&mut [&mut a, &mut c, &mut d]);
+    let mut results = r.into_iter();
+    got_a.push(frames(results.next().unwrap()));
+    assert!(frames(results.next().unwrap()) == expected[2][1]);
+    assert!(frames(results.next().unwrap()) == expected[3][1]);
+    assert_eq!(got_a, expected[0]);
+    // A finished session in a batch says so; the others go on.
+    let r = scheduler::next_chunks(&mut [&mut a, &mut d]);
+    assert!(matches!(r[0], Err(EngineError::Finished(_))));
+    assert!(r[1]
+        .as_ref()
+        .is_ok_and(|c| c.frames.to_vec::<u8>().unwrap() == expected[3][2]));
+    drop(r);
+    for s in [a, b, c, d] {
+        s.close();
+    }
+    assert_eq!(
+        engine
+            .platform()
+            .memory_stats()
+            .allocated_bytes
+            .all()
+            .current,
+        floor,
+        "every session's bytes are back"
+    );
+}
