@@ -3,6 +3,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod alloc;
+pub mod batch;
 pub mod kernels;
 pub mod models;
 pub mod plan;
@@ -14,6 +15,7 @@ pub mod stats;
 pub mod vae;
 
 pub use alloc::{run_alloc_bench, AllocBenchConfig, AllocBenchRow};
+pub use batch::{run_batch_bench, BatchBenchConfig, BatchRow};
 pub use kernels::{run_kernel_bench, KernelBenchConfig, KernelRow};
 pub use models::{run_model_bench, ModelBenchConfig, ModelRow};
 pub use session::{run_session_bench, SessionBenchConfig, SessionBenchSummary};
@@ -28,6 +30,9 @@ pub enum BenchError {
     /// A tensor op failed.
     #[error(transparent)]
     Tensor(#[from] headroom_tensor::TensorError),
+    /// The engine refused or failed a session.
+    #[error(transparent)]
+    Engine(#[from] headroom_engine::EngineError),
     /// A benchmark setting breaks a rule.
     #[error("invalid {field}: {rule}")]
     InvalidConfig {

@@ -31,6 +31,9 @@ enum BenchCommand {
     /// Matched A/B runs of reclaim policies over sequential sessions: memory, latency,
     /// reclaim cost and output hashes.
     Session(SessionArgs),
+    /// Many sessions on one engine: one after another against stepped together with
+    /// their forwards batched (aggregate fps, byte identity), in one run.
+    Batch(BatchArgs),
     /// A realtime-video client against a running `headroom serve`: time to first chunk,
     /// inter-chunk intervals, real-time factor and deadline attainment.
     Serve(ServeArgs),
@@ -200,7 +203,66 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchCommand::Models(args) => models(args),
         BenchCommand::Session(args) => session(args),
         BenchCommand::Serve(args) => serve(args),
+        BenchCommand::Batch(args) => batch(args),
     }
+}
+
+#[derive(Debug, Args)]
+struct BatchArgs {
+    /// Built-in model (world, tiny, small, …) or a model folder.
+    #[arg(long, default_value = "world")]
+    model: String,
+    /// Sessions at once, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    concurrency: Vec<usize>,
+    /// Video width (multiple of 16).
+    #[arg(long, default_value_t = 128)]
+    width: usize,
+    /// Video height (multiple of 16).
+    #[arg(long, default_value_t = 96)]
+    height: usize,
+    /// Frames per session (12·K − 3).
+    #[arg(long, default_value_t = 33)]
+    frames: usize,
+    /// Allocator: planned, pytorch or expandable.
+    #[arg(long, default_value = "pytorch")]
+    allocator: String,
+    /// Print the rows as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn batch(args: BatchArgs) -> Result<()> {
+    let policy: AllocatorPolicy = args.allocator.parse()?;
+    let config = headroom_bench::BatchBenchConfig {
+        engine: headroom_engine::EngineConfig {
+            model: crate::builtin_world::resolve(&args.model)?,
+            allocator: headroom_mem::AllocatorConfig::with_policy(policy),
+            reclaim: headroom_mem::ReclaimPolicy::BeforeDecode,
+            ..headroom_engine::EngineConfig::default()
+        },
+        width: args.width,
+        height: args.height,
+        frames: args.frames,
+        concurrency: args.concurrency.clone(),
+    };
+    let rows = headroom_bench::run_batch_bench(&config)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "# bench batch: {} at {}x{}, {} frames per session, {} allocator, {} threads, {}\n",
+        args.model,
+        args.width,
+        args.height,
+        args.frames,
+        args.allocator,
+        headroom_tensor::parallel::num_threads(),
+        headroom_tensor::kernels::cpu::model_name(),
+    );
+    print!("{}", headroom_bench::batch::markdown(&rows));
+    Ok(())
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
