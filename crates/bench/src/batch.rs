@@ -61,11 +61,10 @@ const SCRIPTS: [&str; 4] = ["w", "l", "j", "d"];
 
 fn request(cfg: &BatchBenchConfig, k: usize) -> Result<SessionRequest, BenchError> {
     let latent = cfg.frames.div_ceil(4);
-    let key = Keys::parse(SCRIPTS[k % SCRIPTS.len()])
-        .map_err(|e| BenchError::InvalidConfig {
-            field: "camera script",
-            rule: e.to_string(),
-        })?;
+    let key = Keys::parse(SCRIPTS[k % SCRIPTS.len()]).map_err(|e| BenchError::InvalidConfig {
+        field: "camera script",
+        rule: e.to_string(),
+    })?;
     Ok(SessionRequest {
         seed: 1000 + k as u64,
         actions: vec![key; latent],
