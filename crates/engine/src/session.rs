@@ -511,8 +511,20 @@ impl Session {
             &self.cancel,
             &self.id,
         )?;
+        Ok(self.delivered(n, &block, frames, decode, stats_denoise_end))
+    }
+
+    /// Block `n`'s chunk of `frames`, decoded in `decode`; the session moves on.
+    fn delivered(
+        &mut self,
+        n: usize,
+        block: &Denoised,
+        frames: Tensor,
+        decode: Duration,
+        stats_denoise_end: MemoryStats,
+    ) -> Chunk {
         self.next_block += 1;
-        Ok(Chunk {
+        Chunk {
             index: n,
             frames,
             timings: ChunkTimings {
@@ -522,7 +534,7 @@ impl Session {
             },
             stats_denoise_end,
             stats_decoded: self.device.platform().memory_stats(),
-        })
+        }
     }
 
     fn try_next_chunk(&mut self) -> Result<Chunk> {
@@ -566,18 +578,7 @@ impl Session {
             platform.phase(Phase::DenoiseEnd);
             decoded?
         };
-        self.next_block += 1;
-        Ok(Chunk {
-            index: n,
-            frames,
-            timings: ChunkTimings {
-                denoise: block.denoise,
-                commit: block.commit,
-                decode,
-            },
-            stats_denoise_end,
-            stats_decoded: platform.memory_stats(),
-        })
+        Ok(self.delivered(n, &block, frames, decode, stats_denoise_end))
     }
 
     /// Starts block `n`: a prompt change takes effect, the block's image condition is
