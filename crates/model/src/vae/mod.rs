@@ -2,6 +2,7 @@
 //! encode, whole decode, latent (de)normalisation, and the session-owned streaming
 //! decoder in [`stream`].
 
+mod batch;
 pub mod blocks;
 pub mod coder;
 pub mod config;
@@ -196,6 +197,52 @@ impl WanVae {
         let refs: Vec<&Tensor> = outs.iter().collect();
         let h = self.quant_conv.forward(&Tensor::cat(&refs, 2)?)?;
         Ok(h.narrow(1, 0, self.config.z_dim)?.contiguous()?)
+    }
+
+    /// [`Self::encode_frames`] of several streams at once: `videos[k]` (one shape for
+    /// all) continues the stream of `states[k]`, the caches stacked along the batch axis
+    /// and handed back after; the streams must be at the same point (the same frames
+    /// seen). Each gets the latents it gets alone.
+    pub fn encode_frames_batch(
+        &self,
+        videos: &[&Tensor],
+        states: &mut [&mut StreamingEncodeState],
+    ) -> Result<Vec<Tensor>> {
+        let op = "vae encode";
+        let same = videos.iter().all(|v| v.shape() == videos[0].shape())
+            && states.iter().all(|s| s.frames == states[0].frames);
+        if videos.is_empty() || videos.len() != states.len() || !same {
+            return Err(ModelError::input(
+                op,
+                format!(
+                    "{} videos for {} streams: a batch has one of each, of one shape, each stream as far as the others",
+                    videos.len(),
+                    states.len()
+                ),
+            ));
+        }
+        for state in states.iter_mut() {
+            if state.slots.len() != self.encoder.slot_count() {
+                state.slots = (0..self.encoder.slot_count()).map(|_| None).collect();
+            }
+        }
+        let lists: Vec<&[Option<Tensor>]> = states.iter().map(|s| &s.slots[..]).collect();
+        let mut batch = StreamingEncodeState {
+            slots: batch::stack_slots(&lists)?,
+            frames: states[0].frames,
+        };
+        drop(lists);
+        let latents = self.encode_frames(&Tensor::cat(videos, 0)?, &mut batch)?;
+        for (state, own) in states
+            .iter_mut()
+            .zip(batch::unstack_slots(batch.slots, videos.len())?)
+        {
+            state.slots = own;
+            state.frames = batch.frames;
+        }
+        (0..videos.len())
+            .map(|k| Ok(latents.narrow(0, k, 1)?.contiguous()?))
+            .collect()
     }
 
     /// Decodes latents `[1, z_dim, T, h, w]` (already denormalised) in one call:

@@ -162,6 +162,137 @@ impl<'a> StreamingDecoder<'a> {
         go_on: &dyn Fn(usize) -> bool,
     ) -> Result<Option<Tensor>> {
         self.vae.device().platform().phase(Phase::DecodeStart);
+        self.check(latent, state)?;
+        let slot_count = self.vae.decoder().slot_count();
+        if state.slots.len() != slot_count {
+            state.slots = (0..slot_count).map(|_| None).collect();
+        }
+        state.vae_id = Some(self.vae.id());
+        let x = self.vae.post_quant(latent)?;
+        let t = x.shape()[2];
+        let mut outs = Vec::new();
+        let mut frames = 0;
+        for i in 0..t {
+            if i > 0 && !go_on(i) {
+                return Ok(None);
+            }
+            let mut cache = Slots {
+                slots: &mut state.slots,
+                dtype: self.state_dtype,
+            };
+            let y = self
+                .vae
+                .decoder()
+                .forward(&x.narrow(2, i, 1)?, &mut cache)?;
+            state.latent_frames += 1;
+            frames += y.shape()[2];
+            if produce_output {
+                outs.push(y.clamp(-1.0, 1.0)?);
+            }
+        }
+        state.chunks_decoded += 1;
+        state.frames_decoded += frames;
+        if !produce_output {
+            return Ok(None);
+        }
+        let refs: Vec<&Tensor> = outs.iter().collect();
+        let video = Tensor::cat(&refs, 2)?;
+        drop(outs);
+        Ok(Some(match format {
+            OutputFormat::Video => video,
+            OutputFormat::PlanarUint8 => video.squeeze(0)?.to_pixels()?,
+        }))
+    }
+
+    /// Decodes the next chunk of several sessions at once: `latents[k]` (each
+    /// `[1, z_dim, T, h, w]`, one shape for all) against `states[k]`, their cache slots
+    /// stacked along the batch axis for the chunk and handed back after it. Rows of
+    /// different sessions never mix, so each gets the bytes [`Self::decode_chunk`]
+    /// gives it alone. The states must be at the same point of a stream: all fresh, or
+    /// all past their first chunk. Returns each session's frames in `format`.
+    pub fn decode_batch(
+        &self,
+        latents: &[&Tensor],
+        states: &mut [&mut StreamingDecodeState],
+        format: OutputFormat,
+    ) -> Result<Vec<Tensor>> {
+        let op = "decode_batch";
+        self.vae.device().platform().phase(Phase::DecodeStart);
+        if latents.is_empty() || latents.len() != states.len() {
+            return Err(ModelError::input(
+                op,
+                format!(
+                    "{} latents for {} states (at least one, as many of each)",
+                    latents.len(),
+                    states.len()
+                ),
+            ));
+        }
+        for (latent, state) in latents.iter().zip(states.iter()) {
+            self.check(latent, state)?;
+            if latent.shape() != latents[0].shape() {
+                return Err(ModelError::input(
+                    op,
+                    format!(
+                        "latents {:?} and {:?}: a batch has one shape",
+                        latents[0].shape(),
+                        latent.shape()
+                    ),
+                ));
+            }
+        }
+        let slot_count = self.vae.decoder().slot_count();
+        for state in states.iter_mut() {
+            if state.slots.len() != slot_count {
+                state.slots = (0..slot_count).map(|_| None).collect();
+            }
+            state.vae_id = Some(self.vae.id());
+        }
+        let lists: Vec<&[Option<Tensor>]> = states.iter().map(|s| &s.slots[..]).collect();
+        let mut slots = super::batch::stack_slots(&lists)?;
+        drop(lists);
+        let refs: Vec<&Tensor> = latents.to_vec();
+        let x = self.vae.post_quant(&Tensor::cat(&refs, 0)?)?;
+        let t = x.shape()[2];
+        let mut outs = Vec::with_capacity(t);
+        for i in 0..t {
+            let mut cache = Slots {
+                slots: &mut slots,
+                dtype: self.state_dtype,
+            };
+            let y = self
+                .vae
+                .decoder()
+                .forward(&x.narrow(2, i, 1)?, &mut cache)?;
+            outs.push(y.clamp(-1.0, 1.0)?);
+        }
+        drop(x);
+        let frames: usize = outs.iter().map(|y| y.shape()[2]).sum();
+        for (state, own) in states
+            .iter_mut()
+            .zip(super::batch::unstack_slots(slots, latents.len())?)
+        {
+            state.slots = own;
+            state.latent_frames += t;
+            state.chunks_decoded += 1;
+            state.frames_decoded += frames;
+        }
+        let video = Tensor::cat(&outs.iter().collect::<Vec<_>>(), 2)?;
+        drop(outs);
+        (0..latents.len())
+            .map(|k| {
+                let mine = video.narrow(0, k, 1)?;
+                Ok(match format {
+                    OutputFormat::Video => mine.contiguous()?,
+                    OutputFormat::PlanarUint8 => mine.squeeze(0)?.to_pixels()?,
+                })
+            })
+            .collect()
+    }
+
+    /// Refuses a latent that is not `[1, z_dim, T ≥ 1, h, w]` or a state of another
+    /// decoder.
+    fn check(&self, latent: &Tensor, state: &StreamingDecodeState) -> Result<()> {
         let op = "decode_chunk";
         let z = self.vae.config().z_dim;
         let [b, c, t, h, w] = *latent.shape() else {
@@ -207,43 +338,6 @@ impl<'a> StreamingDecoder<'a> {
             }
             _ => {}
         }
-        let slot_count = self.vae.decoder().slot_count();
-        if state.slots.len() != slot_count {
-            state.slots = (0..slot_count).map(|_| None).collect();
-        }
-        state.vae_id = Some(self.vae.id());
-        let x = self.vae.post_quant(latent)?;
-        let mut outs = Vec::new();
-        let mut frames = 0;
-        for i in 0..t {
-            if i > 0 && !go_on(i) {
-                return Ok(None);
-            }
-            let mut cache = Slots {
-                slots: &mut state.slots,
-                dtype: self.state_dtype,
-            };
-            let y = self
-                .vae
-                .decoder()
-                .forward(&x.narrow(2, i, 1)?, &mut cache)?;
-            state.latent_frames += 1;
-            frames += y.shape()[2];
-            if produce_output {
-                outs.push(y.clamp(-1.0, 1.0)?);
-            }
-        }
-        state.chunks_decoded += 1;
-        state.frames_decoded += frames;
-        if !produce_output {
-            return Ok(None);
-        }
-        let refs: Vec<&Tensor> = outs.iter().collect();
-        let video = Tensor::cat(&refs, 2)?;
-        drop(outs);
-        Ok(Some(match format {
-            OutputFormat::Video => video,
-            OutputFormat::PlanarUint8 => video.squeeze(0)?.to_pixels()?,
-        }))
+        Ok(())
     }
 }
