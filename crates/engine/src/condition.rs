@@ -53,8 +53,55 @@ impl ImageCondition {
     /// Makes block `n`'s condition current: encoded now when `n` is the next block,
     /// nothing to do when it is already current. Blocks come in order.
     pub(crate) fn advance(&mut self, vae: &WanVae, n: usize) -> Result<()> {
+        let Some(pixels) = self.pixels_for(n)? else {
+            return Ok(());
+        };
+        let latent = vae.normalize(&vae.encode_frames(&pixels, &mut self.state)?)?;
+        drop(pixels);
+        self.settle(n, latent)
+    }
+
+    /// [`Self::advance`] of several sessions' conditions to their block `n` at once
+    /// (one video size, so their encoders stand at the same point): one batched encode,
+    /// each session's latents the bytes it gets alone.
+    pub(crate) fn advance_batch(
+        conds: &mut [&mut ImageCondition],
+        vae: &WanVae,
+        n: usize,
+    ) -> Result<()> {
+        let mut pending = Vec::new();
+        for (k, cond) in conds.iter_mut().enumerate() {
+            if let Some(pixels) = cond.pixels_for(n)? {
+                pending.push((k, pixels));
+            }
+        }
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let videos: Vec<&Tensor> = pending.iter().map(|(_, p)| p).collect();
+        let mut states: Vec<&mut StreamingEncodeState> = Vec::with_capacity(pending.len());
+        let mut owners = pending.iter().map(|(k, _)| *k).peekable();
+        for (k, cond) in conds.iter_mut().enumerate() {
+            if owners.peek() == Some(&k) {
+                owners.next();
+                states.push(&mut cond.state);
+            }
+        }
+        let latents = vae.encode_frames_batch(&videos, &mut states)?;
+        drop(states);
+        drop(videos);
+        let owners: Vec<usize> = pending.into_iter().map(|(k, _)| k).collect();
+        for (k, latent) in owners.into_iter().zip(latents) {
+            conds[k].settle(n, vae.normalize(&latent)?)?;
+        }
+        Ok(())
+    }
+
+    /// The pixels block `n` encodes when it is the next block (its previous
+    /// condition freed first), `None` when it is current already.
+    fn pixels_for(&mut self, n: usize) -> Result<Option<Tensor>> {
         let next = match &self.current {
-            Some((b, _)) if *b == n => return Ok(()),
+            Some((b, _)) if *b == n => return Ok(None),
             Some((b, _)) => b + 1,
             None => 0,
         };
@@ -68,31 +115,35 @@ impl ImageCondition {
         self.current = None;
         let [h, w] = self.size;
         let first = self.first.take();
-        let device = self.device.clone();
         // Block 0: the image, then 8 zero frames (1 + 4 + 4); later blocks 3 × 4 zeros.
         let zeros = match &first {
             Some(_) => 4 * (BLOCK_FRAMES - 1),
             None => 4 * BLOCK_FRAMES,
         };
-        let rest = Tensor::zeros(&[1, 3, zeros, h, w], DType::F32, &device)?;
-        let pixels = match &first {
+        let rest = Tensor::zeros(&[1, 3, zeros, h, w], DType::F32, &self.device)?;
+        Ok(Some(match &first {
             Some(f) => Tensor::cat(&[f, &rest], 2)?,
             None => rest,
-        };
-        let latent = vae.normalize(&vae.encode_frames(&pixels, &mut self.state)?)?;
-        drop(pixels);
+        }))
+    }
+
+    /// Makes block `n`'s normalised latents its condition: the mask (1 on the first
+    /// latent frame of block 0, else 0) in front.
+    fn settle(&mut self, n: usize, latent: Tensor) -> Result<()> {
+        let device = self.device.clone();
         let [_, _, t, lh, lw] = *latent.shape() else {
             unreachable!("latents are 5-D")
         };
-        let mask = match first {
-            Some(_) => Tensor::cat(
+        let mask = if n == 0 {
+            Tensor::cat(
                 &[
                     &Tensor::full(&[1, MASK_CHANNELS, 1, lh, lw], 1.0, DType::F32, &device)?,
                     &Tensor::zeros(&[1, MASK_CHANNELS, t - 1, lh, lw], DType::F32, &device)?,
                 ],
                 2,
-            )?,
-            None => Tensor::zeros(&[1, MASK_CHANNELS, t, lh, lw], DType::F32, &device)?,
+            )?
+        } else {
+            Tensor::zeros(&[1, MASK_CHANNELS, t, lh, lw], DType::F32, &device)?
         };
         self.current = Some((n, Tensor::cat(&[&mask, &latent], 1)?));
         Ok(())

@@ -9,17 +9,29 @@
 //! its own prompt, camera tokens per session. Rows never mix, so a session's bytes are
 //! those of the same session run alone, and a session never knows whether it ran
 //! alone. Sessions of different resolutions share a batch as ragged token runs. Each
-//! session then commits its block and decodes it through its own decoder state.
+//! session then commits its block. The VAE work batches too: the image conditions of
+//! sessions at the same block and size are encoded as one batch before the blocks
+//! start, and the decodes of sessions whose latents have one shape and whose decoders
+//! stand at the same point run as one batch, each session's cache slots stacked along
+//! the batch axis for the chunk and handed back after (same bytes as alone). A batched
+//! decode looks at each session's cancel token before it starts, not between latent
+//! frames; a session decoding alone keeps those finer checks.
 //!
 //! What batching buys: one GEMM of M = Σ tokens instead of one per session (a `world`
 //! block is 144 tokens, far below where a GEMM reaches its rate), and one pass over
 //! the weights per round instead of one per session.
 
-use headroom_mem::Phase;
-use headroom_tensor::ops::attention::Mask;
+use std::sync::Arc;
+use std::time::Instant;
 
+use headroom_mem::{MemoryStats, Phase};
+use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder};
+use headroom_tensor::ops::attention::Mask;
+use headroom_tensor::Tensor;
+
+use crate::condition::ImageCondition;
 use crate::error::{EngineError, Result};
-use crate::session::{BlockRun, Chunk, Session};
+use crate::session::{frames_of, BlockRun, Chunk, Denoised, Session};
 
 /// Runs the next chunk of every session in `sessions` together and returns each one's
 /// chunk (or error) in the same order. Sessions that share the first batchable
@@ -32,28 +44,31 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
     let dit = sessions
         .iter()
         .find(|s| s.batches())
-        .map(|s| std::sync::Arc::clone(s.dit()));
-    // (session index, block index, the block's run) of every batched session.
-    let mut runs: Vec<(usize, usize, Option<BlockRun>)> = Vec::new();
+        .map(|s| Arc::clone(s.dit()));
+    // (session index, block index) of every batched session, in session order.
+    let mut starts: Vec<(usize, usize)> = Vec::new();
     for (i, session) in sessions.iter_mut().enumerate() {
-        let same_model = dit
-            .as_ref()
-            .is_some_and(|d| std::sync::Arc::ptr_eq(d, session.dit()));
+        let same_model = dit.as_ref().is_some_and(|d| Arc::ptr_eq(d, session.dit()));
         if !session.batches() || !same_model {
             results[i] = Some(session.next_chunk());
             continue;
         }
-        match session
-            .chunk_start()
-            .and_then(|n| Ok((n, session.begin_block(n)?)))
-        {
-            Ok((n, run)) => runs.push((i, n, Some(run))),
+        match session.chunk_start() {
+            Ok(n) => starts.push((i, n)),
             Err(e) => results[i] = Some(settled(session, e)),
         }
     }
     let Some(dit) = dit else {
         return collect(results);
     };
+    encode_conditions(sessions, &mut starts, &mut results);
+    let mut runs: Vec<(usize, usize, Option<BlockRun>)> = Vec::new();
+    for (i, n) in starts {
+        match sessions[i].begin_block(n) {
+            Ok(run) => runs.push((i, n, Some(run))),
+            Err(e) => results[i] = Some(settled(sessions[i], e)),
+        }
+    }
     loop {
         // Every running session's next forward; one that is cancelled leaves here.
         let mut batch = Vec::new();
@@ -94,20 +109,18 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
                 }
             }
             Err(e) => {
-                let cause = e.to_string();
-                let mut first = Some(EngineError::from(e));
-                for (j, _) in batch {
-                    let (i, _, run) = &mut runs[j];
-                    *run = None;
-                    let e = first
-                        .take()
-                        .unwrap_or_else(|| EngineError::Batch(cause.clone()));
-                    results[*i] = Some(settled(sessions[*i], e));
-                }
+                let members: Vec<usize> = batch
+                    .iter()
+                    .map(|(j, _)| {
+                        runs[*j].2 = None;
+                        runs[*j].0
+                    })
+                    .collect();
+                fail_all(sessions, &members, e.into(), &mut results);
             }
         }
     }
-    // Commit every block, then decode each through its session's own state.
+    // Commit every block, then decode.
     let mut denoised = Vec::new();
     for (i, n, run) in runs {
         let Some(run) = run else { continue };
@@ -120,13 +133,150 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
         let platform = dit.device().platform().clone();
         platform.phase(Phase::DenoiseEnd);
         let stats = platform.memory_stats();
-        for (i, n, block) in denoised {
-            let chunk = sessions[i].decode_chunk(n, block, stats.clone());
-            sessions[i].settle(&chunk);
-            results[i] = Some(chunk);
-        }
+        decode(sessions, denoised, &stats, &mut results);
     }
     collect(results)
+}
+
+/// Encodes the image conditions of the sessions about to start their blocks: one
+/// batched encode per group of two or more at the same block, size and VAE (a session
+/// alone encodes its own as its block begins). A group whose encode fails ends its
+/// sessions, which leave `starts`.
+fn encode_conditions(
+    sessions: &mut [&mut Session],
+    starts: &mut Vec<(usize, usize)>,
+    results: &mut [Option<Result<Chunk>>],
+) {
+    let mut groups: Vec<((usize, [usize; 2], usize), Vec<usize>)> = Vec::new();
+    for &(i, n) in starts.iter() {
+        if let Some((_, vae, hw)) = sessions[i].condition() {
+            let key = (n, hw, Arc::as_ptr(vae) as usize);
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((key, vec![i])),
+            }
+        }
+    }
+    let mut failed = Vec::new();
+    for ((n, _, _), members) in groups {
+        if members.len() < 2 {
+            continue;
+        }
+        let Some(vae) = sessions[members[0]]
+            .condition()
+            .map(|(_, v, _)| Arc::clone(v))
+        else {
+            continue;
+        };
+        let encoded = {
+            let mut conds: Vec<&mut ImageCondition> = sessions
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| members.contains(i))
+                .filter_map(|(_, s)| s.condition().map(|(c, _, _)| c))
+                .collect();
+            ImageCondition::advance_batch(&mut conds, &vae, n)
+        };
+        if let Err(e) = encoded {
+            fail_all(sessions, &members, e, results);
+            failed.extend(members);
+        }
+    }
+    starts.retain(|(i, _)| !failed.contains(i));
+}
+
+/// Decodes the denoised blocks: sessions whose latents have one shape, on one VAE, with
+/// decoders at the same point (fresh or not) as one batch; a session alone through its
+/// own decode.
+fn decode(
+    sessions: &mut [&mut Session],
+    denoised: Vec<(usize, usize, Denoised)>,
+    stats: &MemoryStats,
+    results: &mut [Option<Result<Chunk>>],
+) {
+    type Key = (Vec<usize>, bool, usize);
+    let mut groups: Vec<(Key, Vec<(usize, usize, Denoised)>)> = Vec::new();
+    for (i, n, block) in denoised {
+        let (vae, state) = sessions[i].decoder();
+        let key = (
+            block.x0.shape().to_vec(),
+            state.chunks_decoded == 0,
+            Arc::as_ptr(vae) as usize,
+        );
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push((i, n, block)),
+            None => groups.push((key, vec![(i, n, block)])),
+        }
+    }
+    for (_, members) in groups {
+        if let [_] = members[..] {
+            for (i, n, block) in members {
+                let chunk = sessions[i].decode_chunk(n, block, stats.clone());
+                sessions[i].settle(&chunk);
+                results[i] = Some(chunk);
+            }
+            continue;
+        }
+        let start = Instant::now();
+        let mut inputs = Vec::with_capacity(members.len());
+        for (i, n, block) in members {
+            match sessions[i].decode_input(n, &block) {
+                Ok(z) => inputs.push((i, n, block, z)),
+                Err(e) => results[i] = Some(settled(sessions[i], e)),
+            }
+        }
+        let Some(&(first, ..)) = inputs.first() else {
+            continue;
+        };
+        let vae = Arc::clone(sessions[first].decoder().0);
+        let owners: Vec<usize> = inputs.iter().map(|(i, ..)| *i).collect();
+        let decoded = {
+            let zs: Vec<&Tensor> = inputs.iter().map(|(.., z)| z).collect();
+            // Session order on both sides: `inputs` follows the sessions' order.
+            let mut states: Vec<&mut StreamingDecodeState> = sessions
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| owners.contains(i))
+                .map(|(_, s)| s.decoder().1)
+                .collect();
+            StreamingDecoder::new(&vae, None).decode_batch(
+                &zs,
+                &mut states,
+                OutputFormat::PlanarUint8,
+            )
+        };
+        match decoded {
+            Ok(pixels) => {
+                for ((i, n, block, z), pixels) in inputs.into_iter().zip(pixels) {
+                    drop(z);
+                    let chunk = frames_of(pixels).map(|frames| {
+                        sessions[i].delivered(n, &block, frames, start.elapsed(), stats.clone())
+                    });
+                    sessions[i].settle(&chunk);
+                    results[i] = Some(chunk);
+                }
+            }
+            Err(e) => fail_all(sessions, &owners, e.into(), results),
+        }
+    }
+}
+
+/// Ends every session of `members` after a batched step they shared failed: the first
+/// carries the cause itself, the others [`EngineError::Batch`].
+fn fail_all(
+    sessions: &mut [&mut Session],
+    members: &[usize],
+    e: EngineError,
+    results: &mut [Option<Result<Chunk>>],
+) {
+    let cause = e.to_string();
+    let mut first = Some(e);
+    for &i in members {
+        let e = first
+            .take()
+            .unwrap_or_else(|| EngineError::Batch(cause.clone()));
+        results[i] = Some(settled(sessions[i], e));
+    }
 }
 
 /// The error `e` as a session's result, after the session released what it held.

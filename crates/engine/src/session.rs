@@ -144,7 +144,7 @@ pub(crate) struct StepInput {
 /// A block's clean latents and how long they took.
 #[derive(Debug)]
 pub(crate) struct Denoised {
-    x0: Tensor,
+    pub(crate) x0: Tensor,
     denoise: Duration,
     commit: Duration,
 }
@@ -185,9 +185,14 @@ fn decode_block(
         return Err(cancelled(cancel, id, at)
             .unwrap_or_else(|| EngineError::request("decode", "no frames produced")));
     };
+    Ok((frames_of(pixels)?, start.elapsed()))
+}
+
+/// Planar u8 pixels `[3, T, H, W]` as the frames of a chunk, `[T, H, W, 3]`.
+pub(crate) fn frames_of(pixels: Tensor) -> Result<Tensor> {
     let pixels = pixels.permute(&[1, 2, 3, 0])?.contiguous()?;
     pixels.device().synchronize()?;
-    Ok((pixels, start.elapsed()))
+    Ok(pixels)
 }
 
 /// The error that ends a chunk at `at` when `cancel` says stop.
@@ -514,8 +519,29 @@ impl Session {
         Ok(self.delivered(n, &block, frames, decode, stats_denoise_end))
     }
 
+    /// What a batched decode of block `n` takes from this session: the block goes to
+    /// the latent sink, the cancel token is looked at, and the latents are denormalised.
+    pub(crate) fn decode_input(&self, n: usize, block: &Denoised) -> Result<Tensor> {
+        if let Some(sink) = &self.latent_sink {
+            sink.accept(n, &block.x0)?;
+        }
+        self.checkpoint(Checkpoint::Decode)?;
+        Ok(self.vae.denormalize(&block.x0)?)
+    }
+
+    /// The session's decoder state and VAE, for a batched decode.
+    pub(crate) fn decoder(&mut self) -> (&Arc<WanVae>, &mut StreamingDecodeState) {
+        (&self.vae, &mut self.decode_state)
+    }
+
+    /// The session's image condition, VAE and video size, for a batched encode.
+    pub(crate) fn condition(&mut self) -> Option<(&mut ImageCondition, &Arc<WanVae>, [usize; 2])> {
+        let hw = self.video_hw;
+        self.cond.as_mut().map(|c| (c, &self.vae, hw))
+    }
+
     /// Block `n`'s chunk of `frames`, decoded in `decode`; the session moves on.
-    fn delivered(
+    pub(crate) fn delivered(
         &mut self,
         n: usize,
         block: &Denoised,
