@@ -147,16 +147,10 @@ fn encode_conditions(
     starts: &mut Vec<(usize, usize)>,
     results: &mut [Option<Result<Chunk>>],
 ) {
-    let mut groups: Vec<((usize, [usize; 2], usize), Vec<usize>)> = Vec::new();
-    for &(i, n) in starts.iter() {
-        if let Some((_, vae, hw)) = sessions[i].condition() {
-            let key = (n, hw, Arc::as_ptr(vae) as usize);
-            match groups.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, members)) => members.push(i),
-                None => groups.push((key, vec![i])),
-            }
-        }
-    }
+    let groups = group_by(starts.iter().filter_map(|&(i, n)| {
+        let (_, vae, hw) = sessions[i].condition()?;
+        Some(((n, hw, Arc::as_ptr(vae) as usize), i))
+    }));
     let mut failed = Vec::new();
     for ((n, _, _), members) in groups {
         if members.len() < 2 {
@@ -194,20 +188,15 @@ fn decode(
     stats: &MemoryStats,
     results: &mut [Option<Result<Chunk>>],
 ) {
-    type Key = (Vec<usize>, bool, usize);
-    let mut groups: Vec<(Key, Vec<(usize, usize, Denoised)>)> = Vec::new();
-    for (i, n, block) in denoised {
+    let groups = group_by(denoised.into_iter().map(|(i, n, block)| {
         let (vae, state) = sessions[i].decoder();
         let key = (
             block.x0.shape().to_vec(),
             state.chunks_decoded == 0,
             Arc::as_ptr(vae) as usize,
         );
-        match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, members)) => members.push((i, n, block)),
-            None => groups.push((key, vec![(i, n, block)])),
-        }
-    }
+        (key, (i, n, block))
+    }));
     for (_, members) in groups {
         if let [_] = members[..] {
             for (i, n, block) in members {
@@ -259,6 +248,18 @@ fn decode(
             Err(e) => fail_all(sessions, &owners, e.into(), results),
         }
     }
+}
+
+/// `items` grouped by key, groups and members in the order they first appear.
+fn group_by<K: PartialEq, T>(items: impl IntoIterator<Item = (K, T)>) -> Vec<(K, Vec<T>)> {
+    let mut groups: Vec<(K, Vec<T>)> = Vec::new();
+    for (key, item) in items {
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push(item),
+            None => groups.push((key, vec![item])),
+        }
+    }
+    groups
 }
 
 /// Ends every session of `members` after a batched step they shared failed: the first
