@@ -16,6 +16,7 @@ pub mod preset;
 pub mod replicated;
 pub mod scheduler;
 pub mod session;
+pub mod step_queue;
 mod text;
 
 pub use cancel::{CancelReason, CancelToken, Checkpoint};
@@ -26,3 +27,4 @@ pub use mesh::{Mesh, RankGroups};
 pub use model_source::ModelSource;
 pub use preset::{ModelPreset, PRESETS};
 pub use session::{Chunk, ChunkTimings, Session, SessionRequest, BLOCK_FRAMES};
+pub use step_queue::{Member, StepQueue};

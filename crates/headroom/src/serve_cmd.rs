@@ -44,6 +44,10 @@ pub struct ServeArgs {
     /// Sessions generating at once, at most.
     #[arg(long, default_value_t = 1)]
     max_sessions: usize,
+    /// Step the sessions generating at once together (one batched forward per DMD step,
+    /// batched VAE work; every stream the same bytes): true or false.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    batch_steps: bool,
     /// Clients that may wait for a slot at once, first come first served (0: refuse at
     /// once when full).
     #[arg(long, default_value_t = 16)]
@@ -157,6 +161,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         model_name: args.model.clone(),
         max_sessions: args.max_sessions,
         max_queue: args.max_queue,
+        batch_steps: args.batch_steps,
         queue_timeout: seconds(args.queue_timeout, "queue-timeout")?,
         limits: Limits {
             start_message_bytes: size(&args.max_start_message, "max-start-message")?,

@@ -83,6 +83,10 @@ pub struct ServerConfig {
     pub queue_timeout: Duration,
     /// Chunks a session's worker may have encoded ahead of its socket (back-pressure).
     pub chunks_ahead: usize,
+    /// Step the sessions generating at once together (`headroom_engine::StepQueue`:
+    /// one batched forward per DMD step, batched VAE work; the same bytes) instead of
+    /// each on its own.
+    pub batch_steps: bool,
     /// Protocol limits.
     pub limits: Limits,
     /// Defaults of `session.start`.
@@ -97,6 +101,7 @@ impl Default for ServerConfig {
             max_queue: 16,
             queue_timeout: Duration::from_secs(120),
             chunks_ahead: 1,
+            batch_steps: true,
             limits: Limits::default(),
             defaults: Defaults::default(),
         }

@@ -129,7 +129,7 @@ fn gauge(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display
     let _ = writeln!(out, "{name} {value}");
 }
 
-fn counter(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
+pub(crate) fn counter(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} counter");
     let _ = writeln!(out, "{name} {value}");

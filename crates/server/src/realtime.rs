@@ -252,6 +252,7 @@ impl Connection {
             let job = Job {
                 engine: Arc::clone(&state.engine),
                 world: state.world.clone(),
+                steps: state.steps.clone(),
                 request: request.clone(),
                 started_at,
                 slot,

@@ -19,7 +19,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use headroom_engine::{Engine, EngineConfig};
+use headroom_engine::{Engine, EngineConfig, StepQueue};
 use headroom_tensor::comm::Communicator;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -49,6 +49,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Session slots and the queue in front of them.
     pub admission: Arc<Admission>,
+    /// Where concurrent sessions step together (batched steps on, no mesh).
+    pub steps: Option<Arc<StepQueue>>,
     shutdown_tx: watch::Sender<bool>,
     sockets: watch::Sender<usize>,
     request_ids: AtomicU64,
@@ -184,9 +186,11 @@ impl Server {
             config.max_queue,
             pages_per_session,
         );
+        let steps = (config.batch_steps && world.is_none()).then(|| Arc::new(StepQueue::new()));
         Ok(Self {
             state: Arc::new(AppState {
                 engine,
+                steps,
                 world,
                 config,
                 pages_per_session,
@@ -294,12 +298,27 @@ async fn ready(State(state): State<Arc<AppState>>) -> Response {
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     let ready = state.readiness().is_ok();
-    let body = state.metrics.render(
+    let mut body = state.metrics.render(
         &state.engine,
         state.config.max_sessions,
         ready,
         state.queue_gauges(),
     );
+    if let Some(steps) = &state.steps {
+        let (batches, stepped) = steps.counts();
+        crate::metrics::counter(
+            &mut body,
+            "headroom_step_batches_total",
+            "Chunk steps run (each one batch of every session ready at once).",
+            batches,
+        );
+        crate::metrics::counter(
+            &mut body,
+            "headroom_stepped_session_chunks_total",
+            "Session chunks run in those steps (over batches: sessions per step).",
+            stepped,
+        );
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -16,7 +16,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headroom_engine::replicated::{lead_open, LeadSession};
-use headroom_engine::{CancelToken, Chunk, Engine, EngineError, Session, SessionRequest};
+use headroom_engine::{
+    CancelToken, Chunk, Engine, EngineError, Member, Session, SessionRequest, StepQueue,
+};
 use headroom_media::FragmentedMp4;
 use headroom_model::camera::CameraUpdate;
 use headroom_model::camera::UpdateMode;
@@ -120,6 +122,8 @@ pub struct Job {
     pub engine: Arc<Engine>,
     /// The mesh's world group when the engine is rank 0 of a mesh.
     pub world: Option<Arc<dyn Communicator>>,
+    /// Where the session steps together with the others (batched steps).
+    pub steps: Option<Arc<StepQueue>>,
     /// The checked request.
     pub request: StartRequest,
     /// When `session.start` arrived (time to first chunk counts from here).
@@ -168,6 +172,7 @@ fn run(
     let Job {
         engine,
         world,
+        steps,
         request,
         started_at,
         mut slot,
@@ -176,7 +181,7 @@ fn run(
         held: _,
     } = job;
     let _span = tracing::info_span!("session", request_id = %request_id).entered();
-    let opened = open(&engine, world.as_ref(), &request);
+    let opened = open(&engine, world.as_ref(), steps.as_ref(), &request);
     // Pages and state are reserved (or not): the next client in line may be admitted.
     slot.opened();
     let ending = match opened {
@@ -235,10 +240,18 @@ fn run(
     let _ = events.blocking_send(WorkerEvent::Ended(ending));
 }
 
-/// A session alone on this engine, or led on every rank of a mesh.
+/// A session alone on this engine, stepped together with the others, or led on every
+/// rank of a mesh.
 enum Live {
     /// This engine's own session.
     Alone(Session),
+    /// This engine's session, its chunks run through the step queue (it is `None` only
+    /// while the queue holds it).
+    Stepped {
+        session: Option<Session>,
+        queue: Arc<StepQueue>,
+        _member: Member,
+    },
     /// Rank 0's side of a session every rank runs.
     Led(LeadSession),
 }
@@ -247,6 +260,7 @@ impl Live {
     fn chunks_total(&self) -> usize {
         match self {
             Live::Alone(s) => s.chunks_total(),
+            Live::Stepped { session, .. } => session.as_ref().map_or(0, Session::chunks_total),
             Live::Led(s) => s.session().map_or(0, Session::chunks_total),
         }
     }
@@ -254,6 +268,14 @@ impl Live {
     fn next_chunk(&mut self) -> std::result::Result<Chunk, EngineError> {
         match self {
             Live::Alone(s) => s.next_chunk(),
+            Live::Stepped { session, queue, .. } => {
+                let Some(s) = session.take() else {
+                    return Err(EngineError::request("session", "already released"));
+                };
+                let (back, chunk) = queue.next_chunk(s);
+                *session = Some(back);
+                chunk
+            }
             Live::Led(s) => s.next_chunk(),
         }
     }
@@ -261,6 +283,7 @@ impl Live {
     fn set_prompt(&mut self, prompt: &str) -> std::result::Result<(), EngineError> {
         match self {
             Live::Alone(s) => s.set_prompt(prompt),
+            Live::Stepped { session, .. } => stepped(session)?.set_prompt(prompt),
             Live::Led(s) => s.set_prompt(prompt),
         }
     }
@@ -268,6 +291,7 @@ impl Live {
     fn interact(&mut self, update: CameraUpdate) -> std::result::Result<(), EngineError> {
         match self {
             Live::Alone(s) => s.interact(update),
+            Live::Stepped { session, .. } => stepped(session)?.interact(update),
             Live::Led(s) => s.interact(update),
         }
     }
@@ -275,8 +299,12 @@ impl Live {
     /// Stops a session alone at its next safe point when `token` fires. A led session
     /// is stopped at chunk boundaries only: its ranks meet inside every forward.
     fn set_cancel(&mut self, token: CancelToken) {
-        if let Live::Alone(s) = self {
-            s.set_cancel(token);
+        match self {
+            Live::Alone(s)
+            | Live::Stepped {
+                session: Some(s), ..
+            } => s.set_cancel(token),
+            _ => {}
         }
     }
 
@@ -287,15 +315,27 @@ impl Live {
     ) -> std::result::Result<Option<Vec<headroom_engine::replicated::RankMemory>>, EngineError>
     {
         match self {
-            Live::Alone(_) => Ok(None),
+            Live::Alone(_) | Live::Stepped { .. } => Ok(None),
             Live::Led(s) => s.close(engine).map(Some),
         }
     }
 }
 
+/// The session of a stepped [`Live`], which is there between chunks.
+fn stepped(session: &mut Option<Session>) -> std::result::Result<&mut Session, EngineError> {
+    session
+        .as_mut()
+        .ok_or_else(|| EngineError::request("session", "already released"))
+}
+
 /// Builds the engine request (prompt, first frame, actions) and opens the session (on
-/// every rank of the mesh, with `world`).
-fn open(engine: &Engine, world: Option<&Arc<dyn Communicator>>, r: &StartRequest) -> Result<Live> {
+/// every rank of the mesh, with `world`; stepped through `steps` when given).
+fn open(
+    engine: &Engine,
+    world: Option<&Arc<dyn Communicator>>,
+    steps: Option<&Arc<StepQueue>>,
+    r: &StartRequest,
+) -> Result<Live> {
     let device = Device::new(Arc::clone(engine.platform()));
     let image = r
         .image_url
@@ -316,10 +356,19 @@ fn open(engine: &Engine, world: Option<&Arc<dyn Communicator>>, r: &StartRequest
         Some(world) => lead_open(engine, world, request)
             .map(Live::Led)
             .map_err(ServerError::from_open),
-        None => engine
-            .open_session(request)
-            .map(Live::Alone)
-            .map_err(ServerError::from_open),
+        None => {
+            let session = engine
+                .open_session(request)
+                .map_err(ServerError::from_open)?;
+            Ok(match steps {
+                Some(queue) => Live::Stepped {
+                    session: Some(session),
+                    _member: queue.join(),
+                    queue: Arc::clone(queue),
+                },
+                None => Live::Alone(session),
+            })
+        }
     }
 }
 

@@ -1,0 +1,52 @@
+//! Sessions generating at once on one server step together (one batched forward per
+//! DMD step, batched VAE work) and stream the bytes each streams alone.
+
+mod common;
+use common::*;
+
+use headroom_server::ServerConfig;
+
+fn counter(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from {metrics}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_sessions_step_together_and_stream_the_bytes_each_streams_alone() {
+    let config = ServerConfig {
+        max_sessions: 3,
+        ..ServerConfig::default()
+    };
+    let ts = TestServer::start(config, None).await;
+    let requests = [(33, 41), (21, 42), (33, 43)];
+    let mut alone = Vec::new();
+    for (frames, seed) in requests {
+        alone.push(run_session(&ts, frames, seed).await.binaries);
+        ts.idle().await;
+    }
+    let (_, before) = ts.get("/metrics").await;
+    let (mut a, _) = open(&ts, requests[0].0, requests[0].1).await;
+    let (mut b, _) = open(&ts, requests[1].0, requests[1].1).await;
+    let (mut c, _) = open(&ts, requests[2].0, requests[2].1).await;
+    let (ra, rb, rc) = tokio::join!(
+        stream_to_end(&mut a),
+        stream_to_end(&mut b),
+        stream_to_end(&mut c)
+    );
+    for (k, streamed) in [ra, rb, rc].into_iter().enumerate() {
+        assert_eq!(streamed.end.as_ref().unwrap()["type"], "session.done");
+        assert!(streamed.binaries == alone[k], "session {k} differs from alone");
+    }
+    ts.idle().await;
+    ts.assert_pool_free();
+    let (_, after) = ts.get("/metrics").await;
+    let batches = counter(&after, "headroom_step_batches_total")
+        - counter(&before, "headroom_step_batches_total");
+    let stepped = counter(&after, "headroom_stepped_session_chunks_total")
+        - counter(&before, "headroom_stepped_session_chunks_total");
+    assert_eq!(stepped, 3 + 2 + 3, "every chunk went through the step queue");
+    assert!(batches < stepped, "some chunks ran together: {batches} steps");
+    ts.stop().await;
+}
