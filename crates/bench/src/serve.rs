@@ -43,6 +43,42 @@ pub struct ServeBenchConfig {
     pub hang_up_after_s: Option<f64>,
 }
 
+/// The server's allocator as `/metrics` said it through a run and after it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MemorySamples {
+    /// Samples taken (every 200 ms while the sessions ran).
+    pub samples: usize,
+    /// The largest reserved over allocated of any sample.
+    pub reserved_over_allocated_max: f64,
+    /// The largest reserved bytes of any sample.
+    pub reserved_max_bytes: i64,
+    /// Allocated bytes once every session had ended.
+    pub allocated_after_bytes: i64,
+    /// Reserved bytes once every session had ended (the residency a run leaves).
+    pub reserved_after_bytes: i64,
+}
+
+/// `headroom_allocated_bytes` and `headroom_reserved_bytes` from the `/metrics` of the
+/// server whose realtime endpoint is `url` (`None` when it cannot be read).
+async fn sample_memory(url: &str) -> Option<(i64, i64)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("ws://")?;
+    let host = rest.split('/').next()?;
+    let mut stream = tokio::net::TcpStream::connect(host).await.ok()?;
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.ok()?;
+    let value = |name: &str| {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    };
+    Some((
+        value("headroom_allocated_bytes")?,
+        value("headroom_reserved_bytes")?,
+    ))
+}
+
 /// One session as the client saw it.
 #[derive(Debug, Clone, Serialize)]
 pub struct SessionTiming {
@@ -121,6 +157,12 @@ pub struct ServeBenchSummary {
     /// Share of chunks that arrived before playback (started at the first chunk, at
     /// `fps`) needed them.
     pub deadline_attainment: f64,
+    /// Seconds from the first `session.start` to the last session's end.
+    pub wall_s: f64,
+    /// Video frames received from every session over `wall_s`.
+    pub aggregate_fps: f64,
+    /// The server's memory through the run (its `/metrics`).
+    pub memory: MemorySamples,
     /// Every served session's timings.
     pub per_session: Vec<SessionTiming>,
     /// Clients that were not served, and why.
@@ -237,7 +279,13 @@ pub fn summarize(
     config: &ServeBenchConfig,
     per_session: Vec<SessionTiming>,
     unserved: Vec<Unserved>,
+    wall_s: f64,
+    memory: MemorySamples,
 ) -> ServeBenchSummary {
+    let frames: usize = per_session
+        .iter()
+        .map(|s| s.chunk_frames.iter().sum::<usize>())
+        .sum();
     let ttfc: Vec<f64> = per_session.iter().map(|s| s.ttfc_s).collect();
     let waits: Vec<f64> = per_session.iter().map(|s| s.queue_wait_s).collect();
     let intervals: Vec<f64> = per_session
@@ -287,6 +335,13 @@ pub fn summarize(
         } else {
             1.0
         },
+        wall_s,
+        aggregate_fps: if wall_s > 0.0 {
+            frames as f64 / wall_s
+        } else {
+            0.0
+        },
+        memory,
         per_session,
         unserved,
     }
@@ -320,6 +375,7 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
         if let Some(after) = config.hang_up_after_s {
             hang_up(config, after).await?;
         }
+        let started = Instant::now();
         let workers = (0..config.concurrency.min(config.sessions)).map(|_| {
             let next = Arc::clone(&next);
             async move {
@@ -333,8 +389,37 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
                 }
             }
         });
-        Ok::<_, BenchError>(futures_util::future::join_all(workers).await)
+        let running = std::sync::atomic::AtomicBool::new(true);
+        let sessions = async {
+            let out = futures_util::future::join_all(workers).await;
+            running.store(false, Ordering::Relaxed);
+            (out, started.elapsed().as_secs_f64())
+        };
+        let sampler = async {
+            let mut memory = MemorySamples::default();
+            while running.load(Ordering::Relaxed) {
+                if let Some((allocated, reserved)) = sample_memory(&config.url).await {
+                    memory.samples += 1;
+                    memory.reserved_max_bytes = memory.reserved_max_bytes.max(reserved);
+                    if allocated > 0 {
+                        let ratio = reserved as f64 / allocated as f64;
+                        memory.reserved_over_allocated_max =
+                            memory.reserved_over_allocated_max.max(ratio);
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            memory
+        };
+        let ((outcomes, wall_s), mut memory) = futures_util::future::join(sessions, sampler).await;
+        // A session's end is sent after it released what it held.
+        if let Some((allocated, reserved)) = sample_memory(&config.url).await {
+            memory.allocated_after_bytes = allocated;
+            memory.reserved_after_bytes = reserved;
+        }
+        Ok::<_, BenchError>((outcomes, wall_s, memory))
     })?;
+    let (outcomes, wall_s, memory) = outcomes;
     let mut outcomes: Vec<_> = outcomes.into_iter().flatten().collect();
     outcomes.sort_by_key(|(i, _)| *i);
     let (mut per_session, mut unserved) = (Vec::new(), Vec::new());
@@ -347,7 +432,7 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
             }),
         }
     }
-    let summary = summarize(config, per_session, unserved);
+    let summary = summarize(config, per_session, unserved, wall_s, memory);
     std::fs::create_dir_all(&config.out).map_err(|e| BenchError::Io {
         path: config.out.clone(),
         message: e.to_string(),
@@ -401,6 +486,8 @@ mod tests {
                 client: 1,
                 error: "capacity".to_string(),
             }],
+            3.3,
+            MemorySamples::default(),
         );
         assert!(!summary.all_served);
         assert_eq!(
@@ -411,5 +498,6 @@ mod tests {
         assert!((summary.realtime_factor - 24.0 / 12.0 / 2.5).abs() < 1e-12);
         assert_eq!(summary.deadline_attainment, 0.5);
         assert_eq!(summary.interval_max_s, 2.0);
+        assert!((summary.aggregate_fps - 33.0 / 3.3).abs() < 1e-9);
     }
 }

@@ -73,9 +73,10 @@ struct ServeArgs {
     /// Sessions in all.
     #[arg(long, default_value_t = 4)]
     sessions: usize,
-    /// Clients at a time (more than the server's slots: the rest wait in its queue).
-    #[arg(long, default_value_t = 1)]
-    concurrency: usize,
+    /// Clients at a time (more than the server's slots: the rest wait in its queue);
+    /// several, comma-separated, run one after another and are compared.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    concurrency: Vec<usize>,
     /// Frames per session: 12·K − 3.
     #[arg(long, default_value_t = 33)]
     frames: usize,
@@ -266,15 +267,55 @@ fn batch(args: BatchArgs) -> Result<()> {
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
+    if let [one] = args.concurrency[..] {
+        serve_one(&args, one, args.out.clone())?;
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for &c in &args.concurrency {
+        rows.push(serve_one(&args, c, args.out.join(format!("c{c}")))?);
+        println!();
+    }
+    let one = rows.first().map_or(0.0, |r| r.aggregate_fps);
+    println!("# bench serve: by concurrency (aggregate over the first row's)\n");
+    println!("| concurrency | aggregate fps | × first | TTFC p50 s | interval p50 / p95 s | deadline attainment | reserved / allocated max | reserved after |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {:.2} | {:.2}× | {:.2} | {:.2} / {:.2} | {:.1} % | {:.3} | {} |",
+            r.concurrency,
+            r.aggregate_fps,
+            if one > 0.0 {
+                r.aggregate_fps / one
+            } else {
+                0.0
+            },
+            r.ttfc_p50_s,
+            r.interval_p50_s,
+            r.interval_p95_s,
+            100.0 * r.deadline_attainment,
+            r.memory.reserved_over_allocated_max,
+            format_bytes(r.memory.reserved_after_bytes.max(0) as u64),
+        );
+    }
+    Ok(())
+}
+
+/// One `bench serve` run at `concurrency` clients, printed; its summary.
+fn serve_one(
+    args: &ServeArgs,
+    concurrency: usize,
+    out: std::path::PathBuf,
+) -> Result<headroom_bench::serve::ServeBenchSummary> {
     let config = headroom_bench::serve::ServeBenchConfig {
-        url: args.url,
+        url: args.url.clone(),
         sessions: args.sessions,
-        concurrency: args.concurrency,
+        concurrency,
         frames: args.frames,
         width: args.width,
         height: args.height,
         fps: args.fps,
-        out: args.out,
+        out,
         hang_up_after_s: args.hang_up_after,
     };
     let s = headroom_bench::serve::run_serve_bench(&config)?;
@@ -311,6 +352,16 @@ fn serve(args: ServeArgs) -> Result<()> {
         s.realtime_factor,
         100.0 * s.deadline_attainment
     );
+    println!(
+        "\naggregate {:.2} fps over {:.1} s; server memory over {} samples: reserved / allocated at most {:.3}, reserved at most {}; after the run {} reserved, {} allocated",
+        s.aggregate_fps,
+        s.wall_s,
+        s.memory.samples,
+        s.memory.reserved_over_allocated_max,
+        format_bytes(s.memory.reserved_max_bytes.max(0) as u64),
+        format_bytes(s.memory.reserved_after_bytes.max(0) as u64),
+        format_bytes(s.memory.allocated_after_bytes.max(0) as u64),
+    );
     if s.clients > 1 || s.hang_up_after_s.is_some() {
         println!("\n| client | queue wait s | video.start s | TTFC s | interval p50 / max s |");
         println!("|---|---|---|---|");
@@ -336,7 +387,7 @@ fn serve(args: ServeArgs) -> Result<()> {
             s.clients
         );
     }
-    Ok(())
+    Ok(s)
 }
 
 fn session(args: SessionArgs) -> Result<()> {

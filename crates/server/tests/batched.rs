@@ -37,7 +37,10 @@ async fn concurrent_sessions_step_together_and_stream_the_bytes_each_streams_alo
     );
     for (k, streamed) in [ra, rb, rc].into_iter().enumerate() {
         assert_eq!(streamed.end.as_ref().unwrap()["type"], "session.done");
-        assert!(streamed.binaries == alone[k], "session {k} differs from alone");
+        assert!(
+            streamed.binaries == alone[k],
+            "session {k} differs from alone"
+        );
     }
     ts.idle().await;
     ts.assert_pool_free();
@@ -46,7 +49,14 @@ async fn concurrent_sessions_step_together_and_stream_the_bytes_each_streams_alo
         - counter(&before, "headroom_step_batches_total");
     let stepped = counter(&after, "headroom_stepped_session_chunks_total")
         - counter(&before, "headroom_stepped_session_chunks_total");
-    assert_eq!(stepped, 3 + 2 + 3, "every chunk went through the step queue");
-    assert!(batches < stepped, "some chunks ran together: {batches} steps");
+    assert_eq!(
+        stepped,
+        3 + 2 + 3,
+        "every chunk went through the step queue"
+    );
+    assert!(
+        batches < stepped,
+        "some chunks ran together: {batches} steps"
+    );
     ts.stop().await;
 }
