@@ -60,6 +60,9 @@ pub struct EngineConfig {
     pub text_encoder: TextEncoderMode,
     /// Byte budget of the prompt-embedding cache (0 turns it off).
     pub text_cache_bytes: u64,
+    /// A folder where the planned allocator's plans are kept across runs
+    /// ([`crate::plan_cache`]); none: plans live in memory only.
+    pub plan_cache: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +83,7 @@ impl Default for EngineConfig {
             capacity: None,
             text_encoder: TextEncoderMode::Resident,
             text_cache_bytes: 64 << 20,
+            plan_cache: None,
         }
     }
 }
@@ -100,6 +104,8 @@ pub struct Engine {
     /// The sim twin that meta-executes sessions for the planned allocator (none on a
     /// twin itself and on sharded ranks, which record instead).
     meta: Option<crate::planned::MetaTwin>,
+    /// Plans kept on disk, when the config names a folder.
+    plan_cache: Option<crate::plan_cache::PlanCache>,
 }
 
 impl EngineConfig {
@@ -184,6 +190,10 @@ impl Engine {
 
     /// The sim twin of an engine: same config, no twin of its own.
     pub(crate) fn twin(config: EngineConfig, platform: Arc<dyn Platform>) -> Result<Self> {
+        let config = EngineConfig {
+            plan_cache: None,
+            ..config
+        };
         Self::build(config, Device::new(platform), None)
     }
 
@@ -265,9 +275,15 @@ impl Engine {
             config.text_encoder,
             config.text_cache_bytes,
         )?;
+        let plan_cache = config
+            .plan_cache
+            .as_deref()
+            .map(crate::plan_cache::PlanCache::new)
+            .transpose()?;
         Ok(Self {
             prompts: Arc::new(prompts),
             first_frame,
+            plan_cache,
             config,
             device,
             dit: Arc::new(dit),
@@ -276,6 +292,13 @@ impl Engine {
             next_id: AtomicU64::new(1),
             meta: None,
         })
+    }
+
+    /// What the plan cache did so far (`None` without `plan_cache`).
+    pub fn plan_cache_counts(&self) -> Option<crate::plan_cache::PlanCacheCounts> {
+        self.plan_cache
+            .as_ref()
+            .map(crate::plan_cache::PlanCache::counts)
     }
 
     /// The configuration the engine was built with.
@@ -518,6 +541,12 @@ impl Engine {
             )
         });
         let key = crate::planned::span_key(&self.config, rank, request);
+        if let Some(cache) = &self.plan_cache {
+            // A plan the last session re-recorded goes to disk, a dropped one leaves it;
+            // then the file's plan is installed when the allocator has none.
+            cache.sync(&key, allocator);
+            cache.load_into(&key, allocator);
+        }
         if let Some(meta) = &self.meta {
             if allocator.wants_plan(&key) {
                 let pool_bytes = self
@@ -525,6 +554,9 @@ impl Engine {
                     .map(|p| p.total_pages() as u64 * p.layout().bytes());
                 let book = meta.plans_for(&self.config, pool_bytes, request)?;
                 allocator.install_plans(&book);
+                if let Some(cache) = &self.plan_cache {
+                    cache.sync(&key, allocator);
+                }
             }
         }
         if let Some(peak) = allocator.planned_peak(&key) {

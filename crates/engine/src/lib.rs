@@ -11,6 +11,7 @@ pub mod first_frame;
 pub mod loop_io;
 pub mod mesh;
 pub mod model_source;
+pub mod plan_cache;
 mod planned;
 pub mod preset;
 pub mod replicated;

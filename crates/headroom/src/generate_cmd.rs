@@ -58,6 +58,11 @@ pub struct GenerateArgs {
     /// Byte budget of the prompt-embedding cache (B, KiB, MiB, GiB).
     #[arg(long, default_value = "64MiB")]
     text_cache: String,
+    /// A folder that keeps the planned allocator's plans across runs (a corrupt or
+    /// stale file is rebuilt): the next run with the same shapes replays its first
+    /// session without planning it.
+    #[arg(long)]
+    plan_cache: Option<PathBuf>,
     /// Camera keys, one character per latent frame: w/a/s/d move, i/k pitch, j/l yaw,
     /// `-` none (e.g. `wwwwwwddd`); or a JSON pose file `{"poses": [[4x4]…],
     /// "intrinsics": [[fx, fy, cx, cy]…]}` (one pose per pixel frame, 832×480 units); or a
@@ -320,6 +325,7 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
         text_encoder,
         text_cache_bytes,
         weight_dtype: args.shape.dtype.dtype(),
+        plan_cache: args.plan_cache.clone(),
         ..EngineConfig::default()
     };
     headroom_engine::model_source::check_request(
@@ -636,6 +642,7 @@ where
         "device": gpu.clone().unwrap_or_else(|| "cpu".into()),
         "checked_launches": checked,
         "text_encoder": text_report,
+        "plan_cache": engine.plan_cache_counts(),
         "frames": frames,
         "width": width,
         "height": height,

@@ -92,6 +92,10 @@ pub struct ServeArgs {
     /// GPU: launches checked, frames black).
     #[arg(long, default_value = "cpu")]
     device: crate::device_arg::DeviceArg,
+    /// A folder that keeps the planned allocator's plans across restarts (a corrupt or
+    /// stale file is rebuilt).
+    #[arg(long)]
+    plan_cache: Option<std::path::PathBuf>,
     #[command(flatten)]
     ranks: crate::ranks::RankArgs,
 }
@@ -155,6 +159,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         kv_budget_bytes: crate::session_args::kv_budget(&args.kv_budget, capacity)?,
         capacity,
         weight_dtype: args.dtype.dtype(),
+        plan_cache: args.plan_cache.clone(),
         ..EngineConfig::default()
     };
     let config = ServerConfig {

@@ -304,6 +304,25 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         ready,
         state.queue_gauges(),
     );
+    if let Some(c) = state.engine.plan_cache_counts() {
+        for (name, help, value) in [
+            ("hits", "Plans read from the plan cache.", c.hits),
+            ("written", "Plans written to the plan cache.", c.written),
+            (
+                "corrupt",
+                "Plan files deleted as corrupt and rebuilt.",
+                c.corrupt,
+            ),
+            ("stale", "Plan files deleted as stale and rebuilt.", c.stale),
+        ] {
+            crate::metrics::counter(
+                &mut body,
+                &format!("headroom_plan_cache_{name}_total"),
+                help,
+                value,
+            );
+        }
+    }
     if let Some(steps) = &state.steps {
         let (batches, stepped) = steps.counts();
         crate::metrics::counter(

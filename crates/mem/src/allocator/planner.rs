@@ -24,7 +24,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// One recorded request of a span.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PlanRequest {
     /// Rounded size in bytes (a multiple of 512).
     pub size: u64,
@@ -37,7 +37,7 @@ pub struct PlanRequest {
 }
 
 /// Where a planned request goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Slot {
     /// At this offset of its stream's arena.
     Arena(u64),
@@ -46,7 +46,7 @@ pub enum Slot {
 }
 
 /// One request of a plan, in span order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PlanEntry {
     /// Rounded size in bytes.
     pub size: u64,
@@ -57,7 +57,7 @@ pub struct PlanEntry {
 }
 
 /// The order in which greedy placement takes requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PlacementOrder {
     /// Largest first.
@@ -140,7 +140,7 @@ fn tiered_orders(requests: &[PlanRequest]) -> Vec<PlacementOrder> {
 }
 
 /// A checked placement of one span.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Plan {
     /// Every request of the span, in order.
     pub entries: Vec<PlanEntry>,
