@@ -105,6 +105,9 @@ pub struct Metrics {
     pub sessions_failed: AtomicU64,
     /// Sessions that produced every chunk.
     pub sessions_completed: AtomicU64,
+    /// Chunks that were ready after their playback deadline (the session fell behind
+    /// its client's clock at `fps`, playback starting with the first chunk).
+    pub chunks_behind_playback: AtomicU64,
     /// Sessions ended early by `session.stop`, disconnect, stall or shutdown.
     pub sessions_stopped: AtomicU64,
     /// Chunks sent to clients.
@@ -340,6 +343,12 @@ impl Metrics {
             "headroom_sessions_completed_total",
             "Sessions that produced every chunk.",
             load(&self.sessions_completed),
+        );
+        counter(
+            o,
+            "headroom_chunks_behind_playback_total",
+            "Chunks ready after their playback deadline (playback from the first chunk at the session's fps).",
+            load(&self.chunks_behind_playback),
         );
         counter(
             o,

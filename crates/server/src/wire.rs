@@ -47,6 +47,7 @@ pub fn chunk_metadata(request_id: &str, transport_index: u64, chunk: &EncodedChu
         "active_event_ids": chunk.active,
         "completed_event_ids": chunk.completed,
         "latency_ms": chunk.latency.as_secs_f64() * 1e3,
+        "behind_playback_ms": chunk.behind_playback.as_secs_f64() * 1e3,
         "denoise_ms": chunk.phases[0] * 1e3,
         "commit_ms": chunk.phases[1] * 1e3,
         "decode_ms": chunk.phases[2] * 1e3,

@@ -50,6 +50,9 @@ pub struct EncodedChunk {
     pub completed: Vec<String>,
     /// Generate + encode time.
     pub latency: Duration,
+    /// How long after its playback deadline the chunk was ready (zero when on time):
+    /// playback starts when the first chunk is ready and runs at the session's fps.
+    pub behind_playback: Duration,
     /// The engine's phase timings (denoise, commit, decode) in seconds.
     pub phases: [f64; 3],
     /// Allocator `allocated_bytes.all.current` after the decode.
@@ -397,6 +400,10 @@ impl Stream<'_> {
             Ok(m) => m,
             Err(e) => return Ending::Failed(ServerError::Generation(format!("encoder: {e}"))),
         };
+        // The playback clock: when the first chunk was ready, and the frames before
+        // the coming chunk.
+        let mut playback: Option<Instant> = None;
+        let mut played_frames = 0usize;
         for _ in 0..total {
             if self.cancel.is_cancelled() {
                 return Ending::Cancelled;
@@ -429,6 +436,17 @@ impl Stream<'_> {
                     .time_to_first_chunk
                     .observe(self.started_at.elapsed());
             }
+            let ready = Instant::now();
+            let start = *playback.get_or_insert(ready);
+            let deadline =
+                start + Duration::from_secs_f64(played_frames as f64 / f64::from(request.fps));
+            let behind_playback = ready.saturating_duration_since(deadline);
+            if !behind_playback.is_zero() {
+                self.metrics
+                    .chunks_behind_playback
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            played_frames += chunk.frames.shape().first().copied().unwrap_or(0);
             let (active, completed) = self.tracker.after_chunk();
             let out = EncodedChunk {
                 index: chunk.index,
@@ -438,6 +456,7 @@ impl Stream<'_> {
                 active,
                 completed,
                 latency,
+                behind_playback,
                 phases: [
                     chunk.timings.denoise.as_secs_f64(),
                     chunk.timings.commit.as_secs_f64(),

@@ -30,6 +30,7 @@ async fn concurrent_sessions_step_together_and_stream_the_bytes_each_streams_alo
     let (mut a, _) = open(&ts, requests[0].0, requests[0].1).await;
     let (mut b, _) = open(&ts, requests[1].0, requests[1].1).await;
     let (mut c, _) = open(&ts, requests[2].0, requests[2].1).await;
+    let mut late_seen = 0;
     let (ra, rb, rc) = tokio::join!(
         stream_to_end(&mut a),
         stream_to_end(&mut b),
@@ -41,6 +42,16 @@ async fn concurrent_sessions_step_together_and_stream_the_bytes_each_streams_alo
             streamed.binaries == alone[k],
             "session {k} differs from alone"
         );
+        // Each chunk says how far behind its client's playback clock it was ready
+        // (the clock starts with the first chunk).
+        let behind: Vec<f64> = streamed
+            .metadata
+            .iter()
+            .map(|m| m["behind_playback_ms"].as_f64().unwrap())
+            .collect();
+        assert_eq!(behind[0], 0.0, "{behind:?}");
+        assert!(behind.iter().all(|b| *b >= 0.0), "{behind:?}");
+        late_seen += behind.iter().filter(|b| **b > 0.0).count() as u64;
     }
     ts.idle().await;
     ts.assert_pool_free();
@@ -58,5 +69,9 @@ async fn concurrent_sessions_step_together_and_stream_the_bytes_each_streams_alo
         batches < stepped,
         "some chunks ran together: {batches} steps"
     );
+    // Every chunk that was ready behind its playback deadline is counted.
+    let late = counter(&after, "headroom_chunks_behind_playback_total")
+        - counter(&before, "headroom_chunks_behind_playback_total");
+    assert_eq!(late, late_seen, "{after}");
     ts.stop().await;
 }
