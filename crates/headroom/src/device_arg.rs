@@ -12,6 +12,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use anyhow::{bail, Result};
+use headroom_engine::EngineConfig;
 use headroom_mem::{AllocatorConfig, ReclaimPolicy};
 use headroom_tensor::Device;
 
@@ -97,12 +98,17 @@ impl DeviceArg {
         }
     }
 
-    /// The device of a rank that is `local`-th among its node's processes: `cuda:N`
-    /// becomes `cuda:N+local` (one GPU per rank, counted from N); others are unchanged.
-    pub fn rank_device(self, local: usize) -> DeviceArg {
-        match self {
+    /// The GPU of a mesh rank that is `local`-th among its node's processes, with
+    /// `config`'s allocator, reclaim policy and capacity: `cuda:N` becomes
+    /// `cuda:N+local` (one GPU per rank, counted from N); the host has none.
+    pub fn rank_gpu(self, local: usize, config: &EngineConfig) -> Result<Device> {
+        let arg = match self {
             DeviceArg::Cuda(first) => DeviceArg::Cuda(first + local),
             other => other,
+        };
+        match arg.engine_device(&config.allocator, config.reclaim, config.capacity)? {
+            Some(device) => Ok(device),
+            None => bail!("a GPU rank needs a GPU device, got --device {arg}"),
         }
     }
 

@@ -380,14 +380,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         })?;
         return print_report(&args, &report);
     }
-    let gpu = |local: usize| -> Result<Device> {
-        let device = args.shape.device.rank_device(local).engine_device(
-            &prepared.config.allocator,
-            prepared.reclaim,
-            prepared.config.capacity,
-        )?;
-        device.context("a GPU rank needs a GPU device")
-    };
+    let gpu = |local: usize| args.shape.device.rank_gpu(local, &prepared.config);
     let gpu: crate::ranks::GpuFor<'_> = &gpu;
     let report = args.ranks.launch(on_gpu.then_some(gpu), |groups, device| {
         rank_main(&args, &prepared, groups, device)

@@ -214,14 +214,7 @@ fn serve_mesh(args: &ServeArgs, mut engine: EngineConfig, config: ServerConfig) 
     headroom_engine::preset::check_mesh(&engine, mesh)?;
     engine.max_sessions = 1;
     let on_gpu = args.device != crate::device_arg::DeviceArg::Cpu;
-    let gpu = |local: usize| -> Result<headroom_tensor::Device> {
-        let device = args.device.rank_device(local).engine_device(
-            &engine.allocator,
-            engine.reclaim,
-            engine.capacity,
-        )?;
-        device.context("a GPU rank needs a GPU device")
-    };
+    let gpu = |local: usize| args.device.rank_gpu(local, &engine);
     let gpu: crate::ranks::GpuFor<'_> = &gpu;
     let load = |groups: &RankGroups, device: Option<headroom_tensor::Device>| match device {
         Some(device) => Engine::on_mesh_device(engine.clone(), device, groups),

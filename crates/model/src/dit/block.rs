@@ -161,7 +161,7 @@ impl Attention {
 /// order) with the segment's index and first row, the results stacked back along the
 /// rows; one segment is `op` on `x` itself, with no copy. Rows never mix, so a segment's
 /// result is what `op` gives its rows alone.
-fn per_segment<F>(x: &Tensor, lens: &[usize], mut op: F) -> Result<Tensor>
+pub(crate) fn per_segment<F>(x: &Tensor, lens: &[usize], mut op: F) -> Result<Tensor>
 where
     F: FnMut(&Tensor, usize, usize) -> Result<Tensor>,
 {
@@ -306,8 +306,8 @@ impl Block {
     /// rows are modulated by its own timestep and self-attend its `past` keys/values
     /// (earlier frames) followed by its own under `mask`, and cross-attend its own
     /// text; the linear layers run on every row at once. `camera` tokens modulate the
-    /// result when the block has an adapter. Returns the new hidden states and the
-    /// tokens' own keys/values (for a KV cache), both stacked. Sharded, `h`,
+    /// result when the block has an adapter. Returns the new hidden states (stacked) and
+    /// each segment's own keys/values (for its KV cache). Sharded, `h`,
     /// `positions` and `camera` are this rank's tokens (one segment), and the
     /// keys/values (past and own) cover the SP group's tokens with this rank's heads.
     pub fn forward(
@@ -318,7 +318,7 @@ impl Block {
         mask: Mask,
         camera: Option<&Tensor>,
         shard: Option<&Sharding>,
-    ) -> Result<(Tensor, KeyValues)> {
+    ) -> Result<(Tensor, Vec<KeyValues>)> {
         let lens: Vec<usize> = segments.iter().map(|s| s.len).collect();
         let m: Vec<Vec<Tensor>> = segments
             .iter()
@@ -327,31 +327,35 @@ impl Block {
         let a = per_segment(h, &lens, |x, i, _| {
             modulate(x, &m[i][0], &m[i][1], self.eps)
         })?;
-        let own = self.attn1.key_values(&a, Some(rope), shard, true)?;
-        // Each segment's keys/values: its past followed by its own rows' (after the
-        // Ulysses exchange, when sharded, a single segment covers the whole group).
-        let own_lens: Vec<usize> = if let [_] = lens[..] {
-            vec![own.k.shape()[1]]
+        let stacked = self.attn1.key_values(&a, Some(rope), shard, true)?;
+        // Each segment's own keys/values (one segment: all of them, which after the
+        // Ulysses exchange cover the whole SP group), then its past followed by them.
+        let own: Vec<KeyValues> = if let [_] = lens[..] {
+            vec![stacked]
         } else {
-            lens.clone()
+            let mut start = 0;
+            lens.iter()
+                .map(|&len| {
+                    let kv = KeyValues {
+                        k: stacked.k.narrow(1, start, len)?,
+                        v: stacked.v.narrow(1, start, len)?,
+                    };
+                    start += len;
+                    Ok(kv)
+                })
+                .collect::<Result<_>>()?
         };
-        let mut all = Vec::with_capacity(segments.len());
-        let mut start = 0;
-        for (seg, &len) in segments.iter().zip(&own_lens) {
-            let (k, v) = if let [_] = own_lens[..] {
-                (own.k.clone(), own.v.clone())
-            } else {
-                (own.k.narrow(1, start, len)?, own.v.narrow(1, start, len)?)
-            };
-            start += len;
-            all.push(match seg.past {
-                Some(p) => KeyValues {
-                    k: Tensor::cat(&[&p.k, &k], 1)?,
-                    v: Tensor::cat(&[&p.v, &v], 1)?,
-                },
-                None => KeyValues { k, v },
-            });
-        }
+        let all = own
+            .iter()
+            .zip(segments)
+            .map(|(kv, seg)| match seg.past {
+                Some(p) => Ok(KeyValues {
+                    k: Tensor::cat(&[&p.k, &kv.k], 1)?,
+                    v: Tensor::cat(&[&p.v, &kv.v], 1)?,
+                }),
+                None => Ok(kv.clone()),
+            })
+            .collect::<Result<Vec<_>>>()?;
         let o = self.attn1.attend(
             &a,
             Some(rope),

@@ -483,7 +483,7 @@ impl WanTransformer {
                     text: &item.text.0[i],
                 })
                 .collect();
-            let (next, kv) = block.forward(
+            let (next, kvs) = block.forward(
                 &h,
                 &segments,
                 (&self.rope, &positions),
@@ -492,40 +492,22 @@ impl WanTransformer {
                 shard,
             )?;
             h = next;
-            if let [one] = &mut own[..] {
-                one.push(kv);
-            } else {
-                let mut start = 0;
-                for (mine, &len) in own.iter_mut().zip(&lens) {
-                    mine.push(KeyValues {
-                        k: kv.k.narrow(1, start, len)?,
-                        v: kv.v.narrow(1, start, len)?,
-                    });
-                    start += len;
-                }
+            for (mine, kv) in own.iter_mut().zip(kvs) {
+                mine.push(kv);
             }
         }
         drop(camera);
-        let mut start = 0;
-        let mut outs = Vec::with_capacity(items.len());
-        for ((temb, _), &len) in times.iter().zip(&lens) {
-            let m = self.table_out.add(&temb.unsqueeze(1)?)?;
+        let normed = block::per_segment(&h, &lens, |rows, i, _| {
+            let m = self.table_out.add(&times[i].0.unsqueeze(1)?)?;
             let (shift, scale) = (m.narrow(1, 0, 1)?, m.narrow(1, 1, 1)?);
-            let rows = if let [_] = lens[..] {
-                h.clone()
-            } else {
-                h.narrow(1, start, len)?
-            };
-            start += len;
-            outs.push(
-                rows.layer_norm(None, None, self.config.eps as f32)?
-                    .mul(&scale.add_scalar(1.0)?)?
-                    .add(&shift)?,
-            );
-        }
+            Ok(rows
+                .layer_norm(None, None, self.config.eps as f32)?
+                .mul(&scale.add_scalar(1.0)?)?
+                .add(&shift)?)
+        })?;
         drop(h);
-        let v = self.proj_out.forward(&stack(&outs)?)?;
-        drop(outs);
+        let v = self.proj_out.forward(&normed)?;
+        drop(normed);
         let mut start = 0;
         let mut results = Vec::with_capacity(items.len());
         for (kv, &len) in own.into_iter().zip(&lens) {

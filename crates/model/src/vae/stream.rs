@@ -94,6 +94,13 @@ impl StreamingDecodeState {
             .sum()
     }
 
+    /// Counts a decoded chunk of `latent_frames` latent frames and `frames` video frames.
+    fn advance(&mut self, latent_frames: usize, frames: usize) {
+        self.latent_frames += latent_frames;
+        self.chunks_decoded += 1;
+        self.frames_decoded += frames;
+    }
+
     /// Gives every cached frame back and resets the counters: the next chunk decodes as
     /// the first of a stream.
     pub fn release(&mut self) {
@@ -163,35 +170,14 @@ impl<'a> StreamingDecoder<'a> {
     ) -> Result<Option<Tensor>> {
         self.vae.device().platform().phase(Phase::DecodeStart);
         self.check(latent, state)?;
-        let slot_count = self.vae.decoder().slot_count();
-        if state.slots.len() != slot_count {
-            state.slots = (0..slot_count).map(|_| None).collect();
-        }
-        state.vae_id = Some(self.vae.id());
+        self.adopt(state);
         let x = self.vae.post_quant(latent)?;
         let t = x.shape()[2];
-        let mut outs = Vec::new();
-        let mut frames = 0;
-        for i in 0..t {
-            if i > 0 && !go_on(i) {
-                return Ok(None);
-            }
-            let mut cache = Slots {
-                slots: &mut state.slots,
-                dtype: self.state_dtype,
-            };
-            let y = self
-                .vae
-                .decoder()
-                .forward(&x.narrow(2, i, 1)?, &mut cache)?;
-            state.latent_frames += 1;
-            frames += y.shape()[2];
-            if produce_output {
-                outs.push(y.clamp(-1.0, 1.0)?);
-            }
-        }
-        state.chunks_decoded += 1;
-        state.frames_decoded += frames;
+        let Some((outs, frames)) = self.run_frames(&x, &mut state.slots, produce_output, go_on)?
+        else {
+            return Ok(None);
+        };
+        state.advance(t, frames);
         if !produce_output {
             return Ok(None);
         }
@@ -241,12 +227,8 @@ impl<'a> StreamingDecoder<'a> {
                 ));
             }
         }
-        let slot_count = self.vae.decoder().slot_count();
         for state in states.iter_mut() {
-            if state.slots.len() != slot_count {
-                state.slots = (0..slot_count).map(|_| None).collect();
-            }
-            state.vae_id = Some(self.vae.id());
+            self.adopt(state);
         }
         let lists: Vec<&[Option<Tensor>]> = states.iter().map(|s| &s.slots[..]).collect();
         let mut slots = super::batch::stack_slots(&lists)?;
@@ -254,28 +236,16 @@ impl<'a> StreamingDecoder<'a> {
         let refs: Vec<&Tensor> = latents.to_vec();
         let x = self.vae.post_quant(&Tensor::cat(&refs, 0)?)?;
         let t = x.shape()[2];
-        let mut outs = Vec::with_capacity(t);
-        for i in 0..t {
-            let mut cache = Slots {
-                slots: &mut slots,
-                dtype: self.state_dtype,
-            };
-            let y = self
-                .vae
-                .decoder()
-                .forward(&x.narrow(2, i, 1)?, &mut cache)?;
-            outs.push(y.clamp(-1.0, 1.0)?);
-        }
+        let (outs, frames) = self
+            .run_frames(&x, &mut slots, true, &|_| true)?
+            .ok_or_else(|| ModelError::input(op, "no frames produced"))?;
         drop(x);
-        let frames: usize = outs.iter().map(|y| y.shape()[2]).sum();
         for (state, own) in states
             .iter_mut()
             .zip(super::batch::unstack_slots(slots, latents.len())?)
         {
             state.slots = own;
-            state.latent_frames += t;
-            state.chunks_decoded += 1;
-            state.frames_decoded += frames;
+            state.advance(t, frames);
         }
         let video = Tensor::cat(&outs.iter().collect::<Vec<_>>(), 2)?;
         drop(outs);
@@ -288,6 +258,48 @@ impl<'a> StreamingDecoder<'a> {
                 })
             })
             .collect()
+    }
+
+    /// Sizes `state`'s slot list for this decoder and marks the state as its own.
+    fn adopt(&self, state: &mut StreamingDecodeState) {
+        let slot_count = self.vae.decoder().slot_count();
+        if state.slots.len() != slot_count {
+            state.slots = (0..slot_count).map(|_| None).collect();
+        }
+        state.vae_id = Some(self.vae.id());
+    }
+
+    /// The decoder over each latent frame of post-quant `x` against `slots`: each
+    /// frame's clamped output when `keep` (else none) and the video frames made, or
+    /// `None` when `go_on(frames_done)` said stop before a frame after the first.
+    fn run_frames(
+        &self,
+        x: &Tensor,
+        slots: &mut [Option<Tensor>],
+        keep: bool,
+        go_on: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<(Vec<Tensor>, usize)>> {
+        let t = x.shape()[2];
+        let mut outs = Vec::with_capacity(if keep { t } else { 0 });
+        let mut frames = 0;
+        for i in 0..t {
+            if i > 0 && !go_on(i) {
+                return Ok(None);
+            }
+            let mut cache = Slots {
+                slots: &mut *slots,
+                dtype: self.state_dtype,
+            };
+            let y = self
+                .vae
+                .decoder()
+                .forward(&x.narrow(2, i, 1)?, &mut cache)?;
+            frames += y.shape()[2];
+            if keep {
+                outs.push(y.clamp(-1.0, 1.0)?);
+            }
+        }
+        Ok(Some((outs, frames)))
     }
 
     /// Refuses a latent that is not `[1, z_dim, T ≥ 1, h, w]` or a state of another
