@@ -107,7 +107,7 @@ fn sequential(engine: &Engine, cfg: &BatchBenchConfig, n: usize) -> Result<Run, 
     for k in 0..n {
         let mut session = engine.open_session(request(cfg, k)?)?;
         let mut hash = Sha256::new();
-        for _ in 0..session.chunks_total() {
+        for _ in 0..crate::finite_chunks(&session)? {
             account(&session.next_chunk()?, &mut hash, &mut totals);
         }
         hashes.push(hash.finalize().to_vec());
@@ -136,7 +136,7 @@ fn batched(engine: &Engine, cfg: &BatchBenchConfig, n: usize) -> Result<Run, Ben
         let (ids, mut live): (Vec<usize>, Vec<&mut Session>) = sessions
             .iter_mut()
             .enumerate()
-            .filter(|(_, s)| s.chunks_done() < s.chunks_total())
+            .filter(|(_, s)| s.chunks_total().is_some_and(|t| s.chunks_done() < t))
             .unzip();
         if live.is_empty() {
             break;

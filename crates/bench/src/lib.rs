@@ -53,3 +53,14 @@ pub enum BenchError {
 
 /// Result alias of the benchmarks.
 pub type Result<T> = std::result::Result<T, BenchError>;
+
+/// The chunks of a benchmarked session, which must have an end (`frames` is 12·K − 3,
+/// not 0: a session streamed until stopped is timed by `bench serve`).
+pub(crate) fn finite_chunks(session: &headroom_engine::Session) -> Result<usize> {
+    session
+        .chunks_total()
+        .ok_or_else(|| BenchError::InvalidConfig {
+            field: "frames",
+            rule: "a benchmarked session needs an end: give 12·K − 3 frames, not 0".to_string(),
+        })
+}

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use headroom_engine::{EngineConfig, Mesh, SessionRequest};
+use headroom_engine::{Engine, EngineConfig, Mesh, Session, SessionRequest};
 use headroom_mem::{
     AllocatorConfig, AllocatorPolicy, CachingPlatform, MemoryStats, PlanBook, Platform,
     ReclaimPolicy, TraceAction, TraceEvent,
@@ -206,10 +206,7 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
             let decoder_state_bytes = StreamingDecoder::new(engine.vae(), None)
                 .declared_state_bytes(config.height, config.width, DType::F32);
             let conditioning_bytes = session.conditioning_bytes();
-            let chunks = config
-                .chunks
-                .unwrap_or(usize::MAX)
-                .min(session.chunks_total());
+            let chunks = chunks_to_run(config, engine, &session);
             for k in 0..chunks {
                 let chunk = session.next_chunk()?;
                 peaks.stretch(platform, &chunk.stats_denoise_end, &format!("denoise {k}"));
@@ -242,6 +239,16 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
         .map_err(engine_err)
 }
 
+/// Chunks a plan runs: `--chunks`, else the whole session; a session streamed until
+/// stopped runs to its steady state ([`headroom_engine::engine::steady_frames`]), whose
+/// peak every later chunk repeats.
+fn chunks_to_run(config: &PlanConfig, engine: &Engine, session: &Session) -> usize {
+    let total = session
+        .chunks_total()
+        .unwrap_or_else(|| (headroom_engine::engine::steady_frames(engine.config()) + 3) / 12);
+    config.chunks.unwrap_or(usize::MAX).min(total)
+}
+
 /// Runs the session once as meta execution on every rank under the planned allocator
 /// (recording) and returns each rank's plans.
 fn meta_plans(config: &PlanConfig, engine_config: &EngineConfig) -> Result<Vec<PlanBook>> {
@@ -257,10 +264,7 @@ fn meta_plans(config: &PlanConfig, engine_config: &EngineConfig) -> Result<Vec<P
         .run(engine_config, platform, |_rank, engine| {
             let request = SessionRequest::new(config.width, config.height, config.frames);
             let mut session = engine.open_session(request)?;
-            let chunks = config
-                .chunks
-                .unwrap_or(usize::MAX)
-                .min(session.chunks_total());
+            let chunks = chunks_to_run(config, engine, &session);
             for _ in 0..chunks {
                 session.next_chunk()?;
             }

@@ -318,7 +318,7 @@ fn run_once(
                             rule: e.to_string(),
                         })?;
                 let mut hasher = Sha256::new();
-                for chunk_index in 0..session.chunks_total() {
+                for chunk_index in 0..crate::finite_chunks(&session)? {
                     *tags.lock().unwrap_or_else(|p| p.into_inner()) = Tags {
                         session: session_index,
                         chunk: chunk_index,

@@ -16,7 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut session =
         engine.open_session(SessionRequest::new(num(2, 416), num(3, 240), num(4, 33)))?;
     println!("open: {:.2?}", start.elapsed());
-    for _ in 0..session.chunks_total() {
+    for _ in 0..session.chunks_total().unwrap() {
         let c = session.next_chunk()?;
         println!("chunk {} {:?}: {:?}", c.index, c.frames.shape(), c.timings);
     }

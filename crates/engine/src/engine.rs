@@ -350,7 +350,7 @@ impl Engine {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn validate(&self, r: &SessionRequest) -> Result<usize> {
+    fn validate(&self, r: &SessionRequest) -> Result<Option<usize>> {
         let sp = self.dit.sharding().map_or(1, |shard| shard.sp.size());
         let blocks = crate::model_source::check_shape(
             self.dit.config(),
@@ -486,10 +486,11 @@ impl Engine {
         };
         // The planned span starts after the prompt is encoded: whether it came from the
         // cache changes the allocations, not the session's.
-        self.begin_planned_span(&request)?;
+        let span = self.begin_planned_span(&request)?;
         Ok(Admitted {
             engine: self,
             parts: Some((request, kv, embeds, blocks)),
+            span,
         })
     }
 
@@ -499,7 +500,7 @@ impl Engine {
         request: SessionRequest,
         kv: SessionKv,
         embeds: Option<Tensor>,
-        blocks: usize,
+        blocks: Option<usize>,
     ) -> Result<Session> {
         let c = self.dit.config();
         let text = self
@@ -527,12 +528,26 @@ impl Engine {
 
     /// Under the planned allocator: makes the session's plan (meta execution on the sim
     /// twin) if there is none, refuses the session when the plan's peak exceeds the
-    /// free memory, and starts its span.
-    fn begin_planned_span(&self, request: &SessionRequest) -> Result<()> {
+    /// free memory, and starts its span; returns whether it did. A session streamed until
+    /// stopped is admitted by the plan of its steady state ([`steady_frames`]) and runs
+    /// on the caching path: a span places a finite sequence of allocations.
+    fn begin_planned_span(&self, request: &SessionRequest) -> Result<bool> {
         let allocator = self.platform().allocator();
         if allocator.policy() != headroom_mem::AllocatorPolicy::Planned {
-            return Ok(());
+            return Ok(false);
         }
+        let open_ended = request.num_frames == 0;
+        let steady;
+        let request = if open_ended {
+            steady = SessionRequest {
+                num_frames: steady_frames(&self.config),
+                latent_sink: None,
+                ..request.clone()
+            };
+            &steady
+        } else {
+            request
+        };
         let rank = self.dit.sharding().map(|s| {
             (
                 s.tp.size(),
@@ -574,10 +589,13 @@ impl Engine {
                 )));
             }
         }
+        if open_ended {
+            return Ok(false);
+        }
         allocator
             .begin_span(&key)
             .map_err(|e| EngineError::Admission(e.to_string()))?;
-        Ok(())
+        Ok(true)
     }
 
     /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed.
@@ -613,6 +631,14 @@ impl Engine {
     }
 }
 
+/// Frames of the finite session that stands for a session streamed until stopped: its
+/// KV window full (`window_frames` visible, the sink included) and one block beyond,
+/// after which a block's allocations repeat.
+pub fn steady_frames(config: &EngineConfig) -> usize {
+    let blocks = config.window_frames.div_ceil(BLOCK_FRAMES) + 1;
+    12 * blocks - 3
+}
+
 /// Text embeddings `[L, text_dim]` zero-padded to the 512 tokens the Wan pipelines feed
 /// (padding rows take part in cross-attention, so they change the output).
 pub(crate) fn pad_text(
@@ -646,7 +672,10 @@ pub(crate) fn pad_text(
 /// pages and its planned span; dropping it releases both.
 pub struct Admitted<'e> {
     engine: &'e Engine,
-    parts: Option<(SessionRequest, SessionKv, Option<Tensor>, usize)>,
+    parts: Option<(SessionRequest, SessionKv, Option<Tensor>, Option<usize>)>,
+    /// Whether admission began a planned span (a session streamed until stopped runs
+    /// without one).
+    span: bool,
 }
 
 impl std::fmt::Debug for Admitted<'_> {
@@ -665,7 +694,7 @@ impl Admitted<'_> {
             return Err(EngineError::request("session", "already opened"));
         };
         let opened = self.engine.open_planned(request, kv, embeds, blocks);
-        if opened.is_err() {
+        if opened.is_err() && self.span {
             self.engine.platform().allocator().end_span();
         }
         opened
@@ -674,7 +703,7 @@ impl Admitted<'_> {
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
-        if self.parts.take().is_some() {
+        if self.parts.take().is_some() && self.span {
             self.engine.platform().allocator().end_span();
         }
     }

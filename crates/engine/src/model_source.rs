@@ -122,7 +122,8 @@ impl ModelSource {
 
 /// The rules a session's size and length must meet under `dit` and `vae` (and, on a
 /// mesh, `sp` ranks splitting a block's tokens): checked before the weights load and
-/// again at every open. Returns the session's blocks.
+/// again at every open. Returns the session's blocks: `None` for `num_frames = 0`, a
+/// session that streams until it is stopped.
 pub fn check_shape(
     dit: &DitConfig,
     vae: &VaeConfig,
@@ -130,7 +131,7 @@ pub fn check_shape(
     width: usize,
     height: usize,
     num_frames: usize,
-) -> Result<usize> {
+) -> Result<Option<usize>> {
     let s = vae.spatial_factor() * dit.patch_size[1];
     if width == 0 || height == 0 || !width.is_multiple_of(s) || !height.is_multiple_of(s) {
         return Err(EngineError::request(
@@ -150,22 +151,13 @@ pub fn check_shape(
             ),
         ));
     }
-    if num_frames < 9 || !(num_frames + 3).is_multiple_of(12) {
+    if num_frames != 0 && (num_frames < 9 || !(num_frames + 3).is_multiple_of(12)) {
         return Err(EngineError::request(
             "num_frames",
-            format!("must be 12·K − 3 (9, 21, 33, …) for K chunks, got {num_frames}"),
+            format!("must be 12·K − 3 (9, 21, 33, …) for K chunks, or 0 to stream until stopped, got {num_frames}"),
         ));
     }
     let latent = latent_frames(num_frames);
-    if latent > max {
-        return Err(EngineError::request(
-            "num_frames",
-            format!(
-                "{num_frames} frames are {latent} latent frames; the model's rotary table has {max} positions, so at most {} frames",
-                max / BLOCK_FRAMES * 12 - 3
-            ),
-        ));
-    }
     let tokens = BLOCK_FRAMES / dit.patch_size[0] * (height / s) * (width / s);
     if !tokens.is_multiple_of(sp) {
         return Err(EngineError::request(
@@ -173,7 +165,7 @@ pub fn check_shape(
             format!("a block's {tokens} tokens do not split into sp = {sp} equal parts"),
         ));
     }
-    Ok(latent / BLOCK_FRAMES)
+    Ok((num_frames != 0).then_some(latent / BLOCK_FRAMES))
 }
 
 /// Whether `model` is written as a path rather than a name.
@@ -228,7 +220,14 @@ pub fn check_camera(num_frames: usize, key_sets: usize, poses: Option<usize>) ->
             "give key actions or a pose trajectory, not both",
         ));
     }
-    if key_sets > latent {
+    if num_frames == 0 && poses.is_some() {
+        return Err(EngineError::request(
+            "trajectory",
+            "a trajectory has one pose per frame, so the session needs num_frames (it cannot stream until stopped)",
+        ));
+    }
+    // A session streamed until stopped takes any number of key sets, then none.
+    if num_frames != 0 && key_sets > latent {
         return Err(EngineError::request(
             "actions",
             format!(

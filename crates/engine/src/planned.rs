@@ -101,7 +101,7 @@ impl MetaTwin {
                 ..request.clone()
             };
             let mut session = twin.open_session(request)?;
-            for _ in 0..session.chunks_total() {
+            for _ in 0..session.chunks_total().unwrap_or(0) {
                 session.next_chunk()?;
             }
             drop(session);
@@ -172,7 +172,7 @@ impl MetaTwin {
             ..request.clone()
         };
         let mut session = twin.open_session(request).map_err(refused)?;
-        for _ in 0..session.chunks_total() {
+        for _ in 0..session.chunks_total().unwrap_or(0) {
             session.next_chunk().map_err(refused)?;
         }
         drop(session);

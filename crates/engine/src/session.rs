@@ -36,7 +36,8 @@ pub struct SessionRequest {
     pub width: usize,
     /// Video height in pixels (multiple of 16).
     pub height: usize,
-    /// Frames: 12·K − 3 for K chunks (9, 21, 33, …).
+    /// Frames: 12·K − 3 for K chunks (9, 21, 33, …), or 0 for a session that streams
+    /// until it is stopped (closed, cancelled or dropped).
     pub num_frames: usize,
     /// Seed of the session's noise.
     pub seed: u64,
@@ -224,7 +225,8 @@ pub struct Session {
     draws: usize,
     latent_sink: Option<Arc<dyn LatentSink>>,
     next_block: usize,
-    blocks: usize,
+    /// Blocks the session makes; `None` until it is stopped.
+    blocks: Option<usize>,
     latent_hw: [usize; 2],
     video_hw: [usize; 2],
     actions: Vec<Keys>,
@@ -254,11 +256,22 @@ impl Session {
         text: TextKeyValues,
         cond: Option<ImageCondition>,
         request: &SessionRequest,
-        blocks: usize,
+        blocks: Option<usize>,
     ) -> Result<Self> {
         let s = vae.config().spatial_factor();
+        if blocks.is_none() {
+            // What has an end of its own cannot drive a session that streams until stopped.
+            let rule = "covers a fixed number of frames, so the session needs num_frames (it cannot stream until stopped)";
+            if request.trajectory.is_some() {
+                return Err(EngineError::request("trajectory", rule));
+            }
+            if matches!(request.noise, NoiseSource::Supplied(_)) {
+                return Err(EngineError::request("noise", rule));
+            }
+        }
+        let horizon = blocks.unwrap_or(0);
         request.noise.check([
-            blocks,
+            horizon,
             request.steps,
             dit.config().out_channels(),
             BLOCK_FRAMES,
@@ -289,7 +302,7 @@ impl Session {
             interaction: None,
             trajectory: match &request.trajectory {
                 Some(t) => {
-                    let latent = blocks * BLOCK_FRAMES;
+                    let latent = horizon * BLOCK_FRAMES;
                     let (poses, ks) =
                         t.sample(latent, request.num_frames, request.width, request.height)?;
                     Some((framewise_deltas(&poses, None), ks))
@@ -362,8 +375,9 @@ impl Session {
         self.next_block
     }
 
-    /// Chunks the session will produce.
-    pub fn chunks_total(&self) -> usize {
+    /// Chunks the session will produce; `None` for a session that streams until it is
+    /// stopped.
+    pub fn chunks_total(&self) -> Option<usize> {
         self.blocks
     }
 
@@ -480,7 +494,7 @@ impl Session {
     /// The next block's index, checking that the session can run it.
     pub(crate) fn chunk_start(&self) -> Result<usize> {
         let n = self.next_block;
-        if n >= self.blocks || self.kv.is_none() {
+        if self.blocks.is_some_and(|b| n >= b) || self.kv.is_none() {
             return Err(EngineError::Finished(self.id.clone()));
         }
         self.checkpoint(Checkpoint::ChunkStart)?;
@@ -575,7 +589,7 @@ impl Session {
             }
         };
         let stats_denoise_end = platform.memory_stats();
-        if !(self.overlap && n + 1 < self.blocks) {
+        if !(self.overlap && self.blocks.is_none_or(|b| n + 1 < b)) {
             return self.decode_chunk(n, block, stats_denoise_end);
         }
         if let Some(sink) = &self.latent_sink {
@@ -806,7 +820,11 @@ impl std::fmt::Debug for Session {
             .field("id", &self.id)
             .field(
                 "chunks",
-                &format_args!("{}/{}", self.next_block, self.blocks),
+                &format_args!(
+                    "{}/{}",
+                    self.next_block,
+                    self.blocks.map_or("∞".to_string(), |b| b.to_string())
+                ),
             )
             .field("seed", &self.seed)
             .finish()

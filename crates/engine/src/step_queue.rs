@@ -161,7 +161,7 @@ mod tests {
         let alone: Vec<Vec<Vec<u8>>> = (0..3)
             .map(|k| {
                 let mut s = engine.open_session(request(k)).unwrap();
-                (0..s.chunks_total())
+                (0..s.chunks_total().unwrap())
                     .map(|_| s.next_chunk().unwrap().frames.to_vec::<u8>().unwrap())
                     .collect()
             })
@@ -178,7 +178,7 @@ mod tests {
                         // Every session open before the first chunk: they step together.
                         opened.wait();
                         let mut out = Vec::new();
-                        for _ in 0..session.chunks_total() {
+                        for _ in 0..session.chunks_total().unwrap() {
                             let (back, chunk) = queue.next_chunk(session);
                             session = back;
                             out.push(chunk.unwrap().frames.to_vec::<u8>().unwrap());

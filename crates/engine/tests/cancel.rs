@@ -96,7 +96,7 @@ fn request(seed: u64) -> SessionRequest {
 /// Runs a whole session and returns its frames.
 fn frames(engine: &Engine, seed: u64) -> Vec<Vec<u8>> {
     let mut s = engine.open_session(request(seed)).unwrap();
-    (0..s.chunks_total())
+    (0..s.chunks_total().unwrap())
         .map(|_| s.next_chunk().unwrap().frames.to_vec::<u8>().unwrap())
         .collect()
 }
@@ -171,7 +171,7 @@ fn a_cancel_while_overlapped_decode_and_denoise_run_ends_both_and_releases_every
     };
     let reference: Vec<Vec<u8>> = {
         let mut s = engine.open_session(overlapped()).unwrap();
-        (0..s.chunks_total())
+        (0..s.chunks_total().unwrap())
             .map(|_| s.next_chunk().unwrap().frames.to_vec::<u8>().unwrap())
             .collect()
     };

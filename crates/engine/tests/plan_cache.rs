@@ -25,7 +25,7 @@ fn run(dir: &Path) -> (Vec<Vec<u8>>, PlanCacheCounts) {
             ..SessionRequest::new(48, 32, 21)
         })
         .unwrap();
-    let frames = (0..session.chunks_total())
+    let frames = (0..session.chunks_total().unwrap())
         .map(|_| session.next_chunk().unwrap().frames.to_vec::<u8>().unwrap())
         .collect();
     drop(session);

@@ -28,7 +28,7 @@ fn request(seed: u64) -> SessionRequest {
 fn run(engine: &Engine, request: SessionRequest) -> Vec<Vec<u8>> {
     let mut session = engine.open_session(request).unwrap();
     let mut out = Vec::new();
-    for _ in 0..session.chunks_total() {
+    for _ in 0..session.chunks_total().unwrap() {
         out.push(session.next_chunk().unwrap().frames.to_vec::<u8>().unwrap());
     }
     out

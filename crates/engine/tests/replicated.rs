@@ -46,7 +46,7 @@ fn led_sessions_produce_the_frames_of_direct_sharded_execution() {
             |_, engine| {
                 let mut session = engine.open_session(request())?;
                 let mut out = Vec::new();
-                for _ in 0..session.chunks_total() {
+                for _ in 0..session.chunks_total().unwrap() {
                     out.extend(session.next_chunk()?.frames.to_vec::<u8>()?);
                 }
                 Ok(out)
@@ -68,7 +68,7 @@ fn led_sessions_produce_the_frames_of_direct_sharded_execution() {
                 "{refused:?}"
             );
             let mut session = lead_open(&engine, &groups.world, request())?;
-            let total = session.session().map_or(0, |s| s.chunks_total());
+            let total = session.session().map_or(0, |s| s.chunks_total().unwrap());
             let mut out = Vec::new();
             for _ in 0..total {
                 out.extend(session.next_chunk()?.frames.to_vec::<u8>()?);

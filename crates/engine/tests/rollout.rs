@@ -91,7 +91,7 @@ fn relative_errors(name: &str, overlap: bool) -> Vec<f32> {
             ..request(&dir, &s, &host)
         })
         .unwrap();
-    assert_eq!(session.chunks_total(), s.blocks);
+    assert_eq!(session.chunks_total(), Some(s.blocks));
     let text_b = read_npy(dir.join("text_b.npy"), &host).unwrap();
     for chunk in 0..s.blocks {
         for e in s.events.iter().filter(|e| e.chunk == chunk) {

@@ -23,7 +23,7 @@ fn frames(mesh: Mesh) -> Vec<(Vec<u8>, u64)> {
         |_, engine| {
             let mut session = engine.open_session(SessionRequest::new(64, 32, 21))?;
             let mut out = Vec::new();
-            for _ in 0..session.chunks_total() {
+            for _ in 0..session.chunks_total().unwrap() {
                 out.extend(session.next_chunk()?.frames.to_vec::<u8>()?);
             }
             let kv = engine.kv_pool().map_or(0, |p| p.layout().bytes());

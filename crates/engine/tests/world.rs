@@ -32,7 +32,7 @@ fn request(keys: &str) -> SessionRequest {
 fn run(engine: &Engine, request: SessionRequest) -> Vec<Vec<u8>> {
     let mut session = engine.open_session(request).unwrap();
     let mut out = Vec::new();
-    for _ in 0..session.chunks_total() {
+    for _ in 0..session.chunks_total().unwrap() {
         let frames = session.next_chunk().unwrap().frames;
         let bytes = frames.to_vec::<u8>().unwrap();
         out.extend(bytes.chunks(96 * 128 * 3).map(<[u8]>::to_vec));

@@ -399,6 +399,10 @@ fn session(args: SessionArgs) -> Result<()> {
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let model = args.shape.resolved_model("small")?;
     let (width, height) = args.shape.size(&model);
+    crate::session_args::require_end(
+        "bench session times a session with an end; it",
+        args.shape.frames,
+    )?;
     let config = SessionBenchConfig {
         model,
         policies,

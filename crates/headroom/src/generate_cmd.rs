@@ -259,7 +259,7 @@ trait ChunkSource {
 
 impl ChunkSource for Session {
     fn chunks_total(&self) -> usize {
-        Session::chunks_total(self)
+        Session::chunks_total(self).unwrap_or(0)
     }
     fn next_chunk(&mut self) -> headroom_engine::Result<Chunk> {
         Session::next_chunk(self)
@@ -271,7 +271,7 @@ impl ChunkSource for Session {
 
 impl ChunkSource for LeadSession {
     fn chunks_total(&self) -> usize {
-        self.session().map_or(0, Session::chunks_total)
+        self.session().and_then(Session::chunks_total).unwrap_or(0)
     }
     fn next_chunk(&mut self) -> headroom_engine::Result<Chunk> {
         LeadSession::next_chunk(self)
@@ -328,6 +328,7 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
         plan_cache: args.plan_cache.clone(),
         ..EngineConfig::default()
     };
+    crate::session_args::require_end("generate writes a file, which", args.shape.frames)?;
     headroom_engine::model_source::check_request(
         &config,
         args.ranks.mesh()?,

@@ -32,8 +32,10 @@ pub struct PlanArgs {
     /// Video width in pixels.
     #[arg(long, default_value_t = 832)]
     width: usize,
-    /// Frames of the session: 12·K − 3 for K chunks.
-    #[arg(long, default_value_t = 117)]
+    /// Frames of the session: 12·K − 3 for K chunks, or `until-stop`: a session without
+    /// an end, planned at its steady state (its KV window full), whose peak every later
+    /// chunk repeats.
+    #[arg(long, default_value_t = 117, value_parser = crate::session_args::parse_frames)]
     frames: usize,
     /// Tensor-parallel degree (heads and FFN split across ranks).
     #[arg(long, default_value_t = 1)]
@@ -233,11 +235,14 @@ fn file_safe(s: &str) -> String {
 fn table(args: &PlanArgs, capacity: u64, rows: &[RankPlan]) -> String {
     let gb = |b: u64| format!("{:.2}", b as f64 / 1e9);
     let mut out = format!(
-        "# plan: {} at {}x{}, {} frames, TP{} x SP{}, {} per card ({} allocator)\n\n",
+        "# plan: {} at {}x{}, {}, TP{} x SP{}, {} per card ({} allocator)\n\n",
         args.model,
         args.width,
         args.height,
-        args.frames,
+        match args.frames {
+            0 => "until stopped (its steady state)".to_string(),
+            n => format!("{n} frames"),
+        },
         args.tp,
         args.sp,
         format_bytes(capacity),

@@ -84,9 +84,14 @@ pub struct ServeArgs {
     /// model's own size, else 240.
     #[arg(long)]
     height: Option<usize>,
-    /// Default frames of a session.start that gives none (12·K − 3).
-    #[arg(long, default_value_t = 33)]
+    /// Default frames of a session.start that gives none (12·K − 3), or 0: such a
+    /// session streams until the client stops it.
+    #[arg(long, default_value_t = 0)]
     frames: usize,
+    /// Most frames one session may stream (default: unlimited): a session streamed
+    /// until stopped ends after the last chunk within it, a longer num_frames is refused.
+    #[arg(long)]
+    max_session_frames: Option<usize>,
     /// Where the engine runs: cpu, cuda[:N] (on a mesh, rank r of a node takes
     /// cuda:N+r and the collectives run on NCCL) or cuda-check (the GPU path without a
     /// GPU: launches checked, frames black).
@@ -148,6 +153,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_sessions == 0 {
         bail!("--max-sessions must be at least 1");
     }
+    if args.max_session_frames.is_some_and(|m| m < 9) {
+        bail!("--max-session-frames must be at least 9 (a session's first chunk)");
+    }
     let model = crate::builtin_world::resolve(&args.model)?;
     let (width, height) = crate::session_args::video_size(args.width, args.height, &model);
     let engine = EngineConfig {
@@ -173,6 +181,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             control_message_bytes: size(&args.max_control_message, "max-control-message")?,
             start_timeout: seconds(args.start_timeout, "start-timeout")?,
             stall_timeout: seconds(args.stall_timeout, "stall-timeout")?,
+            max_session_frames: args.max_session_frames,
             ..Limits::default()
         },
         defaults: Defaults {

@@ -13,8 +13,9 @@ pub struct SessionShape {
     /// Default: world for generate, small for bench.
     #[arg(long)]
     pub model: Option<String>,
-    /// Frames: 12·K − 3 for K chunks.
-    #[arg(long, default_value_t = 33)]
+    /// Frames: 12·K − 3 for K chunks (`until-stop`, a session without an end, is for
+    /// `headroom serve`: a file needs an end).
+    #[arg(long, default_value_t = 33, value_parser = parse_frames)]
     pub frames: usize,
     /// Width in pixels (multiple of 16); default: the model's own size (its
     /// first_frame.png), else 416.
@@ -103,4 +104,24 @@ pub fn kv_budget(value: &str, capacity: Option<u64>) -> Result<Option<u64>> {
         anyhow::bail!("--kv-budget {value}: must be at least one page (e.g. 64MiB), or auto");
     }
     Ok(Some(bytes))
+}
+
+/// A frame count: a number, or `until-stop` (0), a session that streams until stopped.
+pub fn parse_frames(value: &str) -> std::result::Result<usize, String> {
+    match value.trim() {
+        "until-stop" => Ok(0),
+        v => v
+            .parse()
+            .map_err(|_| format!("{v:?} is not a frame count (12·K − 3) or until-stop")),
+    }
+}
+
+/// Refuses a session without an end where `command` writes a file.
+pub fn require_end(command: &str, frames: usize) -> Result<()> {
+    if frames == 0 {
+        anyhow::bail!(
+            "--frames until-stop: {command} needs an end, give 12·K − 3 frames (9, 21, 33, …); a session that streams until stopped runs under `headroom serve` (session.start without num_frames)"
+        );
+    }
+    Ok(())
 }

@@ -20,6 +20,9 @@ pub struct Limits {
     pub events_per_session: usize,
     /// Longest `event_id` in bytes.
     pub event_id_bytes: usize,
+    /// Most frames one session may stream (`None`: unlimited): a session streamed until
+    /// stopped ends after the last chunk within it; a longer `num_frames` is refused.
+    pub max_session_frames: Option<usize>,
 }
 
 impl Default for Limits {
@@ -32,6 +35,7 @@ impl Default for Limits {
             pending_interactions: 64,
             events_per_session: 65_536,
             event_id_bytes: 256,
+            max_session_frames: None,
         }
     }
 }
@@ -43,7 +47,7 @@ pub struct Defaults {
     pub width: usize,
     /// Height in pixels.
     pub height: usize,
-    /// Frames (12·K − 3).
+    /// Frames (12·K − 3), or 0: stream until the client stops.
     pub num_frames: usize,
     /// Frames per second of the stream.
     pub fps: u32,
@@ -60,7 +64,7 @@ impl Default for Defaults {
         Self {
             width: 416,
             height: 240,
-            num_frames: 33,
+            num_frames: 0,
             fps: 16,
             seed: 42,
             num_inference_steps: 4,

@@ -67,7 +67,7 @@ pub struct StartRequest {
     pub width: usize,
     /// Height in pixels.
     pub height: usize,
-    /// Frames (12·K − 3).
+    /// Frames (12·K − 3), or 0: the session streams until stopped.
     pub num_frames: usize,
     /// Frames per second of the stream.
     pub fps: u32,
@@ -148,7 +148,7 @@ impl StartRequest {
             prompt: string(&msg, "prompt")?,
             width: width.unwrap_or(defaults.width),
             height: height.unwrap_or(defaults.height),
-            num_frames: uint(&msg, "num_frames", 9, 12 * 1024 - 3)?.unwrap_or(defaults.num_frames),
+            num_frames: uint(&msg, "num_frames", 0, MAX_FRAMES)?.unwrap_or(defaults.num_frames),
             fps: uint(&msg, "fps", 1, 120)?.map_or(defaults.fps, |f| f as u32),
             seed: seed(&msg)?.unwrap_or(defaults.seed),
             num_inference_steps: uint(&msg, "num_inference_steps", 1, 50)?
@@ -176,9 +176,10 @@ impl StartRequest {
         Ok(request)
     }
 
-    /// Chunks the request makes: `num_frames = 12·K − 3`.
-    pub fn chunks(&self) -> usize {
-        (self.num_frames + 3) / 12
+    /// Chunks the request makes (`num_frames = 12·K − 3`); `None` for a session that
+    /// streams until stopped.
+    pub fn chunks(&self) -> Option<usize> {
+        (self.num_frames != 0).then_some((self.num_frames + 3) / 12)
     }
 
     /// The accepted configuration echoed in `video.start` (the image as a flag, not bytes).
@@ -199,6 +200,10 @@ impl StartRequest {
         })
     }
 }
+
+/// Most frames a `session.start` may name (the engine has no bound of its own; this
+/// keeps the number a count of frames rather than an overflow).
+const MAX_FRAMES: usize = 1 << 40;
 
 /// Top-level `session.start` fields a `sampling_params` key may fill.
 const START_FIELDS: [&str; 9] = [
@@ -617,7 +622,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             (r.width, r.height, r.num_frames, r.chunks()),
-            (48, 32, 21, 2)
+            (48, 32, 21, Some(2))
         );
         assert_eq!((r.fps, r.seed, r.num_inference_steps), (16, 42, 4));
         assert_eq!(r.flow_shift, 5.0);

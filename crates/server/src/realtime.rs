@@ -232,6 +232,18 @@ impl Connection {
                 return self.send_error(&e, None).await;
             }
         }
+        if let Some(max) = state.config.limits.max_session_frames {
+            if request.num_frames > max {
+                let e = ServerError::request(
+                    "num_frames",
+                    format!(
+                        "at most {max} frames per session on this server (--max-session-frames), got {}",
+                        request.num_frames
+                    ),
+                );
+                return self.send_error(&e, None).await;
+            }
+        }
         if state.is_shutting_down() {
             return self.send_error(&ServerError::ShuttingDown, None).await;
         }
@@ -259,6 +271,7 @@ impl Connection {
                 request_id: request_id.clone(),
                 metrics: Arc::clone(&state.metrics),
                 held: std::mem::take(&mut self.held),
+                max_frames: state.config.limits.max_session_frames,
             };
             let limits = &state.config.limits;
             let worker =

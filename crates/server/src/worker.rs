@@ -82,8 +82,8 @@ pub enum Ending {
 pub enum WorkerEvent {
     /// The session was admitted and will produce `chunks` chunks.
     Opened {
-        /// Chunks to come.
-        chunks: usize,
+        /// Chunks to come; `None` until the client stops.
+        chunks: Option<usize>,
     },
     /// A chunk is ready.
     Chunk(Box<EncodedChunk>),
@@ -139,6 +139,8 @@ pub struct Job {
     pub metrics: Arc<Metrics>,
     /// Interactions acknowledged while the client waited: they apply from the first chunk.
     pub held: Vec<Interaction>,
+    /// Most frames the session may stream (`--max-session-frames`).
+    pub max_frames: Option<usize>,
 }
 
 /// Spawns the worker thread of `job`.
@@ -182,6 +184,7 @@ fn run(
         request_id,
         metrics,
         held: _,
+        max_frames,
     } = job;
     let _span = tracing::info_span!("session", request_id = %request_id).entered();
     let opened = open(&engine, world.as_ref(), steps.as_ref(), &request);
@@ -201,6 +204,7 @@ fn run(
                 cancel,
                 metrics: &metrics,
                 started_at,
+                max_frames,
             };
             let ending = stream.run(&request);
             // Release the session (KV pages, decoder state, conditioning) before the
@@ -260,11 +264,11 @@ enum Live {
 }
 
 impl Live {
-    fn chunks_total(&self) -> usize {
+    fn chunks_total(&self) -> Option<usize> {
         match self {
             Live::Alone(s) => s.chunks_total(),
-            Live::Stepped { session, .. } => session.as_ref().map_or(0, Session::chunks_total),
-            Live::Led(s) => s.session().map_or(0, Session::chunks_total),
+            Live::Stepped { session, .. } => session.as_ref().and_then(Session::chunks_total),
+            Live::Led(s) => s.session().and_then(Session::chunks_total),
         }
     }
 
@@ -384,6 +388,7 @@ struct Stream<'a> {
     cancel: &'a CancelToken,
     metrics: &'a Metrics,
     started_at: Instant,
+    max_frames: Option<usize>,
 }
 
 impl Stream<'_> {
@@ -404,7 +409,15 @@ impl Stream<'_> {
         // the coming chunk.
         let mut playback: Option<Instant> = None;
         let mut played_frames = 0usize;
-        for _ in 0..total {
+        for index in 0.. {
+            if total.is_some_and(|t| index >= t) {
+                break;
+            }
+            // The first chunk has 9 frames, every later one 12.
+            let next = if index == 0 { 9 } else { 12 };
+            if self.max_frames.is_some_and(|m| played_frames + next > m) {
+                break;
+            }
             if self.cancel.is_cancelled() {
                 return Ending::Cancelled;
             }

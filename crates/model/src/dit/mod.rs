@@ -9,6 +9,7 @@ pub mod embed;
 pub mod shard;
 
 use std::path::Path;
+use std::sync::{Arc, RwLock};
 
 use headroom_tensor::kernels::rope::RopeTable;
 use headroom_tensor::ops::attention::Mask;
@@ -32,6 +33,9 @@ struct CameraEmbedder {
     layer2: Linear,
 }
 
+/// Wan's rotary base.
+const ROPE_THETA: f64 = 10_000.0;
+
 /// The Wan transformer; immutable once loaded.
 #[derive(Debug)]
 pub struct WanTransformer {
@@ -43,7 +47,9 @@ pub struct WanTransformer {
     blocks: Vec<Block>,
     table_out: Tensor,
     proj_out: Linear,
-    rope: RopeTable,
+    /// The rotary tables: `rope_max_seq_len` positions per axis at load, doubled when a
+    /// forward's frame index goes beyond (a session streamed past 1024 latent frames).
+    rope: RwLock<Arc<RopeTable>>,
     device: Device,
     shard: Option<Sharding>,
 }
@@ -170,7 +176,11 @@ impl WanTransformer {
                 DType::F32,
             )?,
             proj_out: Linear::load(w, "proj_out", dim, out * pt * ph * pw, None)?,
-            rope: RopeTable::new(config.attention_head_dim, config.rope_max_seq_len, 10_000.0),
+            rope: RwLock::new(Arc::new(RopeTable::new(
+                config.attention_head_dim,
+                config.rope_max_seq_len,
+                ROPE_THETA,
+            ))),
             device: w.device().clone(),
             config,
             shard,
@@ -279,6 +289,27 @@ impl WanTransformer {
             ));
         }
         Ok(grid)
+    }
+
+    /// The rotary tables, grown to cover every frame index of `positions`: positions
+    /// are absolute (STEPWISE B5.4), so a session streamed past the table's end gets the
+    /// same formula's values there, and every position below it keeps its bytes.
+    fn rope_covering(&self, positions: &[[usize; 3]]) -> Arc<RopeTable> {
+        let needed = positions.iter().map(|p| p[0] + 1).max().unwrap_or(0);
+        let current = Arc::clone(&self.rope.read().unwrap_or_else(|p| p.into_inner()));
+        if needed <= current.max_positions() {
+            return current;
+        }
+        let mut table = self.rope.write().unwrap_or_else(|p| p.into_inner());
+        if needed > table.max_positions() {
+            let size = needed.next_power_of_two().max(2 * table.max_positions());
+            *table = Arc::new(RopeTable::new(
+                self.config.attention_head_dim,
+                size,
+                ROPE_THETA,
+            ));
+        }
+        Arc::clone(&table)
     }
 
     /// Cross-attention keys/values of text embeddings `[S, text_dim]` (a single zero token
@@ -469,8 +500,9 @@ impl WanTransformer {
         };
         drop(cams);
         let mut own: Vec<Vec<KeyValues>> = vec![Vec::with_capacity(self.blocks.len()); items.len()];
+        let rope = self.rope_covering(&positions);
         // On a GPU, the rope tables and positions are uploaded once for all blocks.
-        let _rope = self.rope.device_scope();
+        let _rope = rope.device_scope();
         for (i, block) in self.blocks.iter().enumerate() {
             let segments: Vec<Segment<'_>> = items
                 .iter()
@@ -486,7 +518,7 @@ impl WanTransformer {
             let (next, kvs) = block.forward(
                 &h,
                 &segments,
-                (&self.rope, &positions),
+                (&rope, &positions),
                 mask,
                 camera.as_ref(),
                 shard,

@@ -69,6 +69,26 @@ impl StreamingEncodeState {
     pub fn bytes(&self) -> usize {
         self.slots.iter().flatten().map(Tensor::storage_bytes).sum()
     }
+
+    /// A hash of the cache's shapes and values (`None` on a device that computes
+    /// nothing): two states with one fingerprint encode the same input alike.
+    pub fn fingerprint(&self) -> Result<Option<u64>> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        for slot in &self.slots {
+            match slot {
+                Some(t) if t.device().is_meta() => return Ok(None),
+                Some(t) => {
+                    t.shape().hash(&mut hasher);
+                    for v in t.to_f32_vec()? {
+                        v.to_bits().hash(&mut hasher);
+                    }
+                }
+                None => 0usize.hash(&mut hasher),
+            }
+        }
+        Ok(Some(hasher.finish()))
+    }
 }
 
 /// The Wan 2.1 VAE; immutable once loaded (sessions keep their caches themselves).
