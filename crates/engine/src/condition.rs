@@ -9,9 +9,14 @@
 //! stops changing: once a block's latents equal the previous block's bit for bit and the
 //! encoder's cache is unchanged too (same fingerprint), every later block would encode
 //! the same zeros from the same cache, so the condition is reused instead of encoded.
-//! On a device that computes nothing (the planner's meta twin) it never settles.
+//! A device that computes nothing (the planner's meta twin) cannot compare values: it
+//! settles at the block [`probe_settle_block`] finds for the VAE's architecture, which is
+//! where a real session settles, so the twin's plan matches the real allocations.
 
-use headroom_model::vae::StreamingEncodeState;
+/// Blocks the probe encodes before it gives up finding the fixed point.
+const PROBE_BLOCKS: usize = 48;
+
+use headroom_model::vae::{StreamingEncodeState, VaeConfig};
 use headroom_model::WanVae;
 use headroom_tensor::{DType, Device, Tensor};
 
@@ -38,12 +43,15 @@ pub(crate) struct ImageCondition {
     settled_at: Option<usize>,
     /// The previous block's condition, while the next one is encoded.
     previous: Option<Tensor>,
+    /// Where a condition that cannot compare values (a meta device) settles.
+    meta_settles_at: Option<usize>,
     device: Device,
 }
 
 impl ImageCondition {
-    /// The condition of a session starting from `first` (`[1, 3, 1, H, W]` in [−1, 1]).
-    pub(crate) fn new(first: Tensor) -> Result<Self> {
+    /// The condition of a session starting from `first` (`[1, 3, 1, H, W]` in [−1, 1]);
+    /// on a meta device it settles at block `meta_settles_at`.
+    pub(crate) fn new(first: Tensor, meta_settles_at: Option<usize>) -> Result<Self> {
         let [1, 3, 1, h, w] = *first.shape() else {
             return Err(EngineError::request(
                 "image",
@@ -62,6 +70,7 @@ impl ImageCondition {
             last_fingerprint: None,
             settled_at: None,
             previous: None,
+            meta_settles_at,
         })
     }
 
@@ -170,7 +179,11 @@ impl ImageCondition {
         let condition = Tensor::cat(&[&mask, &latent], 1)?;
         let previous = self.previous.take();
         let fingerprint = self.state.fingerprint()?;
-        if fingerprint.is_some() && fingerprint == self.last_fingerprint {
+        let meta_settles = self.device.is_meta() && self.meta_settles_at == Some(n + 1);
+        if meta_settles {
+            self.settled_at = Some(n + 1);
+            self.state = StreamingEncodeState::default();
+        } else if fingerprint.is_some() && fingerprint == self.last_fingerprint {
             if let Some(previous) = previous {
                 if same_bits(&previous, &condition)? {
                     self.settled_at = Some(n + 1);
@@ -203,6 +216,34 @@ impl ImageCondition {
         let current = self.current.as_ref().map_or(0, |(_, c)| c.storage_bytes());
         (first + current + self.state.bytes()) as u64
     }
+}
+
+/// The block from which the image condition of a VAE of `config`'s architecture is
+/// reused: a narrow seeded VAE of the same temporal structure (stages, residual blocks,
+/// temporal downsampling) encodes a noise image at the smallest size on the host until
+/// its condition settles. Where the image stops reaching the encoder's outputs depends
+/// on that structure only, not on the weights, the image or the size. `None` when it
+/// did not settle within the probe's blocks (or the probe failed: nothing is reused).
+pub(crate) fn probe_settle_block(config: &VaeConfig) -> Option<usize> {
+    let probe = || -> Result<Option<usize>> {
+        let device = Device::cpu()?;
+        let narrow = VaeConfig {
+            base_dim: 4,
+            ..config.clone()
+        };
+        let vae = WanVae::seeded(narrow, 1, &device, DType::F32)?;
+        let side = config.spatial_factor() * 2;
+        let first = Tensor::randn(&[1, 3, 1, side, side], 5, 0, DType::F32, &device)?;
+        let mut cond = ImageCondition::new(first, None)?;
+        for n in 0..PROBE_BLOCKS {
+            cond.advance(&vae, n)?;
+            if cond.settled_at.is_some() {
+                return Ok(cond.settled_at);
+            }
+        }
+        Ok(None)
+    };
+    probe().ok().flatten()
 }
 
 /// Whether two tensors hold the same shape and bits.
@@ -260,7 +301,7 @@ mod tests {
         // 24 blocks reach the fixed point, after which the condition is reused.
         for blocks in [1, 3, 10, 24] {
             let whole = whole_horizon(&vae, &first, blocks);
-            let mut streamed = ImageCondition::new(first.clone()).unwrap();
+            let mut streamed = ImageCondition::new(first.clone(), None).unwrap();
             for n in 0..blocks {
                 streamed.advance(&vae, n).unwrap();
                 let block = streamed.current().unwrap().clone();
@@ -281,6 +322,11 @@ mod tests {
             eprintln!("{blocks} blocks: settled at {settled:?}");
             if blocks == 24 {
                 assert!(settled.is_some_and(|b| b < 24), "settled at {settled:?}");
+                assert_eq!(
+                    probe_settle_block(vae.config()),
+                    settled,
+                    "the probe finds where a real condition settles"
+                );
                 assert_eq!(streamed.state.bytes(), 0, "the encoder's cache is freed");
             }
             assert!(

@@ -106,6 +106,9 @@ pub struct Engine {
     meta: Option<crate::planned::MetaTwin>,
     /// Plans kept on disk, when the config names a folder.
     plan_cache: Option<crate::plan_cache::PlanCache>,
+    /// Where image conditions settle on a meta device ([`crate::condition::probe_settle_block`]),
+    /// probed on first use.
+    condition_settles: std::sync::OnceLock<Option<usize>>,
 }
 
 impl EngineConfig {
@@ -291,6 +294,7 @@ impl Engine {
             pool: Mutex::new(None),
             next_id: AtomicU64::new(1),
             meta: None,
+            condition_settles: std::sync::OnceLock::new(),
         })
     }
 
@@ -627,7 +631,13 @@ impl Engine {
                 )?,
             },
         };
-        ImageCondition::new(first)
+        // A meta device cannot see where the condition settles: the architecture says.
+        let settles = self.device.is_meta().then(|| {
+            *self
+                .condition_settles
+                .get_or_init(|| crate::condition::probe_settle_block(self.vae.config()))
+        });
+        ImageCondition::new(first, settles.flatten())
     }
 }
 

@@ -44,6 +44,12 @@ fn a_session_without_an_end_streams_the_bytes_of_one_with_an_end_in_flat_memory(
             .map(|_| finite.next_chunk().unwrap().frames.to_vec::<u8>().unwrap())
             .collect();
         drop(finite);
+        // The twin's plan settled the condition where the session did: nothing missed.
+        assert_eq!(
+            engine.platform().memory_stats().planned_misses,
+            0,
+            "{allocator:?}"
+        );
         // What the engine keeps between sessions (weights, the KV pool, any cache).
         let floor = engine
             .platform()

@@ -579,6 +579,8 @@ where
                 "denoise_s": chunk.timings.denoise.as_secs_f64(),
                 "commit_s": chunk.timings.commit.as_secs_f64(),
                 "decode_s": chunk.timings.decode.as_secs_f64(),
+                "allocated_bytes": chunk.stats_decoded.allocated_bytes.all().current,
+                "reserved_bytes": chunk.stats_decoded.reserved_bytes.all().current,
             }));
             let line = format!(
                 "{n} frames in {secs:.2} s (denoise {:.2} s, commit {:.2} s, decode {:.2} s), reserved {}",

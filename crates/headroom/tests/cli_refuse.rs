@@ -88,11 +88,13 @@ fn sizes_and_lengths_that_cannot_work_are_refused_before_the_weights_load() {
         &["--width", "48", "--height", "100000"],
         &["width/height", "48x100000", "at most 16384"],
     );
+    // A file needs an end; sessions without one run under `serve`.
     assert_refused(
         d,
-        &["--frames", "99993"],
-        &["num_frames", "99993", "at most 4089"],
+        &["--frames", "until-stop"],
+        &["--frames until-stop", "needs an end", "headroom serve"],
     );
+    assert_refused(d, &["--frames", "lots"], &["frame count", "until-stop"]);
     assert_refused(d, &["--frames", "10"], &["num_frames", "12·K − 3"]);
     assert_refused(
         d,

@@ -1,0 +1,82 @@
+//! A `session.start` without `num_frames` streams until the client stops it (or the
+//! server's `--max-session-frames`), chunk for chunk the bytes of a session with an end.
+
+mod common;
+
+use headroom_server::{Limits, ServerConfig};
+use serde_json::{json, Value};
+
+use common::*;
+
+/// `session.start` without `num_frames`.
+fn open_ended(seed: u64) -> Value {
+    json!({"type": "session.start", "model": "tiny", "format": "m4s",
+           "width": W, "height": H, "seed": seed, "fps": 16})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_without_num_frames_streams_until_the_client_stops_it() {
+    let ts = TestServer::default().await;
+    let finite = run_session(&ts, 45, 5).await;
+    assert_eq!(finite.binaries.len(), 4);
+
+    let mut ws = ts.connect().await;
+    send(&mut ws, open_ended(5)).await;
+    let start = recv_json(&mut ws).await;
+    assert_eq!(start["type"], "video.start", "{start}");
+    assert_eq!(start["config"]["num_frames"], 0);
+    assert_eq!(start["config"]["chunks"], Value::Null);
+    // Past the 4 chunks of the session with an end, then stopped by the client.
+    let mut binaries = Vec::new();
+    while binaries.len() < 6 {
+        match recv(&mut ws).await {
+            In::Bin(b) => binaries.push(b),
+            In::Json(v) => assert_ne!(v["type"], "session.done", "{v}"),
+            In::Closed => panic!("closed while streaming"),
+        }
+    }
+    send(&mut ws, json!({"type": "session.stop"})).await;
+    let out = stream_to_end(&mut ws).await;
+    let done = out.end.unwrap();
+    assert_eq!(done["type"], "session.done", "{done}");
+    assert_eq!(done["stopped"], true);
+    assert_eq!(
+        &binaries[..4],
+        &finite.binaries[..],
+        "the first 4 chunks are the bytes of the 45-frame session"
+    );
+    // The server keeps serving.
+    assert_eq!(run_session(&ts, 9, 1).await.binaries.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_session_frames_ends_a_session_without_an_end_and_refuses_longer_ones() {
+    let config = ServerConfig {
+        model_name: "tiny".to_string(),
+        limits: Limits {
+            max_session_frames: Some(40),
+            ..Limits::default()
+        },
+        ..ServerConfig::default()
+    };
+    let ts = TestServer::start(config, None).await;
+    let mut ws = ts.connect().await;
+    send(&mut ws, open_ended(2)).await;
+    assert_eq!(recv_json(&mut ws).await["type"], "video.start");
+    let out = stream_to_end(&mut ws).await;
+    let done = out.end.unwrap();
+    // 9 + 12 + 12 = 33 frames fit in 40; a fourth chunk would make 45.
+    assert_eq!(
+        done,
+        json!({"type": "session.done", "request_id": done["request_id"], "chunks": 3, "stopped": false})
+    );
+
+    let mut ws = ts.connect().await;
+    send(&mut ws, start_msg(45, 2)).await;
+    let error = recv_json(&mut ws).await;
+    assert_eq!(error["type"], "error", "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("num_frames"),
+        "{error}"
+    );
+}
