@@ -240,12 +240,12 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
 }
 
 /// Chunks a plan runs: `--chunks`, else the whole session; a session streamed until
-/// stopped runs to its steady state ([`headroom_engine::engine::steady_frames`]), whose
-/// peak every later chunk repeats.
+/// stopped runs to its steady state ([`Engine::steady_blocks`]), whose chunks every
+/// later chunk repeats.
 fn chunks_to_run(config: &PlanConfig, engine: &Engine, session: &Session) -> usize {
     let total = session
         .chunks_total()
-        .unwrap_or_else(|| (headroom_engine::engine::steady_frames(engine.config()) + 3) / 12);
+        .unwrap_or_else(|| engine.steady_blocks());
     config.chunks.unwrap_or(usize::MAX).min(total)
 }
 

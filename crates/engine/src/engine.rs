@@ -103,12 +103,12 @@ pub struct Engine {
     first_frame: Option<image::RgbImage>,
     /// The sim twin that meta-executes sessions for the planned allocator (none on a
     /// twin itself and on sharded ranks, which record instead).
-    meta: Option<crate::planned::MetaTwin>,
+    pub(crate) meta: Option<crate::planned::MetaTwin>,
     /// Plans kept on disk, when the config names a folder.
-    plan_cache: Option<crate::plan_cache::PlanCache>,
+    pub(crate) plan_cache: Option<crate::plan_cache::PlanCache>,
     /// Where image conditions settle on a meta device ([`crate::condition::probe_settle_block`]),
     /// probed on first use.
-    condition_settles: std::sync::OnceLock<Option<usize>>,
+    pub(crate) condition_settles: std::sync::OnceLock<Option<usize>>,
 }
 
 impl EngineConfig {
@@ -530,78 +530,6 @@ impl Engine {
         Ok(session.with_prompts(Arc::clone(&self.prompts)))
     }
 
-    /// Under the planned allocator: makes the session's plan (meta execution on the sim
-    /// twin) if there is none, refuses the session when the plan's peak exceeds the
-    /// free memory, and starts its span; returns whether it did. A session streamed until
-    /// stopped is admitted by the plan of its steady state ([`steady_frames`]) and runs
-    /// on the caching path: a span places a finite sequence of allocations.
-    fn begin_planned_span(&self, request: &SessionRequest) -> Result<bool> {
-        let allocator = self.platform().allocator();
-        if allocator.policy() != headroom_mem::AllocatorPolicy::Planned {
-            return Ok(false);
-        }
-        let open_ended = request.num_frames == 0;
-        let steady;
-        let request = if open_ended {
-            steady = SessionRequest {
-                num_frames: steady_frames(&self.config),
-                latent_sink: None,
-                ..request.clone()
-            };
-            &steady
-        } else {
-            request
-        };
-        let rank = self.dit.sharding().map(|s| {
-            (
-                s.tp.size(),
-                s.sp.size(),
-                s.sp.rank() * s.tp.size() + s.tp.rank(),
-            )
-        });
-        let key = crate::planned::span_key(&self.config, rank, request);
-        if let Some(cache) = &self.plan_cache {
-            // A plan the last session re-recorded goes to disk, a dropped one leaves it;
-            // then the file's plan is installed when the allocator has none.
-            cache.sync(&key, allocator);
-            cache.load_into(&key, allocator);
-        }
-        if let Some(meta) = &self.meta {
-            if allocator.wants_plan(&key) {
-                let pool_bytes = self
-                    .kv_pool()
-                    .map(|p| p.total_pages() as u64 * p.layout().bytes());
-                let book = meta.plans_for(&self.config, pool_bytes, request)?;
-                allocator.install_plans(&book);
-                if let Some(cache) = &self.plan_cache {
-                    cache.sync(&key, allocator);
-                }
-            }
-        }
-        if let Some(peak) = allocator.planned_peak(&key) {
-            let (free, capacity) = self.platform().mem_info();
-            let stats = self.platform().memory_stats();
-            let cached = (stats.reserved_bytes.all().current - stats.allocated_bytes.all().current)
-                .max(0) as u64;
-            if peak > free + cached {
-                return Err(EngineError::Admission(format!(
-                    "the session's planned peak of {} does not fit: {} of the {} capacity is free                      ({} reserved by what is already live); lower the resolution or frames, or raise --capacity",
-                    headroom_mem::format_bytes(peak),
-                    headroom_mem::format_bytes(free + cached),
-                    headroom_mem::format_bytes(capacity),
-                    headroom_mem::format_bytes(stats.allocated_bytes.all().current.max(0) as u64),
-                )));
-            }
-        }
-        if open_ended {
-            return Ok(false);
-        }
-        allocator
-            .begin_span(&key)
-            .map_err(|e| EngineError::Admission(e.to_string()))?;
-        Ok(true)
-    }
-
     /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed.
     fn padded_text(&self, text: Option<&Tensor>) -> Result<Option<Tensor>> {
         pad_text(text, self.dit.config().text_dim, &self.device)
@@ -632,21 +560,9 @@ impl Engine {
             },
         };
         // A meta device cannot see where the condition settles: the architecture says.
-        let settles = self.device.is_meta().then(|| {
-            *self
-                .condition_settles
-                .get_or_init(|| crate::condition::probe_settle_block(self.vae.config()))
-        });
+        let settles = self.device.is_meta().then(|| self.condition_settle_block());
         ImageCondition::new(first, settles.flatten())
     }
-}
-
-/// Frames of the finite session that stands for a session streamed until stopped: its
-/// KV window full (`window_frames` visible, the sink included) and one block beyond,
-/// after which a block's allocations repeat.
-pub fn steady_frames(config: &EngineConfig) -> usize {
-    let blocks = config.window_frames.div_ceil(BLOCK_FRAMES) + 1;
-    12 * blocks - 3
 }
 
 /// Text embeddings `[L, text_dim]` zero-padded to the 512 tokens the Wan pipelines feed

@@ -4,18 +4,25 @@
 //! a plan, and admission compares the plan's peak with the free memory before the first
 //! chunk.
 //!
+//! A session longer than its steady state (the KV window full, the image condition
+//! settled), or one without an end, gets a periodic plan instead: the twin meta-executes
+//! [`Engine::steady_blocks`] blocks, and the plan of that recording, with its last steady
+//! chunks repeating ([`headroom_mem::allocator::periodic`]), stands for any length. The
+//! time to the first chunk and the plan's size no longer grow with the horizon.
+//!
 //! Sharded ranks cannot meta-execute alone (their collectives need the other ranks), so
 //! they record their first session instead; `headroom plan` meta-executes the whole mesh
 //! and installs the plans (see `bench::plan`).
 
 use std::sync::{Arc, Mutex};
 
-use headroom_mem::{AllocatorConfig, AllocatorPolicy, CachingPlatform, ReclaimPolicy};
+use headroom_mem::allocator::periodic;
+use headroom_mem::{AllocatorConfig, AllocatorPolicy, CachingPlatform, PlanBook, ReclaimPolicy};
 
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{EngineError, Result};
 use crate::mesh::Mesh;
-use crate::session::SessionRequest;
+use crate::session::{SessionRequest, BLOCK_FRAMES};
 
 /// The key of a session's plan: everything that changes the sizes or the order of its
 /// allocations.
@@ -177,5 +184,118 @@ impl MetaTwin {
         }
         drop(session);
         Ok(twin.platform().allocator().plans())
+    }
+}
+
+impl Engine {
+    /// Where image conditions settle ([`crate::condition::probe_settle_block`]), probed
+    /// once; `None` for a model without an image condition.
+    pub(crate) fn condition_settle_block(&self) -> Option<usize> {
+        let c = self.transformer().config();
+        if c.in_channels != c.out_channels() + 20 {
+            return None;
+        }
+        *self
+            .condition_settles
+            .get_or_init(|| crate::condition::probe_settle_block(self.vae().config()))
+    }
+
+    /// Blocks a recording needs to end in steady chunks a periodic plan can repeat:
+    /// the KV window full (`window_frames` visible, the sink included) and the image
+    /// condition settled, then two runs of the longest period.
+    pub fn steady_blocks(&self) -> usize {
+        let window = self.config().window_frames.div_ceil(BLOCK_FRAMES);
+        let settled = self.condition_settle_block().unwrap_or(0);
+        window.max(settled) + periodic::marks_needed(periodic::MAX_CHUNKS)
+    }
+
+    /// Under the planned allocator: makes the session's plan (meta execution on the sim
+    /// twin) if there is none, refuses the session when the plan's peak exceeds the
+    /// free memory, and starts its span; returns whether it did. A session longer than
+    /// [`Engine::steady_blocks`], or without an end, gets a periodic plan; one without
+    /// an end that gets none runs on the caching path (a recording would never end).
+    pub(crate) fn begin_planned_span(&self, request: &SessionRequest) -> Result<bool> {
+        let allocator = self.platform().allocator();
+        if allocator.policy() != AllocatorPolicy::Planned {
+            return Ok(false);
+        }
+        let open_ended = request.num_frames == 0;
+        let steady = self.steady_blocks();
+        let repeats = open_ended || request.num_frames.div_ceil(12) > steady;
+        let rank = self.transformer().sharding().map(|s| {
+            (
+                s.tp.size(),
+                s.sp.size(),
+                s.sp.rank() * s.tp.size() + s.tp.rank(),
+            )
+        });
+        let key = span_key(self.config(), rank, request);
+        if let Some(cache) = &self.plan_cache {
+            // A plan the last session re-recorded goes to disk, a dropped one leaves it;
+            // then the file's plan is installed when the allocator has none.
+            cache.sync(&key, allocator);
+            cache.load_into(&key, allocator);
+        }
+        if let Some(meta) = &self.meta {
+            if allocator.wants_plan(&key) {
+                let pool_bytes = self
+                    .kv_pool()
+                    .map(|p| p.total_pages() as u64 * p.layout().bytes());
+                let made = if repeats {
+                    let prefix = SessionRequest {
+                        num_frames: 12 * steady - 3,
+                        latent_sink: None,
+                        ..request.clone()
+                    };
+                    let book = meta.plans_for(self.config(), pool_bytes, &prefix)?;
+                    book.get(&span_key(self.config(), rank, &prefix))
+                        .and_then(|p| periodic::periodic(&p.requests, &p.marks, None))
+                } else {
+                    None
+                };
+                match made {
+                    Some(plan) => {
+                        let mut book = PlanBook::default();
+                        book.insert(&key, plan);
+                        allocator.install_plans(&book);
+                    }
+                    // A session with an end is planned whole.
+                    None if !open_ended => {
+                        let book = meta.plans_for(self.config(), pool_bytes, request)?;
+                        allocator.install_plans(&book);
+                    }
+                    None => {}
+                }
+                if let Some(cache) = &self.plan_cache {
+                    cache.sync(&key, allocator);
+                }
+            }
+        }
+        let Some(peak) = allocator.planned_peak(&key) else {
+            if open_ended {
+                return Ok(false);
+            }
+            allocator
+                .begin_span(&key)
+                .map_err(|e| EngineError::Admission(e.to_string()))?;
+            return Ok(true);
+        };
+        let (free, capacity) = self.platform().mem_info();
+        let stats = self.platform().memory_stats();
+        let cached = (stats.reserved_bytes.all().current - stats.allocated_bytes.all().current)
+            .max(0) as u64;
+        if peak > free + cached {
+            return Err(EngineError::Admission(format!(
+                "the session's planned peak of {} does not fit: {} of the {} capacity is free ({} reserved by what is already live); lower the resolution or frames, or raise --capacity",
+                headroom_mem::format_bytes(peak),
+                headroom_mem::format_bytes(free + cached),
+                headroom_mem::format_bytes(capacity),
+                headroom_mem::format_bytes(stats.allocated_bytes.all().current.max(0) as u64),
+            )));
+        }
+        allocator
+            .begin_span(&key)
+            .map_err(|e| EngineError::Admission(e.to_string()))?;
+        Ok(true)
     }
 }

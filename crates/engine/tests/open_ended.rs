@@ -31,16 +31,15 @@ fn request(num_frames: usize) -> SessionRequest {
     }
 }
 
-/// 16 chunks: the KV window fills at the 6th, the image condition settles at about
-/// the 9th.
-const CHUNKS: usize = 16;
-
 #[test]
 fn a_session_without_an_end_streams_the_bytes_of_one_with_an_end_in_flat_memory() {
     for allocator in [AllocatorPolicy::Pytorch, AllocatorPolicy::Planned] {
         let engine = engine(allocator);
-        let mut finite = engine.open_session(request(12 * CHUNKS - 3)).unwrap();
-        let want: Vec<Vec<u8>> = (0..CHUNKS)
+        // Past the steady state (the KV window full at the 6th chunk, the image
+        // condition settled, two periods), so that both sessions repeat a period.
+        let chunks = engine.steady_blocks() + 3;
+        let mut finite = engine.open_session(request(12 * chunks - 3)).unwrap();
+        let want: Vec<Vec<u8>> = (0..chunks)
             .map(|_| finite.next_chunk().unwrap().frames.to_vec::<u8>().unwrap())
             .collect();
         drop(finite);
@@ -77,6 +76,22 @@ fn a_session_without_an_end_streams_the_bytes_of_one_with_an_end_in_flat_memory(
         // It goes on: nothing ends it but the caller.
         open.next_chunk().unwrap();
         drop(open);
+        // Both sessions replayed the plan of their steady state's repeating chunks.
+        let stats = engine.platform().memory_stats();
+        assert_eq!(stats.planned_misses, 0, "{allocator:?}");
+        if allocator == AllocatorPolicy::Planned {
+            assert!(stats.planned_hits > 0);
+            let book = engine.platform().allocator().plans();
+            for frames in [" f0 ".to_string(), format!(" f{} ", 12 * chunks - 3)] {
+                let key = book
+                    .keys()
+                    .find(|k| k.contains(&frames))
+                    .unwrap()
+                    .to_string();
+                let plan = book.get(&key).unwrap();
+                assert!(plan.period.is_some(), "{key}: no period");
+            }
+        }
         let after = engine.platform().memory_stats();
         assert_eq!(
             after.reserved_bytes.all().current,

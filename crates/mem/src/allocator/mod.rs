@@ -14,6 +14,7 @@ mod block;
 mod expandable;
 mod fit;
 mod inspect;
+pub mod periodic;
 mod planned;
 pub mod planner;
 mod segments;

@@ -36,6 +36,9 @@ use crate::history::TraceAction;
 
 /// Plan positions a request may be ahead of or behind the one expected next.
 const LOOKAHEAD: usize = 256;
+/// Plan positions before the end at which a request that matches nothing starts the
+/// plan's period over.
+const REWIND_SLACK: usize = 16;
 /// Misses in a row after which a replay stops and its plan is re-recorded.
 pub const MISS_LIMIT: u64 = 64;
 /// Byte written over freed arena ranges in poison mode: 0xFF… is a NaN in f32, bf16 and
@@ -106,6 +109,8 @@ struct Recorder {
     requests: Vec<PlanRequest>,
     live: HashMap<BlockId, usize>,
     clock: u64,
+    /// The clock at each `denoise_end`: the span's chunk boundaries.
+    marks: Vec<u64>,
 }
 
 #[derive(Debug)]
@@ -117,6 +122,46 @@ struct Replay {
     expected: usize,
     misses_in_a_row: u64,
     stopped: bool,
+}
+
+impl Replay {
+    /// The plan position of the next request of `size` on `stream`, taken from its
+    /// queue, if one is within the window around the position expected.
+    fn take(&mut self, size: u64, stream: u32) -> Option<usize> {
+        let queue = self.queues.get_mut(&(size, stream))?;
+        while queue
+            .front()
+            .is_some_and(|&i| i + LOOKAHEAD < self.expected)
+        {
+            queue.pop_front();
+        }
+        let &index = queue.front()?;
+        if index > self.expected + LOOKAHEAD {
+            return None;
+        }
+        queue.pop_front();
+        self.expected = index + 1;
+        Some(index)
+    }
+
+    /// Starts the plan's period over (its positions queued again, the next one
+    /// expected at its start); false for a plan without a period.
+    fn rewind(&mut self) -> bool {
+        let Some(period) = self.plan.period else {
+            return false;
+        };
+        for queue in self.queues.values_mut() {
+            queue.retain(|&i| i < period.start);
+        }
+        for (i, e) in self.plan.entries.iter().enumerate().skip(period.start) {
+            self.queues
+                .entry((e.size, e.stream))
+                .or_default()
+                .push_back(i);
+        }
+        self.expected = period.start;
+        true
+    }
 }
 
 #[derive(Debug)]
@@ -277,20 +322,20 @@ impl State {
         if r.stopped {
             return Lookup::Miss;
         }
-        let Some(queue) = r.queues.get_mut(&(size, stream)) else {
-            return Lookup::Miss;
-        };
-        while queue.front().is_some_and(|&i| i + LOOKAHEAD < r.expected) {
-            queue.pop_front();
+        if r.expected >= r.plan.entries.len() {
+            r.rewind();
         }
-        let Some(&index) = queue.front() else {
-            return Lookup::Miss;
+        let index = match r.take(size, stream) {
+            Some(index) => index,
+            // The period's last requests did not come: the next period has begun.
+            None if r.expected + REWIND_SLACK >= r.plan.entries.len() && r.rewind() => {
+                match r.take(size, stream) {
+                    Some(index) => index,
+                    None => return Lookup::Miss,
+                }
+            }
+            None => return Lookup::Miss,
         };
-        if index > r.expected + LOOKAHEAD {
-            return Lookup::Miss;
-        }
-        queue.pop_front();
-        r.expected = index + 1;
         match r.plan.entries[index].slot {
             Slot::Fallback => Lookup::Fallback,
             Slot::Arena(offset) => match r.arenas.get(&stream) {
@@ -351,6 +396,7 @@ impl State {
                 mode: Mode::Record(Recorder {
                     requests: Vec::new(),
                     live: HashMap::new(),
+                    marks: Vec::new(),
                     clock: 0,
                 }),
             });
@@ -407,7 +453,8 @@ impl State {
         };
         match span.mode {
             Mode::Record(r) => {
-                if let Some(p) = plan(&r.requests, self.planned.options.order) {
+                if let Some(mut p) = plan(&r.requests, self.planned.options.order) {
+                    p.marks = r.marks;
                     self.planned.rerecord.remove(&span.key);
                     self.planned.book.plans.insert(span.key, Arc::new(p));
                 }
@@ -620,6 +667,15 @@ impl State {
 
     /// Crossing `session_end` or `error`: the span ends and the cache goes back.
     pub(crate) fn planned_phase(&mut self, name: &str) {
+        if name == "denoise_end" {
+            if let Some(Span {
+                mode: Mode::Record(r),
+                ..
+            }) = self.planned.span.as_mut()
+            {
+                r.marks.push(r.clock);
+            }
+        }
         if name == "session_end" || name == "error" {
             self.end_span();
             self.release_cached_blocks();

@@ -154,6 +154,20 @@ pub struct Plan {
     pub fallback_bytes: u64,
     /// The recorded requests the plan was made from (for re-planning and inspection).
     pub requests: Vec<PlanRequest>,
+    /// Clock ticks of the span's chunk boundaries (`denoise_end`), as recorded.
+    #[serde(default)]
+    pub marks: Vec<u64>,
+    /// The entries that repeat, once the plan's entries are used up: a session's
+    /// steady chunk ([`super::periodic`]); `None` for a plan of the whole span.
+    #[serde(default)]
+    pub period: Option<PlanPeriod>,
+}
+
+/// The last entries of a plan, which repeat for as long as the span goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PlanPeriod {
+    /// Index of the period's first entry; the period runs to the last entry.
+    pub start: usize,
 }
 
 impl Plan {
@@ -180,6 +194,16 @@ struct Placement {
 /// Plans `requests` with every order and keeps the smallest arena (or with `only`).
 /// `None` only if the best placement fails its sweep, which would be a bug.
 pub fn plan(requests: &[PlanRequest], only: Option<PlacementOrder>) -> Option<Plan> {
+    plan_with_twins(requests, only, &[])
+}
+
+/// [`plan`] where request `i` and `twins[i]` (when `Some`) get one offset: their
+/// lifetimes must not overlap.
+pub(crate) fn plan_with_twins(
+    requests: &[PlanRequest],
+    only: Option<PlacementOrder>,
+    twins: &[Option<usize>],
+) -> Option<Plan> {
     let mut streams: Vec<u32> = requests.iter().map(|r| r.stream).collect();
     streams.sort_unstable();
     streams.dedup();
@@ -198,7 +222,7 @@ pub fn plan(requests: &[PlanRequest], only: Option<PlacementOrder>) -> Option<Pl
             let items: Vec<usize> = (0..requests.len())
                 .filter(|&i| requests[i].stream == stream && requests[i].end.is_some())
                 .collect();
-            let size = place(requests, &items, order, &mut offsets);
+            let size = place(requests, &items, order, &mut offsets, twins);
             arenas.push((stream, size));
         }
         let total: u64 = arenas.iter().map(|a| a.1).sum();
@@ -241,6 +265,8 @@ pub fn plan(requests: &[PlanRequest], only: Option<PlacementOrder>) -> Option<Pl
         live_peak_bytes: live_peak(requests),
         fallback_bytes,
         requests: requests.to_vec(),
+        marks: Vec::new(),
+        period: None,
     };
     sweep(requests, &plan).ok()?;
     Some(plan)
@@ -326,6 +352,7 @@ fn place(
     items: &[usize],
     order: PlacementOrder,
     offsets: &mut [u64],
+    twins: &[Option<usize>],
 ) -> u64 {
     if items.is_empty() {
         return 0;
@@ -375,11 +402,17 @@ fn place(
             })
         }
     }
-    place_sorted(requests, &sorted, offsets)
+    place_sorted(requests, &sorted, offsets, twins)
 }
 
-/// Places requests in exactly the order `sorted` (best fit); returns the arena size.
-fn place_sorted(requests: &[PlanRequest], sorted: &[usize], offsets: &mut [u64]) -> u64 {
+/// Places requests in exactly the order `sorted` (best fit), a request and its twin
+/// together at one offset; returns the arena size.
+fn place_sorted(
+    requests: &[PlanRequest],
+    sorted: &[usize],
+    offsets: &mut [u64],
+    twins: &[Option<usize>],
+) -> u64 {
     if sorted.is_empty() {
         return 0;
     }
@@ -395,20 +428,28 @@ fn place_sorted(requests: &[PlanRequest], sorted: &[usize], offsets: &mut [u64])
     let mut stamp = vec![usize::MAX; requests.len()];
     let mut arena = 0u64;
     let mut overlapping: Vec<(u64, u64)> = Vec::new();
+    let mut placed = vec![false; requests.len()];
     for (n, &i) in sorted.iter().enumerate() {
-        let (s, e) = span(i);
+        if placed[i] {
+            continue;
+        }
         let size = requests[i].size;
+        let twin = twins.get(i).copied().flatten().filter(|&t| !placed[t]);
+        let members = [Some(i), twin];
         overlapping.clear();
-        let (b0, b1) = ((s / width) as usize, ((e - 1) / width) as usize);
-        for bucket in &index[b0..=b1] {
-            for &j in bucket {
-                if stamp[j] == n {
-                    continue;
-                }
-                stamp[j] = n;
-                let (sj, ej) = span(j);
-                if sj < e && s < ej {
-                    overlapping.push((offsets[j], offsets[j] + requests[j].size));
+        for &m in members.iter().flatten() {
+            let (s, e) = span(m);
+            let (b0, b1) = ((s / width) as usize, ((e - 1) / width) as usize);
+            for bucket in &index[b0..=b1] {
+                for &j in bucket {
+                    if stamp[j] == n {
+                        continue;
+                    }
+                    let (sj, ej) = span(j);
+                    if sj < e && s < ej {
+                        stamp[j] = n;
+                        overlapping.push((offsets[j], offsets[j] + requests[j].size));
+                    }
                 }
             }
         }
@@ -426,10 +467,15 @@ fn place_sorted(requests: &[PlanRequest], sorted: &[usize], offsets: &mut [u64])
             top = top.max(end);
         }
         let offset = best.map_or(top, |(_, o)| o);
-        offsets[i] = offset;
         arena = arena.max(offset + size);
-        for bucket in &mut index[b0..=b1] {
-            bucket.push(i);
+        for &m in members.iter().flatten() {
+            offsets[m] = offset;
+            placed[m] = true;
+            let (s, e) = span(m);
+            let (b0, b1) = ((s / width) as usize, ((e - 1) / width) as usize);
+            for bucket in &mut index[b0..=b1] {
+                bucket.push(m);
+            }
         }
     }
     arena
