@@ -120,12 +120,14 @@ impl MetaTwin {
         Ok(books.swap_remove(rank))
     }
 
-    /// Runs `request` as meta execution on the twin and returns the plans it recorded.
+    /// Runs `request` as meta execution on the twin and returns the plans it recorded
+    /// (placed in `order` only, when given: a recording that is placed again later).
     pub(crate) fn plans_for(
         &self,
         config: &EngineConfig,
         kv_pool_bytes: Option<u64>,
         request: &SessionRequest,
+        order: Option<headroom_mem::PlacementOrder>,
     ) -> Result<headroom_mem::PlanBook> {
         if let Some(mesh) = self.mesh {
             return Self::mesh_plans_for(config, kv_pool_bytes, request, mesh);
@@ -172,15 +174,32 @@ impl MetaTwin {
             other => other,
         };
         twin.platform().reset_peak_stats();
+        let allocator = twin.platform().allocator();
+        let options = allocator.planned_options();
+        allocator.set_planned_options(headroom_mem::PlannedOptions {
+            order: order.or(options.order),
+            ..options.clone()
+        });
+        let book = Self::meta_execute(twin, request, refused);
+        allocator.set_planned_options(options);
+        book
+    }
+
+    /// The plans of one meta execution of `request` on `twin`.
+    fn meta_execute(
+        twin: &Engine,
+        request: &SessionRequest,
+        refused: impl Fn(EngineError) -> EngineError,
+    ) -> Result<headroom_mem::PlanBook> {
         // The twin computes nothing, so nothing may read its tensors' values: a latent
         // sink (`--dump-latents`) stays with the real session.
         let request = SessionRequest {
             latent_sink: None,
             ..request.clone()
         };
-        let mut session = twin.open_session(request).map_err(refused)?;
+        let mut session = twin.open_session(request).map_err(&refused)?;
         for _ in 0..session.chunks_total().unwrap_or(0) {
-            session.next_chunk().map_err(refused)?;
+            session.next_chunk().map_err(&refused)?;
         }
         drop(session);
         Ok(twin.platform().allocator().plans())
@@ -247,7 +266,13 @@ impl Engine {
                         latent_sink: None,
                         ..request.clone()
                     };
-                    let book = meta.plans_for(self.config(), pool_bytes, &prefix)?;
+                    // Placed once, cheaply: only its periodic plan is kept.
+                    let book = meta.plans_for(
+                        self.config(),
+                        pool_bytes,
+                        &prefix,
+                        Some(headroom_mem::PlacementOrder::Start),
+                    )?;
                     book.get(&span_key(self.config(), rank, &prefix))
                         .and_then(|p| periodic::periodic(&p.requests, &p.marks, None))
                 } else {
@@ -261,7 +286,7 @@ impl Engine {
                     }
                     // A session with an end is planned whole.
                     None if !open_ended => {
-                        let book = meta.plans_for(self.config(), pool_bytes, request)?;
+                        let book = meta.plans_for(self.config(), pool_bytes, request, None)?;
                         allocator.install_plans(&book);
                     }
                     None => {}

@@ -407,6 +407,11 @@ impl CachingAllocator {
         self.shared.lock().arena_bytes()
     }
 
+    /// The planned policy's debugging options.
+    pub fn planned_options(&self) -> PlannedOptions {
+        self.shared.lock().planned.options.clone()
+    }
+
     /// Sets the planned policy's debugging options (poison, arena shift, one order).
     pub fn set_planned_options(&self, options: PlannedOptions) {
         self.shared.lock().planned.options = options;

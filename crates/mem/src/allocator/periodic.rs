@@ -14,7 +14,7 @@
 //! alternates between two offsets, so its period is two chunks.
 
 /// Most chunks one period may span.
-pub const MAX_CHUNKS: usize = 3;
+pub const MAX_CHUNKS: usize = 2;
 
 /// Chunk boundaries a recording needs for a period of `chunks` chunks.
 pub fn marks_needed(chunks: usize) -> usize {

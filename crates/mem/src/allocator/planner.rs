@@ -108,35 +108,97 @@ impl fmt::Display for PlacementOrder {
     }
 }
 
-/// Tiered orders tried at most (a span of `n` requests tries fewer when `n` is large,
-/// so that planning stays within about a second).
-const MAX_TIERS: usize = 96;
-/// Requests × tiers budget of one plan.
-const TIER_BUDGET: usize = 2_000_000;
+/// Tiered thresholds of the coarse pass (quantiles of the span's distinct lifetimes):
+/// as many as [`TIER_BUDGET`] placements of the span's requests allow, within bounds.
+const COARSE_TIERS: std::ops::RangeInclusive<usize> = 16..=96;
+/// Requests × coarse tiers budget of one plan.
+const TIER_BUDGET: usize = 500_000;
+/// Distinct lifetimes on each side of the best coarse threshold tried in the fine pass.
+const FINE_TIERS: usize = 6;
 
-/// The tiered orders worth trying for `requests`: thresholds at the distinct lifetimes
-/// of the requests placed in an arena, evenly sampled when there are many.
-fn tiered_orders(requests: &[PlanRequest]) -> Vec<PlacementOrder> {
+/// The distinct lifetimes of the requests placed in an arena, ascending.
+fn lifetimes(requests: &[PlanRequest]) -> Vec<u64> {
     let mut lifetimes: Vec<u64> = requests
         .iter()
         .filter_map(|r| r.end.map(|e| e - r.start))
         .collect();
     lifetimes.sort_unstable();
     lifetimes.dedup();
+    lifetimes
+}
+
+/// The coarse tiered orders for a span of `requests` requests: thresholds at evenly
+/// spaced distinct lifetimes.
+fn coarse_tiers(lifetimes: &[u64], requests: usize) -> Vec<PlacementOrder> {
     if lifetimes.is_empty() {
         return Vec::new();
     }
-    let tiers = (TIER_BUDGET / requests.len().max(1)).clamp(8, MAX_TIERS);
-    let picked: Vec<u64> = if lifetimes.len() <= tiers {
-        lifetimes
-    } else {
-        let mut picked: Vec<u64> = (0..tiers)
-            .map(|k| lifetimes[k * (lifetimes.len() - 1) / (tiers - 1)])
-            .collect();
-        picked.dedup();
-        picked
-    };
+    let tiers = (TIER_BUDGET / requests.max(1)).clamp(*COARSE_TIERS.start(), *COARSE_TIERS.end());
+    let n = tiers.min(lifetimes.len());
+    let mut picked: Vec<u64> = (0..n)
+        .map(|k| lifetimes[k * (lifetimes.len() - 1) / (n - 1).max(1)])
+        .collect();
+    picked.dedup();
     picked.into_iter().map(PlacementOrder::Tiered).collect()
+}
+
+/// The fine tiered orders around threshold `best`: its neighbours among the distinct
+/// lifetimes, less those already tried.
+fn fine_tiers(lifetimes: &[u64], best: u64, tried: &[PlacementOrder]) -> Vec<PlacementOrder> {
+    let at = lifetimes.partition_point(|&l| l < best);
+    let lo = at.saturating_sub(FINE_TIERS);
+    let hi = (at + FINE_TIERS + 1).min(lifetimes.len());
+    lifetimes[lo..hi]
+        .iter()
+        .map(|&l| PlacementOrder::Tiered(l))
+        .filter(|o| !tried.contains(o))
+        .collect()
+}
+
+/// Places every stream's arena requests in each of `orders`, on up to as many threads
+/// as the machine has; the smallest total wins, the earliest of equal ones.
+fn best_placement(
+    requests: &[PlanRequest],
+    streams: &[u32],
+    orders: &[PlacementOrder],
+    twins: &[Option<usize>],
+) -> Option<Placement> {
+    let one = |order: PlacementOrder| {
+        let mut offsets = vec![0u64; requests.len()];
+        let mut arenas = Vec::new();
+        for &stream in streams {
+            let items: Vec<usize> = (0..requests.len())
+                .filter(|&i| requests[i].stream == stream && requests[i].end.is_some())
+                .collect();
+            let size = place(requests, &items, order, &mut offsets, twins);
+            arenas.push((stream, size));
+        }
+        let total: u64 = arenas.iter().map(|a| a.1).sum();
+        Placement {
+            total,
+            order,
+            offsets,
+            arenas,
+        }
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(orders.len())
+        .max(1);
+    let per = orders.len().div_ceil(threads);
+    let results: Vec<Placement> = std::thread::scope(|scope| {
+        let handles: Vec<_> = orders
+            .chunks(per.max(1))
+            .map(|chunk| scope.spawn(move || chunk.iter().map(|&o| one(o)).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    results
+        .into_iter()
+        .reduce(|best, p| if p.total < best.total { p } else { best })
 }
 
 /// A checked placement of one span.
@@ -207,32 +269,24 @@ pub(crate) fn plan_with_twins(
     let mut streams: Vec<u32> = requests.iter().map(|r| r.stream).collect();
     streams.sort_unstable();
     streams.dedup();
+    // A coarse pass over every order and tiered thresholds at quantiles, then a fine
+    // pass around the best threshold: a bounded number of placements (a long span gets
+    // fewer coarse thresholds), so planning time stops growing with the span.
+    let lifetimes = lifetimes(requests);
     let orders: Vec<PlacementOrder> = match only {
         Some(order) => vec![order],
         None => PlacementOrder::ALL
             .into_iter()
-            .chain(tiered_orders(requests))
+            .chain(coarse_tiers(&lifetimes, requests.len()))
             .collect(),
     };
-    let mut best: Option<Placement> = None;
-    for &order in &orders {
-        let mut offsets = vec![0u64; requests.len()];
-        let mut arenas = Vec::new();
-        for &stream in &streams {
-            let items: Vec<usize> = (0..requests.len())
-                .filter(|&i| requests[i].stream == stream && requests[i].end.is_some())
-                .collect();
-            let size = place(requests, &items, order, &mut offsets, twins);
-            arenas.push((stream, size));
-        }
-        let total: u64 = arenas.iter().map(|a| a.1).sum();
-        if best.as_ref().is_none_or(|b| total < b.total) {
-            best = Some(Placement {
-                total,
-                order,
-                offsets,
-                arenas,
-            });
+    let mut best = best_placement(requests, &streams, &orders, twins);
+    if let Some(PlacementOrder::Tiered(t)) = best.as_ref().map(|b| b.order) {
+        let fine = fine_tiers(&lifetimes, t, &orders);
+        if let Some(f) = best_placement(requests, &streams, &fine, twins) {
+            if best.as_ref().is_none_or(|b| f.total < b.total) {
+                best = Some(f);
+            }
         }
     }
     let Placement {
