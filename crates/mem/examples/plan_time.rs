@@ -43,6 +43,3 @@ fn main() {
         );
     }
 }
-
-#[allow(dead_code)]
-fn unused() {}

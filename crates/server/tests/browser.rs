@@ -163,7 +163,7 @@ async fn page(devtools: &str) -> Page {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_viewer_plays_a_tiny_session_in_headless_chromium_and_steers_it() {
+async fn the_viewer_plays_a_tiny_session_until_stopped_in_headless_chromium_and_steers_it() {
     let Some(browser) = chromium() else {
         eprintln!("skipped: no chromium binary (Debian: apt-get install chromium)");
         return;
@@ -184,7 +184,8 @@ async fn the_viewer_plays_a_tiny_session_in_headless_chromium_and_steers_it() {
         let _ = stopped.await;
     }));
 
-    let url = format!("http://{addr}/?autostart=1&frames=117&seed=3&width=96&height=64");
+    // No frames: the viewer's default, a session played until Stop is pressed.
+    let url = format!("http://{addr}/?autostart=1&seed=3&width=96&height=64");
     let (mut child, devtools, _profile) = launch(browser, &url).await;
     let result = tokio::time::timeout(GUARD, async {
         let mut page = page(&devtools).await;
@@ -192,7 +193,7 @@ async fn the_viewer_plays_a_tiny_session_in_headless_chromium_and_steers_it() {
                      chunks: parseInt(document.getElementById('chunks')?.textContent ?? '0'), \
                      played: document.getElementById('video')?.currentTime ?? 0, \
                      log: document.getElementById('log')?.innerText ?? ''})";
-        let (mut pressed, mut released) = (false, false);
+        let (mut pressed, mut released, mut stopped) = (false, false, false);
         let mut seen = Value::Null;
         let last = loop {
             let v: Value = match page.eval(probe).await.as_str() {
@@ -209,7 +210,7 @@ async fn the_viewer_plays_a_tiny_session_in_headless_chromium_and_steers_it() {
             let chunks = v["chunks"].as_u64().unwrap_or(0);
             let state = v["state"].as_str().unwrap_or_default();
             // Hold W as soon as the session started: it applies at a later chunk boundary.
-            if !pressed && state.starts_with("streaming") {
+            if !pressed && state.starts_with("playing until stopped") {
                 pressed = true;
                 page.key("keyDown", "w").await;
             }
@@ -217,8 +218,16 @@ async fn the_viewer_plays_a_tiny_session_in_headless_chromium_and_steers_it() {
                 released = true;
                 page.key("keyUp", "w").await;
             }
+            if released && !stopped && chunks >= 8 {
+                stopped = true;
+                page.eval("document.getElementById('stop').click()").await;
+            }
             assert!(!state.starts_with("error"), "{v}");
-            if state == "done" && v["played"].as_f64().unwrap_or(0.0) > 0.0 {
+            assert!(
+                state != "done",
+                "a session played until stopped ended by itself: {v}"
+            );
+            if state == "stopped" && v["played"].as_f64().unwrap_or(0.0) > 0.0 {
                 break v;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -239,7 +248,7 @@ async fn the_viewer_plays_a_tiny_session_in_headless_chromium_and_steers_it() {
     let _ = child.wait();
     let last = result.expect("the page never reported a finished, played session");
     let log = last["log"].as_str().unwrap();
-    assert!(log.contains("session.done: 10 chunks"), "{log}");
+    assert!(log.contains("chunks (stopped)"), "{log}");
     assert!(
         log.contains("applies key-1"),
         "the held key steered a chunk: {log}"
