@@ -8,6 +8,14 @@ use serde_json::{json, Value};
 
 use common::*;
 
+/// The server's reserved bytes now (`/stats`).
+async fn reserved_now(ts: &TestServer) -> i64 {
+    let (status, body) = ts.get("/stats").await;
+    assert_eq!(status, 200);
+    let stats: Value = serde_json::from_str(&body).unwrap();
+    stats["reserved_bytes"].as_i64().unwrap()
+}
+
 /// `session.start` without `num_frames`.
 fn open_ended(seed: u64) -> Value {
     json!({"type": "session.start", "model": "tiny", "format": "m4s",
@@ -19,6 +27,19 @@ async fn a_session_without_num_frames_streams_until_the_client_stops_it() {
     let ts = TestServer::default().await;
     let finite = run_session(&ts, 45, 5).await;
     assert_eq!(finite.binaries.len(), 4);
+    let reserved_of = |metadata: &[Value]| -> Vec<i64> {
+        metadata
+            .iter()
+            .flat_map(|m| {
+                [
+                    m["denoise_end_reserved_bytes"].as_i64().unwrap(),
+                    m["reserved_bytes"].as_i64().unwrap(),
+                ]
+            })
+            .collect()
+    };
+    let finite_peak = *reserved_of(&finite.metadata).iter().max().unwrap();
+    let floor = reserved_now(&ts).await;
 
     let mut ws = ts.connect().await;
     send(&mut ws, open_ended(5)).await;
@@ -26,11 +47,13 @@ async fn a_session_without_num_frames_streams_until_the_client_stops_it() {
     assert_eq!(start["type"], "video.start", "{start}");
     assert_eq!(start["config"]["num_frames"], 0);
     assert_eq!(start["config"]["chunks"], Value::Null);
-    // Past the 4 chunks of the session with an end, then stopped by the client.
-    let mut binaries = Vec::new();
-    while binaries.len() < 6 {
+    // Far past the 4 chunks of the session with an end (and its steady state), then
+    // stopped by the client.
+    let (mut binaries, mut metadata) = (Vec::new(), Vec::new());
+    while binaries.len() < 24 {
         match recv(&mut ws).await {
             In::Bin(b) => binaries.push(b),
+            In::Json(v) if v["type"] == "video.chunk_metadata" => metadata.push(v),
             In::Json(v) => assert_ne!(v["type"], "session.done", "{v}"),
             In::Closed => panic!("closed while streaming"),
         }
@@ -45,6 +68,17 @@ async fn a_session_without_num_frames_streams_until_the_client_stops_it() {
         &finite.binaries[..],
         "the first 4 chunks are the bytes of the 45-frame session"
     );
+    // Memory: the peak of the session with an end, flat per chunk, back to the floor.
+    let reserved = reserved_of(&metadata);
+    let peak = *reserved.iter().max().unwrap();
+    eprintln!("reserved: 45 frames peak {finite_peak}, until stopped peak {peak}");
+    assert!(
+        (peak - finite_peak).abs() as f64 <= 0.01 * finite_peak as f64,
+        "reserved peak {peak} vs {finite_peak}"
+    );
+    let steady = &reserved[reserved.len() - 16..];
+    assert!(steady.iter().all(|r| *r == steady[0]), "{reserved:?}");
+    assert_eq!(reserved_now(&ts).await, floor, "reserved after the session");
     // The server keeps serving.
     assert_eq!(run_session(&ts, 9, 1).await.binaries.len(), 1);
 }
