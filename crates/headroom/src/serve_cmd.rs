@@ -48,6 +48,10 @@ pub struct ServeArgs {
     /// batched VAE work; every stream the same bytes): true or false.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     batch_steps: bool,
+    /// Most sessions in one batched step (default: every session ready); beyond it the
+    /// chunks due soonest on their playback clocks go first.
+    #[arg(long)]
+    max_batch: Option<usize>,
     /// Clients that may wait for a slot at once, first come first served (0: refuse at
     /// once when full).
     #[arg(long, default_value_t = 16)]
@@ -153,6 +157,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if args.max_sessions == 0 {
         bail!("--max-sessions must be at least 1");
     }
+    if args.max_batch == Some(0) {
+        bail!("--max-batch must be at least 1");
+    }
     if args.max_session_frames.is_some_and(|m| m < 9) {
         bail!("--max-session-frames must be at least 9 (a session's first chunk)");
     }
@@ -175,6 +182,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_sessions: args.max_sessions,
         max_queue: args.max_queue,
         batch_steps: args.batch_steps,
+        max_batch: args.max_batch,
         queue_timeout: seconds(args.queue_timeout, "queue-timeout")?,
         limits: Limits {
             start_message_bytes: size(&args.max_start_message, "max-start-message")?,

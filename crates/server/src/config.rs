@@ -91,6 +91,9 @@ pub struct ServerConfig {
     /// one batched forward per DMD step, batched VAE work; the same bytes) instead of
     /// each on its own.
     pub batch_steps: bool,
+    /// Most sessions in one batched step (`None`: every session ready); beyond it the
+    /// chunks due soonest on their playback clocks go first.
+    pub max_batch: Option<usize>,
     /// Protocol limits.
     pub limits: Limits,
     /// Defaults of `session.start`.
@@ -106,6 +109,7 @@ impl Default for ServerConfig {
             queue_timeout: Duration::from_secs(120),
             chunks_ahead: 1,
             batch_steps: true,
+            max_batch: None,
             limits: Limits::default(),
             defaults: Defaults::default(),
         }

@@ -186,7 +186,12 @@ impl Server {
             config.max_queue,
             pages_per_session,
         );
-        let steps = (config.batch_steps && world.is_none()).then(|| Arc::new(StepQueue::new()));
+        let steps = (config.batch_steps && world.is_none()).then(|| {
+            Arc::new(match config.max_batch {
+                Some(max) => StepQueue::with_max_batch(max),
+                None => StepQueue::new(),
+            })
+        });
         Ok(Self {
             state: Arc::new(AppState {
                 engine,

@@ -272,14 +272,16 @@ impl Live {
         }
     }
 
-    fn next_chunk(&mut self) -> std::result::Result<Chunk, EngineError> {
+    /// The next chunk, due at `due` on the session's playback clock (a capped batch
+    /// runs the chunks due soonest first).
+    fn next_chunk(&mut self, due: Instant) -> std::result::Result<Chunk, EngineError> {
         match self {
             Live::Alone(s) => s.next_chunk(),
             Live::Stepped { session, queue, .. } => {
                 let Some(s) = session.take() else {
                     return Err(EngineError::request("session", "already released"));
                 };
-                let (back, chunk) = queue.next_chunk(s);
+                let (back, chunk) = queue.next_chunk_due(s, due);
                 *session = Some(back);
                 chunk
             }
@@ -426,7 +428,11 @@ impl Stream<'_> {
                 Err(ending) => return ending,
             };
             let t = Instant::now();
-            let chunk = match self.session.next_chunk() {
+            // Due when its first frame should play; the first chunk is due at once.
+            let due = playback.map_or(self.started_at, |start| {
+                start + Duration::from_secs_f64(played_frames as f64 / f64::from(request.fps))
+            });
+            let chunk = match self.session.next_chunk(due) {
                 Ok(chunk) => chunk,
                 // Stopped inside the chunk: the session has already let go of its pages.
                 Err(EngineError::Cancelled { .. }) => return Ending::Cancelled,

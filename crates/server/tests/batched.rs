@@ -15,8 +15,19 @@ fn counter(metrics: &str, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_sessions_step_together_and_stream_the_bytes_each_streams_alone() {
+    step_together(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_batch_steps_the_chunks_due_soonest_and_keeps_the_bytes() {
+    step_together(Some(2)).await;
+}
+
+/// Three sessions at once (and each alone first) under `max_batch`.
+async fn step_together(max_batch: Option<usize>) {
     let config = ServerConfig {
         max_sessions: 3,
+        max_batch,
         ..ServerConfig::default()
     };
     let ts = TestServer::start(config, None).await;
@@ -69,6 +80,12 @@ async fn concurrent_sessions_step_together_and_stream_the_bytes_each_streams_alo
         batches < stepped,
         "some chunks ran together: {batches} steps"
     );
+    if let Some(max) = max_batch {
+        assert!(
+            batches * max as u64 >= stepped,
+            "no batch over {max}: {batches} steps"
+        );
+    }
     // Every chunk that was ready behind its playback deadline is counted.
     let late = counter(&after, "headroom_chunks_behind_playback_total")
         - counter(&before, "headroom_chunks_behind_playback_total");
