@@ -15,6 +15,7 @@ pub mod plan_cache;
 mod planned;
 pub mod preset;
 pub mod replicated;
+mod request;
 pub mod scheduler;
 pub mod session;
 pub mod step_queue;
