@@ -23,8 +23,9 @@ import collections
 # (op kind, substrings of a headroom frame), first match from the leaf wins.
 RULES = [
     ("seeded weight init", ["ops::random"]),
-    ("conv im2col", ["fill_cols", "fill_row", "fill_segment", "source_row", "pack_b_kstep", "im2col"]),
+    ("conv im2col", ["fill_cols", "fill_row", "fill_segment", "source_row", "im2col"]),
     ("conv scatter+bias", ["conv::tiled::{closure#2}", "conv::tiled::{closure_env#2}", "conv::pointwise::{closure"]),
+    ("gemm operand packing", ["cpu::pack", "pack_a", "pack_b"]),
     ("gemm", ["conv::tiled::{closure_env#1}", "conv::pointwise", "gemm_packed", "kernels::gemm", "sgemm", "vdp"]),
     ("cat", ["::cat"]),
     ("zeros", ["Tensor::zeros"]),
