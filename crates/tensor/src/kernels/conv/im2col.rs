@@ -75,81 +75,69 @@ impl Geometry {
         }
     }
 
-    /// The runs of a tile of output pixels `p0..p0 + n`, into `runs` (cleared first).
-    pub(super) fn runs(&self, p0: usize, n: usize, runs: &mut Vec<Run>) {
-        runs.clear();
-        let [st, sh, sw] = self.p.stride;
-        let mut done = 0;
-        while done < n {
-            let pixel = p0 + done;
-            let (t, rest) = (pixel / self.out_frame, pixel % self.out_frame);
-            let (y, x) = (rest / self.out_w, rest % self.out_w);
-            let len = (self.out_w - x).min(n - done);
-            runs.push(Run {
-                at: done,
-                len,
-                t: t * st,
-                y: y * sh,
-                x: x * sw,
-            });
-            done += len;
-        }
-    }
-}
-
-/// Consecutive output pixels of one output row within a tile: where they start in a
-/// `cols` row and the padded input coordinates (time, row, column) under tap `(0, 0, 0)`
-/// of the first. Cut once per tile, they serve all `K` rows of its `cols`, so the row
-/// fill does no division.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Run {
-    at: usize,
-    len: usize,
-    t: usize,
-    y: usize,
-    x: usize,
-}
-
-/// Fills `cols[rows, n]`: rows `row0..` of the tile cut into `runs`, on the calling thread.
-pub(super) fn fill_cols(
-    g: &Geometry,
-    src: &Source<'_>,
-    runs: &[Run],
-    row0: usize,
-    n: usize,
-    cols: &mut [f32],
-) {
-    for (i, dst) in cols.chunks_mut(n).enumerate() {
-        fill_row(g, src, runs, row0 + i, dst);
-    }
-}
-
-/// Fills row `row` of `cols` (one input channel under one kernel tap) for the tile's runs.
-fn fill_row(g: &Geometry, src: &Source<'_>, runs: &[Run], row: usize, dst: &mut [f32]) {
-    let p = &g.p;
-    let [kt, kh, kw] = p.kernel;
-    let taps = kt * kh * kw;
-    let (c, tap) = (row / taps, row % taps);
-    let (dt, dy, dx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
-    for run in runs {
-        let seg = &mut dst[run.at..run.at + run.len];
-        let ti = match (run.t + dt).checked_sub(p.pad_t_front) {
+    /// The input row of channel `c` under tap `(dt, dy, _)` for output row `(t, y)`, or
+    /// None if it is padding.
+    fn source_row<'a>(
+        &self,
+        src: &Source<'a>,
+        c: usize,
+        t: usize,
+        y: usize,
+        tap: [usize; 3],
+    ) -> Option<&'a [f32]> {
+        let p = &self.p;
+        let ti = match (t * p.stride[0] + tap[0]).checked_sub(p.pad_t_front) {
             Some(ti) => ti,
             None if p.time_pad == TimePad::Replicate => 0,
-            None => {
-                zero(seg);
-                continue;
-            }
+            None => return None,
         };
-        let yi = match (run.y + dy).checked_sub(p.pad_h) {
-            Some(yi) if yi < p.in_h => yi,
-            _ => {
-                zero(seg);
-                continue;
-            }
-        };
-        let line = &src.frame(c, ti)[yi * p.in_w..(yi + 1) * p.in_w];
-        fill_segment(seg, line, run.x + dx, p.stride[2], p.pad_w);
+        let yi = (y * p.stride[1] + tap[1]).checked_sub(p.pad_h)?;
+        let start = yi * p.in_w;
+        (yi < p.in_h).then(|| &src.frame(c, ti)[start..start + p.in_w])
+    }
+}
+
+/// Fills `cols[K, n]` for output pixels `p0..p0 + n` of one batch item, on the calling thread.
+pub(super) fn fill_cols(g: &Geometry, src: &Source<'_>, p0: usize, n: usize, cols: &mut [f32]) {
+    for (row, dst) in cols.chunks_mut(n).enumerate() {
+        fill_cols_row(g, src, row, p0, dst);
+    }
+}
+
+/// Fills row `row` of `cols` (one input channel under one kernel tap) for output pixels
+/// `p0..p0 + dst.len()`.
+pub(super) fn fill_cols_row(
+    g: &Geometry,
+    src: &Source<'_>,
+    row: usize,
+    p0: usize,
+    dst: &mut [f32],
+) {
+    let [_, kh, kw] = g.p.kernel;
+    let taps = kh * kw * g.p.kernel[0];
+    let (ci, tap) = (row / taps, row % taps);
+    let (dt, dy, dx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
+    fill_row(g, src, ci, [dt, dy, dx], p0, dst);
+}
+
+/// Fills one row of `cols`: channel `c`'s values under `tap` for output pixels
+/// `p0..p0 + dst.len()`.
+fn fill_row(g: &Geometry, src: &Source<'_>, c: usize, tap: [usize; 3], p0: usize, dst: &mut [f32]) {
+    let sw = g.p.stride[2];
+    let mut pixel = p0;
+    let mut done = 0;
+    // Walk the pixel range one output-row segment at a time.
+    while done < dst.len() {
+        let (t, rest) = (pixel / g.out_frame, pixel % g.out_frame);
+        let (y, x) = (rest / g.out_w, rest % g.out_w);
+        let len = (g.out_w - x).min(dst.len() - done);
+        let seg = &mut dst[done..done + len];
+        match g.source_row(src, c, t, y, tap) {
+            Some(row) => fill_segment(seg, row, x * sw + tap[2], sw, g.p.pad_w),
+            None => seg.fill(0.0),
+        }
+        done += len;
+        pixel += len;
     }
 }
 
@@ -163,68 +151,17 @@ fn fill_segment(seg: &mut [f32], row: &[f32], padded_x0: usize, stride: usize, p
         .saturating_sub(padded_x0)
         .div_ceil(stride)
         .clamp(lo, len);
-    zero(&mut seg[..lo]);
-    zero(&mut seg[hi..]);
+    seg[..lo].fill(0.0);
+    seg[hi..].fill(0.0);
     if hi > lo {
         let first = padded_x0 + lo * stride - pad;
         let inner = &mut seg[lo..hi];
         if stride == 1 {
-            copy(inner, &row[first..first + inner.len()]);
+            inner.copy_from_slice(&row[first..first + inner.len()]);
         } else {
             for (d, s) in inner.iter_mut().zip(row[first..].iter().step_by(stride)) {
                 *d = *s;
             }
         }
-    }
-}
-
-/// Runs at least this long go to `memcpy` / `memset`; shorter ones (a row of a small
-/// frame, a padding column) are moved inline: the library call's setup cost more than
-/// the move itself on the VAE's 16- to 128-wide rows.
-const INLINE_MAX: usize = 128;
-
-/// `dst.copy_from_slice(src)`, short runs inline in fixed 16/4/1-element moves.
-#[inline(always)]
-fn copy(dst: &mut [f32], src: &[f32]) {
-    let n = dst.len();
-    if n >= INLINE_MAX {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let src = &src[..n];
-    let mut d16 = dst.chunks_exact_mut(16);
-    let mut s16 = src.chunks_exact(16);
-    for (d, s) in (&mut d16).zip(&mut s16) {
-        let s: &[f32; 16] = s.try_into().expect("chunks of 16");
-        let d: &mut [f32; 16] = d.try_into().expect("chunks of 16");
-        *d = *s;
-    }
-    let (dst, src) = (d16.into_remainder(), s16.remainder());
-    let mut d4 = dst.chunks_exact_mut(4);
-    let mut s4 = src.chunks_exact(4);
-    for (d, s) in (&mut d4).zip(&mut s4) {
-        let s: &[f32; 4] = s.try_into().expect("chunks of 4");
-        let d: &mut [f32; 4] = d.try_into().expect("chunks of 4");
-        *d = *s;
-    }
-    for (d, s) in d4.into_remainder().iter_mut().zip(s4.remainder()) {
-        *d = *s;
-    }
-}
-
-/// `dst.fill(0.0)`, short runs inline.
-#[inline(always)]
-fn zero(dst: &mut [f32]) {
-    if dst.len() >= INLINE_MAX {
-        dst.fill(0.0);
-        return;
-    }
-    let mut d16 = dst.chunks_exact_mut(16);
-    for d in &mut d16 {
-        let d: &mut [f32; 16] = d.try_into().expect("chunks of 16");
-        *d = [0.0; 16];
-    }
-    for d in d16.into_remainder() {
-        *d = 0.0;
     }
 }

@@ -40,7 +40,7 @@ use crate::parallel;
 mod im2col;
 
 pub use im2col::TimeSlab;
-use im2col::{fill_cols, Geometry, Source};
+use im2col::{fill_cols, fill_cols_row, Geometry, Source};
 
 /// Upper bound, in f32 elements, on the im2col scratch one conv uses (4 Mi floats = 16 MiB).
 pub const CONV_SCRATCH_TARGET: usize = 4 << 20;
@@ -520,8 +520,6 @@ fn tiled(
                 if n == 0 {
                     return;
                 }
-                let mut runs = Vec::new();
-                geom.runs(p0, n, &mut runs);
                 let (cols, rest) = buf.split_at_mut(lead);
                 let result_len = match plan.amx {
                     Some(_) => amx_lead(cout, plan.tile) - lead,
@@ -535,7 +533,15 @@ fn tiled(
                         let packed = as_u16(gemm_scratch);
                         for s in 0..k.div_ceil(TILE_K) {
                             let rows = (k - s * TILE_K).min(TILE_K);
-                            fill_cols(geom, src, &runs, s * TILE_K, n, &mut cols[..rows * n]);
+                            for r in 0..rows {
+                                fill_cols_row(
+                                    geom,
+                                    src,
+                                    s * TILE_K + r,
+                                    p0,
+                                    &mut cols[r * n..(r + 1) * n],
+                                );
+                            }
                             pack_b_kstep(cols, k, n, s, prec.parts().1, packed);
                         }
                         let dst = amx::Dst {
@@ -547,7 +553,7 @@ fn tiled(
                     }
                     None => {
                         let cols = &mut cols[..k * n];
-                        fill_cols(geom, src, &runs, 0, n, cols);
+                        fill_cols(geom, src, p0, n, cols);
                         let x = Operand::F32(MatRef::row_major(cols, 0, n));
                         gemm(
                             cout,
