@@ -4,7 +4,7 @@ The runtime's kernels run on rayon pool threads, whose stacks end in the pool, n
 `Tensor` op that started them, so a plain `perf report` puts most of the time under rayon
 frames (and a memmove under "memmove", whoever called it). This walks each sample's
 stack (inlined frames included) from the leaf up and charges the sample to the first
-headroom frame that names an op kind: im2col, the conv's GEMM, its scatter, cat, norm,
+headroom frame (or inlined im2col / norm helper) that names an op kind: im2col, the conv's GEMM, its scatter, cat, norm,
 SiLU, add, upsampling, copies, the seeded weight init. Page faults (the kernel zeroing
 fresh pages on first touch) are charged to the op that touched the page and also
 counted on their own.
@@ -29,7 +29,7 @@ RULES = [
     ("gemm", ["conv::tiled::{closure_env#1}", "conv::pointwise", "gemm_packed", "kernels::gemm", "sgemm", "vdp"]),
     ("cat", ["::cat"]),
     ("zeros", ["Tensor::zeros"]),
-    ("rms norm", ["rms_norm"]),
+    ("rms norm", ["rms_norm", "scale_row"]),
     ("silu / activation", ["activation::", "silu"]),
     ("add / elementwise", ["elementwise::"]),
     ("upsample", ["upsample"]),
@@ -59,10 +59,17 @@ def samples(path):
         yield cur
 
 
+# Inlined frames print bare ("fill_row (inlined)"): these names are ours wherever they
+# appear, so they count without the crate prefix (else the sample falls through to the
+# enclosing conv closure and is charged to the GEMM).
+BARE = ("fill_cols", "fill_row", "fill_segment", "source_row", "scale_row")
+
+
 def kind_of(stack):
     for frame in stack:
         if "headroom" not in frame and "sgemm" not in frame:
-            continue
+            if not any(frame.startswith(b) for b in BARE):
+                continue
         for name, patterns in RULES:
             if any(p in frame for p in patterns):
                 return name
