@@ -12,7 +12,7 @@ use crate::{BenchError, Result};
 /// What to decode.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VaeBenchConfig {
-    /// `wan2.1` (the real config), `world` (the built-in world model's shape) or `tiny`.
+    /// `wan2.1` (the real config) or `tiny`.
     pub config: String,
     /// Video height in pixels.
     pub height: usize,
@@ -20,8 +20,6 @@ pub struct VaeBenchConfig {
     pub width: usize,
     /// Latent frames to decode (one per chunk).
     pub latent_frames: usize,
-    /// Weight dtype (bf16: bf16 GEMM operands, f32 activations); the cache follows it.
-    pub dtype: DType,
 }
 
 impl Default for VaeBenchConfig {
@@ -31,7 +29,6 @@ impl Default for VaeBenchConfig {
             height: 128,
             width: 128,
             latent_frames: 4,
-            dtype: DType::F32,
         }
     }
 }
@@ -41,8 +38,6 @@ impl Default for VaeBenchConfig {
 pub struct VaeBenchReport {
     /// Config name.
     pub config: String,
-    /// Weight dtype.
-    pub dtype: String,
     /// Video height.
     pub height: usize,
     /// Video width.
@@ -69,13 +64,6 @@ pub struct VaeBenchReport {
 pub fn named_config(name: &str) -> Result<VaeConfig> {
     match name {
         "wan2.1" => Ok(VaeConfig::default()),
-        // models/world/vae/config.json's shape (the built-in world model), seeded weights.
-        "world" => Ok(VaeConfig {
-            base_dim: 16,
-            dim_mult: vec![1, 2, 2, 2],
-            num_res_blocks: 1,
-            ..VaeConfig::default()
-        }),
         "tiny" => Ok(VaeConfig {
             base_dim: 8,
             z_dim: 16,
@@ -85,7 +73,7 @@ pub fn named_config(name: &str) -> Result<VaeConfig> {
         }),
         other => Err(BenchError::InvalidConfig {
             field: "config",
-            rule: format!("unknown VAE config {other:?}; use wan2.1, world or tiny"),
+            rule: format!("unknown VAE config {other:?}; use wan2.1 or tiny"),
         }),
     }
 }
@@ -106,7 +94,7 @@ pub fn run_vae_bench(config: &VaeBenchConfig) -> Result<VaeBenchReport> {
         });
     }
     let device = Device::cpu()?;
-    let vae = WanVae::seeded(vae_config, 0, &device, config.dtype).map_err(|e| {
+    let vae = WanVae::seeded(vae_config, 0, &device, DType::F32).map_err(|e| {
         BenchError::InvalidConfig {
             field: "vae",
             rule: e.to_string(),
@@ -125,7 +113,7 @@ pub fn run_vae_bench(config: &VaeBenchConfig) -> Result<VaeBenchReport> {
         DType::F32,
         &device,
     )?;
-    let decoder = StreamingDecoder::new(&vae, Some(config.dtype));
+    let decoder = StreamingDecoder::new(&vae, None);
     let mut state = StreamingDecodeState::new("bench").map_err(|e| BenchError::InvalidConfig {
         field: "session",
         rule: e.to_string(),
@@ -148,7 +136,6 @@ pub fn run_vae_bench(config: &VaeBenchConfig) -> Result<VaeBenchReport> {
     let later = &times[1..];
     Ok(VaeBenchReport {
         config: config.config.clone(),
-        dtype: format!("{:?}", config.dtype).to_lowercase(),
         height: config.height,
         width: config.width,
         latent_frames: config.latent_frames,
@@ -162,10 +149,6 @@ pub fn run_vae_bench(config: &VaeBenchConfig) -> Result<VaeBenchReport> {
         allocated_peak_bytes: stats.allocated_bytes.all().peak as u64,
         reserved_peak_bytes: stats.reserved_bytes.all().peak as u64,
         state_bytes: state.nbytes(),
-        declared_state_bytes: decoder.declared_state_bytes(
-            config.height,
-            config.width,
-            config.dtype,
-        ),
+        declared_state_bytes: decoder.declared_state_bytes(config.height, config.width, DType::F32),
     })
 }

@@ -138,13 +138,9 @@ struct SessionArgs {
 
 #[derive(Debug, Args)]
 struct VaeArgs {
-    /// VAE config: wan2.1 (the real one), world (the built-in world model's shape) or
-    /// tiny; seeded weights.
+    /// VAE config: wan2.1 (the real one, seeded weights) or tiny.
     #[arg(long, default_value = "wan2.1")]
     config: String,
-    /// Weight dtype (the decoder's cache is kept in it too).
-    #[arg(long, value_enum, default_value = "f32")]
-    dtype: crate::dtype_arg::DtypeArg,
     /// Video height in pixels.
     #[arg(long, default_value_t = 128)]
     height: usize,
@@ -470,22 +466,19 @@ fn vae(args: VaeArgs) -> Result<()> {
         height: args.height,
         width: args.width,
         latent_frames: args.frames,
-        dtype: args.dtype.dtype(),
     })?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
         return Ok(());
     }
     println!(
-        "VAE {} ({}) at {}x{}: {} latent frames → {} frames ({} kernel threads, cpu path {})",
+        "VAE {} at {}x{}: {} latent frames → {} frames ({} kernel threads)",
         report.config,
-        report.dtype,
         report.width,
         report.height,
         report.latent_frames,
         report.frames,
-        headroom_tensor::parallel::num_threads(),
-        headroom_tensor::kernels::cpu::selected().name()
+        headroom_tensor::parallel::num_threads()
     );
     println!("first latent frame   {:>10.1} ms", report.first_frame_ms);
     println!(

@@ -99,14 +99,10 @@ impl CausalConv3d {
         Self::load(w, prefix, cin, cout, [3, 3, 3], [1, 1, 1], [1, 1, 1], slots)
     }
 
-    /// Runs the conv; a cached conv reads its slot's frames (zeros when empty) in front of
-    /// `x` and keeps the last `front` frames of that sequence for the next chunk.
-    ///
-    /// Nothing is joined: the cached frames and `x` go to the conv as two time parts, and
-    /// an empty slot is the conv's own zero front padding (the same zeros in `cols`, so
-    /// the same bytes as convolving the joined input).
+    /// Runs the conv; a cached conv prepends its slot's frames (zeros when empty) and
+    /// keeps the last `front` frames of its input for the next chunk.
     pub fn forward(&self, x: &Tensor, cache: &mut Slots<'_>) -> Result<Tensor> {
-        let mut options = Conv3dOptions {
+        let options = Conv3dOptions {
             stride: self.stride,
             pad_t_front: 0,
             time_pad: TimePad::Zeros,
@@ -115,54 +111,17 @@ impl CausalConv3d {
         let Some(slot) = self.slot else {
             return Ok(x.conv3d(&self.weight, Some(&self.bias), options)?);
         };
-        let previous = cache.slots[slot]
-            .take()
-            .map(|frames| frames.to_dtype(DType::F32))
-            .transpose()?;
-        let out = match &previous {
-            Some(frames) => {
-                Tensor::conv3d_time_parts(&[frames, x], &self.weight, Some(&self.bias), options)?
-            }
-            None => {
-                options.pad_t_front = self.front;
-                x.conv3d(&self.weight, Some(&self.bias), options)?
-            }
+        let [b, c, _, h, w] = *x.shape() else {
+            return Ok(x.conv3d(&self.weight, Some(&self.bias), options)?);
         };
-        cache.slots[slot] = Some(self.kept_frames(previous.as_ref(), x, cache.dtype)?);
-        Ok(out)
-    }
-
-    /// The last `front` frames of `previous` (zeros if `None`) followed by `x`, compact
-    /// and in `dtype`: usually a copy of `x`'s tail alone.
-    fn kept_frames(&self, previous: Option<&Tensor>, x: &Tensor, dtype: DType) -> Result<Tensor> {
-        let [b, c, t, h, w] = *x.shape() else {
-            unreachable!("the conv took x, so it is 5-D")
-        };
-        if t >= self.front {
-            return last_frames(x, self.front, dtype);
-        }
-        let previous = match previous {
-            Some(frames) => frames.clone(),
+        let previous = match cache.slots[slot].take() {
+            Some(frames) => frames.to_dtype(DType::F32)?,
             None => Tensor::zeros(&[b, c, self.front, h, w], DType::F32, x.device())?,
         };
-        last_frames(&Tensor::cat(&[&previous, x], 2)?, self.front, dtype)
-    }
-
-    /// An uncached conv over `previous` followed by `x` along time, without joining them.
-    pub fn forward_after(&self, previous: &Tensor, x: &Tensor) -> Result<Tensor> {
-        debug_assert!(self.slot.is_none(), "a cached conv brings its own frames");
-        let options = Conv3dOptions {
-            stride: self.stride,
-            pad_t_front: 0,
-            time_pad: TimePad::Zeros,
-            pad_hw: self.pad_hw,
-        };
-        Ok(Tensor::conv3d_time_parts(
-            &[previous, x],
-            &self.weight,
-            Some(&self.bias),
-            options,
-        )?)
+        let joined = Tensor::cat(&[&previous, x], 2)?;
+        drop(previous);
+        cache.slots[slot] = Some(last_frames(&joined, self.front, cache.dtype)?);
+        Ok(joined.conv3d(&self.weight, Some(&self.bias), options)?)
     }
 
     /// Output channels.
@@ -193,11 +152,6 @@ impl ChannelRms {
     /// Normalises over axis 1.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(x.rms_norm_channels(&self.gamma)?)
-    }
-
-    /// Normalises over axis 1, then SiLU, in one pass (the same bytes as the two).
-    pub fn forward_silu(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.rms_norm_channels_silu(&self.gamma)?)
     }
 }
 
@@ -248,9 +202,9 @@ impl ResidualBlock {
             Some(conv) => conv.forward(x, cache)?,
             None => x.clone(),
         };
-        let y = self.norm1.forward_silu(x)?;
+        let y = self.norm1.forward(x)?.silu()?;
         let y = self.conv1.forward(&y, cache)?;
-        let y = self.norm2.forward_silu(&y)?;
+        let y = self.norm2.forward(&y)?.silu()?;
         let y = self.conv2.forward(&y, cache)?;
         Ok(y.add(&h)?)
     }
@@ -482,10 +436,10 @@ impl Resample {
                         Ok(y)
                     }
                     Some(prev) => {
-                        let prev = prev.to_dtype(DType::F32)?;
+                        let joined = Tensor::cat(&[&prev.to_dtype(DType::F32)?, &y], 2)?;
                         cache.slots[slot] = Some(last_frames(&y, 1, cache.dtype)?);
                         let conv = self.time_conv.as_ref().expect("down3d has a time conv");
-                        conv.forward_after(&prev, &y)
+                        conv.forward(&joined, cache)
                     }
                 }
             }

@@ -5,7 +5,7 @@ use crate::cuda::dispatch::ConvDims;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 pub use crate::kernels::conv::TimePad;
-use crate::kernels::conv::{self as k, Conv2dParams, Conv3dParams, TimeSlab};
+use crate::kernels::conv::{self as k, Conv2dParams, Conv3dParams};
 use crate::kernels::gemm::Compute;
 use crate::tensor::Tensor;
 
@@ -116,46 +116,15 @@ impl Tensor {
         bias: Option<&Tensor>,
         options: Conv3dOptions,
     ) -> Result<Tensor> {
-        Tensor::conv3d_time_parts(&[self], weight, bias, options)
-    }
-
-    /// [`Tensor::conv3d`] over `parts` joined along time (axis 2) without joining them:
-    /// the same bytes as `Tensor::cat(parts, 2)?.conv3d(…)`, one copy of the input fewer.
-    /// A causal conv passes its cached frames and the new chunk. The parts share `B`,
-    /// `Cin`, `H` and `W`; a part may have no frames. A pointwise conv (1×1×1, stride 1,
-    /// unpadded) and a GPU device join the parts first (their kernels read one block).
-    pub fn conv3d_time_parts(
-        parts: &[&Tensor],
-        weight: &Tensor,
-        bias: Option<&Tensor>,
-        options: Conv3dOptions,
-    ) -> Result<Tensor> {
         let op = "conv3d";
-        let Some(&first) = parts.first() else {
-            return Err(TensorError::shape(op, "no input parts"));
-        };
-        let (cout, cin) = check_weight(op, first, weight, bias, 3)?;
-        let s = first.shape();
-        for part in &parts[1..] {
-            first.same_device(op, part)?;
-            let q = part.shape();
-            if q.len() != 5 || (q[0], q[1], q[3], q[4]) != (s[0], s[1], s[3], s[4]) {
-                return Err(TensorError::shape(
-                    op,
-                    format!(
-                        "input parts {:?} and {q:?} differ outside the time axis",
-                        first.shape()
-                    ),
-                ));
-            }
-        }
-        let in_t: usize = parts.iter().map(|x| x.shape()[2]).sum();
+        let (cout, cin) = check_weight(op, self, weight, bias, 3)?;
+        let s = self.shape();
         let w = weight.shape();
         let [st, sh, sw] = options.stride;
-        check_extent(op, first, in_t, options.pad_t_front, w[2], st, "t")?;
-        check_extent(op, first, s[3], 2 * options.pad_hw[0], w[3], sh, "h")?;
-        check_extent(op, first, s[4], 2 * options.pad_hw[1], w[4], sw, "w")?;
-        if options.time_pad == TimePad::Replicate && options.pad_t_front > 0 && in_t == 0 {
+        check_extent(op, self, s[2], options.pad_t_front, w[2], st, "t")?;
+        check_extent(op, self, s[3], 2 * options.pad_hw[0], w[3], sh, "h")?;
+        check_extent(op, self, s[4], 2 * options.pad_hw[1], w[4], sw, "w")?;
+        if options.time_pad == TimePad::Replicate && options.pad_t_front > 0 && s[2] == 0 {
             return Err(TensorError::shape(
                 op,
                 "replicate time padding needs at least one frame",
@@ -165,7 +134,7 @@ impl Tensor {
             batch: s[0],
             in_channels: cin,
             out_channels: cout,
-            in_t,
+            in_t: s[2],
             in_h: s[3],
             in_w: s[4],
             kernel: [w[2], w[3], w[4]],
@@ -176,42 +145,25 @@ impl Tensor {
             pad_w: options.pad_hw[1],
             compute: compute_of(weight),
         };
-        // Parts without frames add nothing (and an empty tensor has no contiguous view).
-        let mut parts: Vec<&Tensor> = parts.iter().copied().filter(|x| x.shape()[2] > 0).collect();
-        if parts.is_empty() {
-            parts.push(first);
-        }
-        let gpu = first.device().launcher().is_some();
-        if parts.len() > 1 && (gpu || p.is_pointwise()) {
-            return Tensor::cat(&parts, 2)?.conv3d(weight, bias, options);
-        }
         let [to, ho, wo] = p.out_dims();
-        if gpu {
+        if self.device().launcher().is_some() {
             let dims = ConvDims {
-                input: [s[0], cin, in_t, s[3], s[4]],
+                input: [s[0], cin, s[2], s[3], s[4]],
                 weight: [cout, w[2], w[3], w[4]],
                 stride: options.stride,
                 pad: [options.pad_t_front, options.pad_hw[0], options.pad_hw[1]],
                 out: [to, ho, wo],
                 replicate: options.time_pad == TimePad::Replicate,
             };
-            return run_conv_gpu(parts[0], weight, bias, &[s[0], cout, to, ho, wo], dims);
+            return run_conv_gpu(self, weight, bias, &[s[0], cout, to, ho, wo], dims);
         }
-        let frames: Vec<usize> = parts.iter().map(|x| x.shape()[2]).collect();
         run_conv(
-            &parts,
+            self,
             weight,
             bias,
             &[s[0], cout, to, ho, wo],
             k::conv3d_scratch_len(&p),
-            |xs, w, b, out, scratch| {
-                let slabs: Vec<TimeSlab<'_>> = xs
-                    .iter()
-                    .zip(&frames)
-                    .map(|(&data, &frames)| TimeSlab { data, frames })
-                    .collect();
-                k::conv3d_slabs(&p, &slabs, w, b, out, scratch)
-            },
+            |x, w, b, out, scratch| k::conv3d(&p, x, w, b, out, scratch),
         )
     }
 
@@ -255,12 +207,12 @@ impl Tensor {
             return run_conv_gpu(self, weight, bias, &[s[0], cout, ho, wo], dims);
         }
         run_conv(
-            &[self],
+            self,
             weight,
             bias,
             &[s[0], cout, ho, wo],
             k::conv2d_scratch_len(&p),
-            |xs, w, b, out, scratch| k::conv2d(&p, xs[0], w, b, out, scratch),
+            |x, w, b, out, scratch| k::conv2d(&p, x, w, b, out, scratch),
         )
     }
 }
@@ -274,6 +226,8 @@ fn compute_of(weight: &Tensor) -> Compute {
     }
 }
 
+/// Allocates the output and the im2col scratch (in that order, on every device) and runs
+/// the kernel where there are bytes.
 /// A convolution on a GPU device: f32 operands, the implicit-GEMM kernel.
 fn run_conv_gpu(
     x: &Tensor,
@@ -293,33 +247,23 @@ fn run_conv_gpu(
     Ok(out)
 }
 
-/// Allocates the output and the im2col scratch (in that order, on every device, after
-/// any f32 copies of the inputs) and runs the kernel on the parts' f32 elements where
-/// there are bytes.
 fn run_conv(
-    parts: &[&Tensor],
+    x: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
     out_shape: &[usize],
     scratch_len: usize,
-    kernel: impl FnOnce(&[&[f32]], &[f32], Option<&[f32]>, &mut [f32], &mut [f32]) + Send,
+    kernel: impl FnOnce(&[f32], &[f32], Option<&[f32]>, &mut [f32], &mut [f32]) + Send,
 ) -> Result<Tensor> {
-    let xf = parts
-        .iter()
-        .map(|x| x.to_f32_contiguous())
-        .collect::<Result<Vec<_>>>()?;
+    let xf = x.to_f32_contiguous()?;
     let wf = weight.to_f32_contiguous()?;
     let bf = bias.map(Tensor::to_f32_contiguous).transpose()?;
-    let mut out = Tensor::empty(out_shape, DType::F32, parts[0].device())?;
-    let mut scratch = Tensor::empty(&[scratch_len], DType::F32, parts[0].device())?;
-    let xs = xf
-        .iter()
-        .map(|x| x.as_slice::<f32>())
-        .collect::<Option<Vec<_>>>();
-    if let (Some(xs), Some(ws)) = (xs, wf.as_slice::<f32>()) {
+    let mut out = Tensor::empty(out_shape, DType::F32, x.device())?;
+    let mut scratch = Tensor::empty(&[scratch_len], DType::F32, x.device())?;
+    if let (Some(xs), Some(ws)) = (xf.as_slice::<f32>(), wf.as_slice::<f32>()) {
         let bs = bf.as_ref().and_then(|b| b.as_slice::<f32>());
         if let (Some(o), Some(sc)) = (out.data_mut::<f32>(), scratch.data_mut::<f32>()) {
-            crate::parallel::run(|| kernel(&xs, ws, bs, o, sc));
+            crate::parallel::run(|| kernel(xs, ws, bs, o, sc));
         }
     }
     drop(scratch);

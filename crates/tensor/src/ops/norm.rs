@@ -6,9 +6,6 @@ use rayon::prelude::*;
 use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::kernels::activation;
-#[cfg(target_arch = "x86_64")]
-use crate::kernels::cpu::{self, CpuPath};
 use crate::tensor::Tensor;
 
 fn check_param(op: &'static str, p: Option<&Tensor>, len: usize) -> Result<Option<Tensor>> {
@@ -139,17 +136,6 @@ impl Tensor {
     /// Wan's VAE RMS norm over axis 1 of `[B, C, …]`: `x / max(‖x‖₂, 1e-12) · √C · gamma`,
     /// at every position separately (WAN.md §2.4).
     pub fn rms_norm_channels(&self, gamma: &Tensor) -> Result<Tensor> {
-        self.rms_norm_channels_then(gamma, false)
-    }
-
-    /// `rms_norm_channels(gamma)` then SiLU in one pass over the output (the VAE's
-    /// residual blocks): for f32 input, the bytes of the two ops one after the other,
-    /// without the second pass and its buffer.
-    pub fn rms_norm_channels_silu(&self, gamma: &Tensor) -> Result<Tensor> {
-        self.rms_norm_channels_then(gamma, true)
-    }
-
-    fn rms_norm_channels_then(&self, gamma: &Tensor, silu: bool) -> Result<Tensor> {
         let op = "rms_norm_channels";
         if self.rank() < 2 {
             return Err(TensorError::shape(
@@ -167,7 +153,6 @@ impl Tensor {
         if let Some(l) = self.device().launcher() {
             let dims = [batch, channels, inner];
             dispatch::rms_norm_channels(l.as_ref(), &input, &gamma, &out, dims)?;
-            let out = if silu { out.silu()? } else { out };
             return out.to_dtype(self.dtype());
         }
         // Per-position inverse norms, from the allocator like every other buffer.
@@ -209,7 +194,9 @@ impl Tensor {
                         let (b, c) = (row / channels, row % channels);
                         let x = &src[row * inner..][..inner];
                         let n = &n[b * inner..][..inner];
-                        scale_row(o, x, n, scale, g[c], silu);
+                        for ((o, &v), &norm) in o.iter_mut().zip(x).zip(n) {
+                            *o = v / norm * scale * g[c];
+                        }
                     });
                 });
             }
@@ -217,45 +204,4 @@ impl Tensor {
         drop(norms);
         out.to_dtype(self.dtype())
     }
-}
-
-/// Pass 2 of the channel RMS norm over one row: `o = x / n · scale · g` (SiLU after it
-/// if `silu`), compiled for the selected CPU path. Every path does the same IEEE
-/// operations in the same order (no FMA contraction), so the bytes do not depend on it.
-fn scale_row(o: &mut [f32], x: &[f32], n: &[f32], scale: f32, g: f32, silu: bool) {
-    #[cfg(target_arch = "x86_64")]
-    match cpu::selected() {
-        CpuPath::Scalar => {}
-        CpuPath::Avx2 => {
-            // SAFETY: the avx2 path is only selected on a CPU that has AVX2.
-            return unsafe { scale_row_avx2(o, x, n, scale, g, silu) };
-        }
-        CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Amx => {
-            // SAFETY: these paths are only selected on a CPU that has AVX-512F.
-            return unsafe { scale_row_avx512(o, x, n, scale, g, silu) };
-        }
-    }
-    scale_row_impl(o, x, n, scale, g, silu);
-}
-
-#[inline(always)]
-fn scale_row_impl(o: &mut [f32], x: &[f32], n: &[f32], scale: f32, g: f32, silu: bool) {
-    let rows = o.iter_mut().zip(x).zip(n);
-    if silu {
-        rows.for_each(|((o, &v), &norm)| *o = activation::silu(v / norm * scale * g));
-    } else {
-        rows.for_each(|((o, &v), &norm)| *o = v / norm * scale * g);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn scale_row_avx512(o: &mut [f32], x: &[f32], n: &[f32], scale: f32, g: f32, silu: bool) {
-    scale_row_impl(o, x, n, scale, g, silu);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn scale_row_avx2(o: &mut [f32], x: &[f32], n: &[f32], scale: f32, g: f32, silu: bool) {
-    scale_row_impl(o, x, n, scale, g, silu);
 }

@@ -22,10 +22,6 @@
 //! output element comes from exactly one GEMM with a fixed summation order, so results are
 //! bitwise deterministic for a given thread count (the tiles depend on it).
 //!
-//! The input may arrive as several slabs along time ([`conv3d_slabs`]): a causal conv's
-//! cached frames and its new chunk are read where they lie (`im2col.rs`), never joined.
-//! The im2col values, the tiles and so the bytes out are those of the joined input.
-//!
 //! A 1×1×1 conv with stride 1 and no padding needs no im2col: a batch item's input
 //! already is `cols`, so it runs as one pool-wide GEMM per batch item with no scratch.
 
@@ -36,11 +32,6 @@ use super::cpu::amx::{self, Precision};
 use super::cpu::pack::{as_u16, pack_a, pack_b_kstep, Operand, PANEL, TILE_K};
 use super::gemm::{gemm, gemm_scratch_len, Compute, MatRef, Threads};
 use crate::parallel;
-
-mod im2col;
-
-pub use im2col::TimeSlab;
-use im2col::{fill_cols, fill_cols_row, Geometry, Source};
 
 /// Upper bound, in f32 elements, on the im2col scratch one conv uses (4 Mi floats = 16 MiB).
 pub const CONV_SCRATCH_TARGET: usize = 4 << 20;
@@ -125,9 +116,8 @@ impl Conv3dParams {
         self.in_channels * self.kernel.iter().product::<usize>()
     }
 
-    /// True when the input of a batch item already is the im2col matrix (1×1×1, stride
-    /// 1, unpadded): such a conv is one GEMM over the input in place.
-    pub fn is_pointwise(&self) -> bool {
+    /// True when the input of a batch item already is the im2col matrix.
+    fn is_pointwise(&self) -> bool {
         self.kernel == [1, 1, 1]
             && self.stride == [1, 1, 1]
             && self.pad_t_front == 0
@@ -338,28 +328,7 @@ pub fn conv3d(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    let slabs = [TimeSlab {
-        data: input,
-        frames: p.in_t,
-    }];
-    conv3d_with_target(p, &slabs, weight, bias, out, scratch, CONV_SCRATCH_TARGET);
-}
-
-/// [`conv3d`] over the concatenation of `slabs` along time, read in place: the same
-/// bytes as [`conv3d`] on the joined input, without joining it.
-///
-/// `p.in_t` is the sum of the slabs' frames. Panics if a slab's length does not match its
-/// frames, and if `p` is pointwise (1×1×1, stride 1, unpadded: its input is read as the
-/// GEMM's operand directly) with more than one non-empty slab.
-pub fn conv3d_slabs(
-    p: &Conv3dParams,
-    slabs: &[TimeSlab<'_>],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    scratch: &mut [f32],
-) {
-    conv3d_with_target(p, slabs, weight, bias, out, scratch, CONV_SCRATCH_TARGET);
+    conv3d_with_target(p, input, weight, bias, out, scratch, CONV_SCRATCH_TARGET);
 }
 
 /// 2-D convolution into `out`, using `scratch` of at least [`conv2d_scratch_len`] floats.
@@ -378,10 +347,10 @@ pub fn conv2d(
     conv3d(&p.to_3d(), input, weight, bias, out, scratch);
 }
 
-/// [`conv3d_slabs`] with an explicit scratch target, so tests can force many small tiles.
+/// [`conv3d`] with an explicit scratch target, so tests can force many small tiles.
 fn conv3d_with_target(
     p: &Conv3dParams,
-    slabs: &[TimeSlab<'_>],
+    input: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
     out: &mut [f32],
@@ -389,16 +358,7 @@ fn conv3d_with_target(
     target: usize,
 ) {
     p.debug_validate();
-    let frame_len = p.batch * p.in_channels * p.in_h * p.in_w;
-    for slab in slabs {
-        assert_eq!(
-            slab.data.len(),
-            slab.frames * frame_len,
-            "conv3d: slab length"
-        );
-    }
-    let frames: usize = slabs.iter().map(|s| s.frames).sum();
-    assert_eq!(frames, p.in_t, "conv3d: input frames");
+    assert_eq!(input.len(), p.in_len(), "conv3d: input length");
     assert_eq!(weight.len(), p.weight_len(), "conv3d: weight length");
     assert_eq!(out.len(), p.out_len(), "conv3d: output length");
     if let Some(bias) = bias {
@@ -412,29 +372,19 @@ fn conv3d_with_target(
     if out.is_empty() {
         return;
     }
-    // A pointwise conv multiplies a batch item's input in place: it must be one block.
-    let mut full = slabs.iter().filter(|s| s.frames > 0);
-    let whole = match (full.next(), full.next()) {
-        (Some(one), None) => one.data,
-        (Some(_), Some(_)) if p.is_pointwise() => {
-            panic!("conv3d: a pointwise conv takes one non-empty slab")
-        }
-        _ => &[],
-    };
     let geom = Geometry::new(p);
     let pixels = geom.out_t * geom.out_frame;
-    let in_batch = whole.len() / p.batch.max(1);
+    let in_batch = p.in_channels * geom.in_chan;
     let out_batch = p.out_channels * pixels;
     let plan = Plan::new(p, target, slots);
     parallel::run(|| {
         for b in 0..p.batch {
+            let src = &input[b * in_batch..(b + 1) * in_batch];
             let dst = &mut out[b * out_batch..(b + 1) * out_batch];
             if p.is_pointwise() {
-                let src = &whole[b * in_batch..(b + 1) * in_batch];
                 pointwise(p, src, weight, bias, dst, scratch);
             } else {
-                let src = Source::new(slabs, b, p);
-                tiled(p, &geom, &plan, &src, weight, bias, dst, scratch);
+                tiled(p, &geom, &plan, src, weight, bias, dst, scratch);
             }
         }
     });
@@ -484,7 +434,7 @@ fn tiled(
     p: &Conv3dParams,
     geom: &Geometry,
     plan: &Plan,
-    src: &Source<'_>,
+    src: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
     dst: &mut [f32],
@@ -596,5 +546,404 @@ fn tiled(
     }
 }
 
+/// The conv plus the sizes the im2col fill derives from it, computed once per call.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    p: Conv3dParams,
+    /// Elements of one input channel of one batch item (`T·H·W`).
+    in_chan: usize,
+    out_t: usize,
+    out_w: usize,
+    /// Output pixels per frame (`Ho·Wo`).
+    out_frame: usize,
+}
+
+impl Geometry {
+    fn new(p: &Conv3dParams) -> Self {
+        let [out_t, out_h, out_w] = p.out_dims();
+        let in_chan = p.in_t * p.in_h * p.in_w;
+        let out_frame = out_h * out_w;
+        Self {
+            p: *p,
+            in_chan,
+            out_t,
+            out_w,
+            out_frame,
+        }
+    }
+
+    /// The input row under tap `(dt, dy, _)` for output row `(t, y)`, or None if it is padding.
+    fn source_row<'a>(
+        &self,
+        chan: &'a [f32],
+        t: usize,
+        y: usize,
+        tap: [usize; 3],
+    ) -> Option<&'a [f32]> {
+        let p = &self.p;
+        let ti = match (t * p.stride[0] + tap[0]).checked_sub(p.pad_t_front) {
+            Some(ti) => ti,
+            None if p.time_pad == TimePad::Replicate => 0,
+            None => return None,
+        };
+        let yi = (y * p.stride[1] + tap[1]).checked_sub(p.pad_h)?;
+        let start = (ti * p.in_h + yi) * p.in_w;
+        (yi < p.in_h).then(|| &chan[start..start + p.in_w])
+    }
+}
+
+/// Fills `cols[K, n]` for output pixels `p0..p0 + n` of one batch item, on the calling thread.
+fn fill_cols(g: &Geometry, src: &[f32], p0: usize, n: usize, cols: &mut [f32]) {
+    for (row, dst) in cols.chunks_mut(n).enumerate() {
+        fill_cols_row(g, src, row, p0, dst);
+    }
+}
+
+/// Fills row `row` of `cols` (one input channel under one kernel tap) for output pixels
+/// `p0..p0 + dst.len()`.
+fn fill_cols_row(g: &Geometry, src: &[f32], row: usize, p0: usize, dst: &mut [f32]) {
+    let [_, kh, kw] = g.p.kernel;
+    let taps = kh * kw * g.p.kernel[0];
+    let (ci, tap) = (row / taps, row % taps);
+    let (dt, dy, dx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
+    let chan = &src[ci * g.in_chan..(ci + 1) * g.in_chan];
+    fill_row(g, chan, [dt, dy, dx], p0, dst);
+}
+
+/// Fills one row of `cols`: the values under `tap` for output pixels `p0..p0 + dst.len()`.
+fn fill_row(g: &Geometry, chan: &[f32], tap: [usize; 3], p0: usize, dst: &mut [f32]) {
+    let sw = g.p.stride[2];
+    let mut pixel = p0;
+    let mut done = 0;
+    // Walk the pixel range one output-row segment at a time.
+    while done < dst.len() {
+        let (t, rest) = (pixel / g.out_frame, pixel % g.out_frame);
+        let (y, x) = (rest / g.out_w, rest % g.out_w);
+        let len = (g.out_w - x).min(dst.len() - done);
+        let seg = &mut dst[done..done + len];
+        match g.source_row(chan, t, y, tap) {
+            Some(row) => fill_segment(seg, row, x * sw + tap[2], sw, g.p.pad_w),
+            None => seg.fill(0.0),
+        }
+        done += len;
+        pixel += len;
+    }
+}
+
+/// `seg[j] = row[padded_x0 + j·stride - pad]`, or 0 where that index falls outside `row`.
+fn fill_segment(seg: &mut [f32], row: &[f32], padded_x0: usize, stride: usize, pad: usize) {
+    let len = seg.len();
+    // First j whose padded column reaches the real row: padded_x0 + j·stride ≥ pad.
+    let lo = pad.saturating_sub(padded_x0).div_ceil(stride).min(len);
+    // First j whose padded column is past the real row: padded_x0 + j·stride ≥ pad + width.
+    let hi = (pad + row.len())
+        .saturating_sub(padded_x0)
+        .div_ceil(stride)
+        .clamp(lo, len);
+    seg[..lo].fill(0.0);
+    seg[hi..].fill(0.0);
+    if hi > lo {
+        let first = padded_x0 + lo * stride - pad;
+        let inner = &mut seg[lo..hi];
+        if stride == 1 {
+            inner.copy_from_slice(&row[first..first + inner.len()]);
+        } else {
+            for (d, s) in inner.iter_mut().zip(row[first..].iter().step_by(stride)) {
+                *d = *s;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
-mod tests;
+mod tests {
+    use super::*;
+
+    use crate::kernels::test_rng::random;
+
+    /// Splits a flat index into coordinates of `dims` (row-major).
+    fn unflatten<const N: usize>(mut i: usize, dims: [usize; N]) -> [usize; N] {
+        let mut out = [0; N];
+        for d in (0..N).rev() {
+            (out[d], i) = (i % dims[d], i / dims[d]);
+        }
+        out
+    }
+
+    /// Direct f64 convolution: a valid strided convolution over the explicitly padded
+    /// input (time in front, h and w on both sides), one output element at a time.
+    fn reference(p: &Conv3dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>) -> Vec<f64> {
+        let (ci_n, [kt, kh, kw], [st, sh, sw]) = (p.in_channels, p.kernel, p.stride);
+        let padded = |b: usize, c: usize, t: usize, y: usize, x_: usize| -> f64 {
+            let t = match t.checked_sub(p.pad_t_front) {
+                Some(t) => t,
+                None if p.time_pad == TimePad::Replicate => 0,
+                None => return 0.0,
+            };
+            match (y.checked_sub(p.pad_h), x_.checked_sub(p.pad_w)) {
+                (Some(y), Some(x_)) if y < p.in_h && x_ < p.in_w => {
+                    f64::from(x[(((b * ci_n + c) * p.in_t + t) * p.in_h + y) * p.in_w + x_])
+                }
+                _ => 0.0,
+            }
+        };
+        let [to, ho, wo] = p.out_dims();
+        let taps = [ci_n, kt, kh, kw];
+        (0..p.out_len())
+            .map(|i| {
+                let [b, co, t, y, x_] = unflatten(i, [p.batch, p.out_channels, to, ho, wo]);
+                let mut acc = bias.map_or(0.0, |bias| f64::from(bias[co]));
+                for j in 0..taps.iter().product() {
+                    let [c, dt, dy, dx] = unflatten(j, taps);
+                    let v = padded(b, c, t * st + dt, y * sh + dy, x_ * sw + dx);
+                    acc += f64::from(w[co * taps.iter().product::<usize>() + j]) * v;
+                }
+                acc
+            })
+            .collect()
+    }
+
+    /// Checks `got` against the reference within 1e-4 · (1 + max |ref|).
+    fn assert_close(got: &[f32], want: &[f64], what: &str) {
+        let max_ref = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let err = got
+            .iter()
+            .zip(want)
+            .fold(0f64, |m, (&g, &w)| m.max((f64::from(g) - w).abs()));
+        assert!(
+            err <= 1e-4 * (1.0 + max_ref),
+            "{what}: err {err}, max |ref| {max_ref}"
+        );
+    }
+
+    /// Runs conv3d with the given scratch target and checks it against the reference.
+    fn check(p: &Conv3dParams, with_bias: bool, target: usize) {
+        let input = random(p.in_len(), 1 + p.in_len() as u64);
+        let weight = random(p.weight_len(), 2 + p.weight_len() as u64);
+        let bias = random(p.out_channels, 3);
+        let bias = with_bias.then_some(bias.as_slice());
+        let mut out = vec![f32::NAN; p.out_len()];
+        let mut scratch =
+            vec![f32::NAN; scratch_len_for_target(p, target, parallel::num_threads())];
+        conv3d_with_target(p, &input, &weight, bias, &mut out, &mut scratch, target);
+        assert_close(
+            &out,
+            &reference(p, &input, &weight, bias),
+            &format!("{p:?} bias {with_bias}"),
+        );
+    }
+
+    /// A small conv: batch 2, 3 → 4 channels, 5 frames of 5×7.
+    fn small(kernel: [usize; 3], stride: [usize; 3], pad: [usize; 3], tp: TimePad) -> Conv3dParams {
+        let [pad_t_front, pad_h, pad_w] = pad;
+        Conv3dParams {
+            batch: 2,
+            in_channels: 3,
+            out_channels: 4,
+            in_t: 5,
+            in_h: 5,
+            in_w: 7,
+            kernel,
+            stride,
+            pad_t_front,
+            time_pad: tp,
+            pad_h,
+            pad_w,
+            compute: Compute::F32,
+        }
+    }
+
+    #[test]
+    fn amx_packed_im2col_gives_the_bytes_of_cols_then_gemm() {
+        if !cpu::selected().packs_bf16() {
+            eprintln!("skipped: no packed bf16 path (amx, avx512bf16) is selected here");
+            return;
+        }
+        // K = 3·27 = 81 (a K tail), 40 output channels (an M tail), tiles of odd widths.
+        for compute in [Compute::Bf16, Compute::NearF32] {
+            let p = Conv3dParams {
+                in_channels: 3,
+                out_channels: 40,
+                compute,
+                ..small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Replicate)
+            };
+            let input = random(p.in_len(), 5);
+            let weight = random(p.weight_len(), 6);
+            let geom = Geometry::new(&p);
+            let run = |amx: bool| {
+                let mut plan = Plan::new(&p, 700, 2);
+                assert!(plan.amx.is_some());
+                if !amx {
+                    let generic = Plan {
+                        amx: None,
+                        shared: 0,
+                        per_slot: (p.patch_len() + p.out_channels) * plan.tile
+                            + gemm_scratch_len(
+                                p.out_channels,
+                                plan.tile,
+                                p.patch_len(),
+                                compute,
+                                Threads::One,
+                            ),
+                        ..plan
+                    };
+                    plan = generic;
+                }
+                let mut out = vec![f32::NAN; p.out_len() / p.batch];
+                let mut scratch = vec![f32::NAN; plan.shared + plan.slots * plan.per_slot];
+                let src = &input[..p.in_len() / p.batch];
+                parallel::run(|| {
+                    tiled(&p, &geom, &plan, src, &weight, None, &mut out, &mut scratch)
+                });
+                out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            };
+            assert_eq!(run(true), run(false), "{compute:?}");
+        }
+    }
+
+    #[test]
+    fn out_dims_follow_the_strided_padded_formula() {
+        let p = small([3, 3, 3], [2, 2, 1], [2, 1, 0], TimePad::Zeros);
+        assert_eq!(p.out_dims(), [3, 3, 5]);
+        assert_eq!(p.out_len(), 2 * 4 * 3 * 3 * 5);
+        assert_eq!(p.in_len(), 2 * 3 * 5 * 5 * 7);
+        assert_eq!(p.weight_len(), 4 * 3 * 27);
+    }
+
+    /// Checks a small conv with both time pads at the default scratch target.
+    fn check_small(kernel: [usize; 3], stride: [usize; 3], pad: [usize; 3], with_bias: bool) {
+        for time_pad in [TimePad::Zeros, TimePad::Replicate] {
+            let p = small(kernel, stride, pad, time_pad);
+            check(&p, with_bias, CONV_SCRATCH_TARGET);
+        }
+    }
+
+    #[test]
+    fn causal_3x3x3_conv_matches_reference_with_both_time_pads() {
+        check_small([3, 3, 3], [1, 1, 1], [2, 1, 1], true);
+        check_small([3, 3, 3], [1, 1, 1], [2, 1, 1], false);
+    }
+
+    #[test]
+    fn stride_two_in_each_axis_matches_reference() {
+        for stride in [[2, 1, 1], [1, 2, 1], [1, 1, 2], [2, 2, 2]] {
+            for pad in [[0, 0, 0], [2, 1, 1], [1, 0, 1]] {
+                check_small([3, 3, 3], stride, pad, true);
+            }
+        }
+    }
+
+    #[test]
+    fn kernel_shapes_of_the_vae_match_reference_with_and_without_padding() {
+        let kernels = [[1, 1, 1], [3, 1, 1], [1, 3, 3], [3, 3, 3], [2, 2, 3]];
+        for (kernel, pad) in kernels
+            .into_iter()
+            .flat_map(|k| [(k, [0, 0, 0]), (k, [2, 1, 1])])
+        {
+            check_small(kernel, [1, 1, 1], pad, true);
+            check_small(kernel, [2, 1, 2], pad, false);
+        }
+        check_small([3, 1, 1], [1, 1, 1], [2, 0, 0], true);
+        check_small([1, 3, 3], [1, 1, 1], [0, 1, 1], true);
+    }
+
+    #[test]
+    fn pointwise_conv_needs_no_im2col_scratch_and_matches_reference() {
+        let p = small([1, 1, 1], [1, 1, 1], [0, 0, 0], TimePad::Zeros);
+        let [to, ho, wo] = p.out_dims();
+        let packing = gemm_scratch_len(4, to * ho * wo, 3, p.compute, Threads::Pool);
+        assert_eq!(conv3d_scratch_len(&p), packing);
+        check(&p, true, 0);
+        check(&p, false, 0);
+    }
+
+    #[test]
+    fn tiles_smaller_than_the_image_match_reference() {
+        let p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Replicate);
+        let per_pixel = p.patch_len() + p.out_channels;
+        // Targets of 1 pixel (clamped to one 7-pixel row) up to 40 pixels: tiles that end
+        // mid-row, span rows and span frames.
+        for pixels in [1, 3, 9, 11, 40] {
+            check(&p, true, pixels * per_pixel);
+        }
+        let strided = small([3, 3, 3], [2, 2, 2], [2, 1, 1], TimePad::Zeros);
+        check(&strided, true, strided.patch_len() + strided.out_channels);
+    }
+
+    #[test]
+    fn scratch_stays_under_the_target_per_slot_for_large_images() {
+        let slots = parallel::num_threads();
+        let mut p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Zeros);
+        (p.in_channels, p.out_channels, p.in_t, p.in_h, p.in_w) = (96, 96, 5, 720, 1280);
+        // Beyond the im2col target, each slot holds only its GEMM's packing buffers.
+        let packing = |p: &Conv3dParams| {
+            let tile = Plan::new(p, CONV_SCRATCH_TARGET, slots).tile;
+            gemm_scratch_len(p.out_channels, tile, p.patch_len(), p.compute, Threads::One)
+        };
+        assert!(conv3d_scratch_len(&p) <= slots * (CONV_SCRATCH_TARGET + packing(&p)));
+        // A row that alone exceeds the target may take up to one row per slot (tiles
+        // are evened out over the slots, so slightly less with some thread counts).
+        (p.in_channels, p.in_h, p.in_w) = (384, 8, 4000);
+        let row = (p.patch_len() + p.out_channels) * 4000;
+        let len = conv3d_scratch_len(&p);
+        assert!(slots * CONV_SCRATCH_TARGET < len && len <= slots * (row + packing(&p)));
+    }
+
+    #[test]
+    fn conv3d_is_bitwise_deterministic() {
+        let mut p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Zeros);
+        (p.in_channels, p.out_channels, p.in_h, p.in_w) = (16, 24, 33, 47);
+        let (input, weight, bias) = (
+            random(p.in_len(), 5),
+            random(p.weight_len(), 6),
+            random(24, 7),
+        );
+        let run = || {
+            let mut out = vec![0f32; p.out_len()];
+            let mut scratch = vec![0f32; conv3d_scratch_len(&p)];
+            conv3d(&p, &input, &weight, Some(&bias), &mut out, &mut scratch);
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        assert_eq!(run(), run());
+    }
+
+    #[test]
+    fn conv2d_matches_reference_for_padding_and_stride() {
+        for (kernel, stride, pad) in [
+            ([3, 3], [1, 1], 1),
+            ([3, 3], [2, 2], 0),
+            ([1, 1], [1, 1], 0),
+        ] {
+            let p2 = Conv2dParams {
+                batch: 2,
+                in_channels: 5,
+                out_channels: 3,
+                in_h: 9,
+                in_w: 7,
+                kernel,
+                stride,
+                pad_h: pad,
+                pad_w: pad,
+                compute: Compute::F32,
+            };
+            let p = p2.to_3d();
+            assert_eq!(
+                (conv2d_scratch_len(&p2), p2.out_len()),
+                (conv3d_scratch_len(&p), p.out_len())
+            );
+            let (input, weight, bias) = (
+                random(p2.in_len(), 8),
+                random(p2.weight_len(), 9),
+                random(3, 10),
+            );
+            let mut out = vec![f32::NAN; p2.out_len()];
+            let mut scratch = vec![f32::NAN; conv2d_scratch_len(&p2)];
+            conv2d(&p2, &input, &weight, Some(&bias), &mut out, &mut scratch);
+            assert_close(
+                &out,
+                &reference(&p, &input, &weight, Some(&bias)),
+                &format!("{p2:?}"),
+            );
+        }
+    }
+}
