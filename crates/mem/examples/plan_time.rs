@@ -23,14 +23,16 @@ fn main() {
         whole.order
     );
     let t = Instant::now();
-    let per = periodic(&p.requests, &p.marks, None).expect("periodic");
-    println!(
-        "periodic: {:.2} s, arena {} (live {}), order {}",
-        t.elapsed().as_secs_f64(),
-        per.arena_bytes(),
-        per.live_peak_bytes,
-        per.order
-    );
+    match periodic(&p.requests, &p.marks, None) {
+        Some(per) => println!(
+            "periodic: {:.2} s, arena {} (live {}), order {}",
+            t.elapsed().as_secs_f64(),
+            per.arena_bytes(),
+            per.live_peak_bytes,
+            per.order
+        ),
+        None => println!("periodic: none (the recording does not end in repeating chunks)"),
+    }
     for order in headroom_mem::PlacementOrder::ALL.into_iter().chain(
         [10, 20, 30, 60, 100, 200, 400, 1000, 3000].map(headroom_mem::PlacementOrder::Tiered),
     ) {

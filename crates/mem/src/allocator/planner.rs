@@ -110,9 +110,9 @@ impl fmt::Display for PlacementOrder {
 
 /// Tiered thresholds of the coarse pass (quantiles of the span's distinct lifetimes):
 /// as many as [`TIER_BUDGET`] placements of the span's requests allow, within bounds.
-const COARSE_TIERS: std::ops::RangeInclusive<usize> = 8..=32;
+const COARSE_TIERS: std::ops::RangeInclusive<usize> = 16..=96;
 /// Requests × coarse tiers budget of one plan.
-const TIER_BUDGET: usize = 200_000;
+const TIER_BUDGET: usize = 500_000;
 /// Distinct lifetimes on each side of the best coarse threshold tried in the fine pass.
 const FINE_TIERS: usize = 6;
 
