@@ -179,18 +179,20 @@ impl ImageCondition {
         let condition = Tensor::cat(&[&mask, &latent], 1)?;
         let previous = self.previous.take();
         let fingerprint = self.state.fingerprint()?;
-        let meta_settles = self.device.is_meta() && self.meta_settles_at == Some(n + 1);
-        if meta_settles {
-            self.settled_at = Some(n + 1);
-            self.state = StreamingEncodeState::default();
-        } else if fingerprint.is_some() && fingerprint == self.last_fingerprint {
-            if let Some(previous) = previous {
-                if same_bits(&previous, &condition)? {
-                    self.settled_at = Some(n + 1);
-                    // Nothing is encoded any more: the cache goes.
-                    self.state = StreamingEncodeState::default();
+        let settles = if self.device.is_meta() {
+            self.meta_settles_at == Some(n + 1)
+        } else {
+            fingerprint.is_some()
+                && fingerprint == self.last_fingerprint
+                && match &previous {
+                    Some(previous) => same_bits(previous, &condition)?,
+                    None => false,
                 }
-            }
+        };
+        if settles {
+            self.settled_at = Some(n + 1);
+            // Nothing is encoded any more: the cache goes.
+            self.state = StreamingEncodeState::default();
         }
         self.last_fingerprint = fingerprint;
         self.current = Some((n, condition));
@@ -250,6 +252,9 @@ pub(crate) fn probe_settle_block(config: &VaeConfig) -> Option<usize> {
 fn same_bits(a: &Tensor, b: &Tensor) -> Result<bool> {
     if a.shape() != b.shape() || a.dtype() != b.dtype() {
         return Ok(false);
+    }
+    if let (Some(x), Some(y)) = (a.host_bytes(), b.host_bytes()) {
+        return Ok(x == y);
     }
     let bits = |t: &Tensor| -> Result<Vec<u32>> {
         Ok(t.to_f32_vec()?.iter().map(|v| v.to_bits()).collect())

@@ -490,7 +490,7 @@ impl Engine {
         };
         // The planned span starts after the prompt is encoded: whether it came from the
         // cache changes the allocations, not the session's.
-        let span = self.begin_planned_span(&request)?;
+        let span = self.begin_planned_span(&request, blocks)?;
         Ok(Admitted {
             engine: self,
             parts: Some((request, kv, embeds, blocks)),

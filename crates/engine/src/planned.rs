@@ -230,17 +230,22 @@ impl Engine {
 
     /// Under the planned allocator: makes the session's plan (meta execution on the sim
     /// twin) if there is none, refuses the session when the plan's peak exceeds the
-    /// free memory, and starts its span; returns whether it did. A session longer than
-    /// [`Engine::steady_blocks`], or without an end, gets a periodic plan; one without
-    /// an end that gets none runs on the caching path (a recording would never end).
-    pub(crate) fn begin_planned_span(&self, request: &SessionRequest) -> Result<bool> {
+    /// free memory, and starts its span; returns whether it did. A session of `blocks`
+    /// blocks longer than [`Engine::steady_blocks`], or without an end (`None`), gets a
+    /// periodic plan; one without an end that gets none runs on the caching path (a
+    /// recording would never end).
+    pub(crate) fn begin_planned_span(
+        &self,
+        request: &SessionRequest,
+        blocks: Option<usize>,
+    ) -> Result<bool> {
         let allocator = self.platform().allocator();
         if allocator.policy() != AllocatorPolicy::Planned {
             return Ok(false);
         }
-        let open_ended = request.num_frames == 0;
+        let open_ended = blocks.is_none();
         let steady = self.steady_blocks();
-        let repeats = open_ended || request.num_frames.div_ceil(12) > steady;
+        let repeats = blocks.is_none_or(|b| b > steady);
         let rank = self.transformer().sharding().map(|s| {
             (
                 s.tp.size(),
@@ -296,15 +301,21 @@ impl Engine {
                 }
             }
         }
-        let Some(peak) = allocator.planned_peak(&key) else {
-            if open_ended {
-                return Ok(false);
-            }
-            allocator
-                .begin_span(&key)
-                .map_err(|e| EngineError::Admission(e.to_string()))?;
-            return Ok(true);
-        };
+        match allocator.planned_peak(&key) {
+            Some(peak) => self.admit_planned_peak(peak)?,
+            // Without a plan a session with an end is recorded; one without is not.
+            None if open_ended => return Ok(false),
+            None => {}
+        }
+        allocator
+            .begin_span(&key)
+            .map_err(|e| EngineError::Admission(e.to_string()))?;
+        Ok(true)
+    }
+
+    /// Refuses a session whose planned peak does not fit in the free memory (what is
+    /// cached counts as free).
+    fn admit_planned_peak(&self, peak: u64) -> Result<()> {
         let (free, capacity) = self.platform().mem_info();
         let stats = self.platform().memory_stats();
         let cached = (stats.reserved_bytes.all().current - stats.allocated_bytes.all().current)
@@ -318,9 +329,6 @@ impl Engine {
                 headroom_mem::format_bytes(stats.allocated_bytes.all().current.max(0) as u64),
             )));
         }
-        allocator
-            .begin_span(&key)
-            .map_err(|e| EngineError::Admission(e.to_string()))?;
-        Ok(true)
+        Ok(())
     }
 }

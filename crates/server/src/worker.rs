@@ -411,6 +411,9 @@ impl Stream<'_> {
         // the coming chunk.
         let mut playback: Option<Instant> = None;
         let mut played_frames = 0usize;
+        let playing_at = |start: Instant, frames: usize| {
+            start + Duration::from_secs_f64(frames as f64 / f64::from(request.fps))
+        };
         for index in 0.. {
             if total.is_some_and(|t| index >= t) {
                 break;
@@ -429,9 +432,7 @@ impl Stream<'_> {
             };
             let t = Instant::now();
             // Due when its first frame should play; the first chunk is due at once.
-            let due = playback.map_or(self.started_at, |start| {
-                start + Duration::from_secs_f64(played_frames as f64 / f64::from(request.fps))
-            });
+            let due = playback.map_or(self.started_at, |start| playing_at(start, played_frames));
             let chunk = match self.session.next_chunk(due) {
                 Ok(chunk) => chunk,
                 // Stopped inside the chunk: the session has already let go of its pages.
@@ -457,8 +458,7 @@ impl Stream<'_> {
             }
             let ready = Instant::now();
             let start = *playback.get_or_insert(ready);
-            let deadline =
-                start + Duration::from_secs_f64(played_frames as f64 / f64::from(request.fps));
+            let deadline = playing_at(start, played_frames);
             let behind_playback = ready.saturating_duration_since(deadline);
             if !behind_playback.is_zero() {
                 self.metrics

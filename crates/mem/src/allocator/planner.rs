@@ -193,7 +193,7 @@ fn best_placement(
             .collect();
         handles
             .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             .collect()
     });
     results
@@ -478,6 +478,11 @@ fn place_sorted(
     let horizon = items.iter().map(|&i| span(i).1).max().unwrap_or(1);
     let width = (horizon / 4096).max(32);
     let buckets = (horizon / width + 1) as usize;
+    // The time buckets a request's lifetime touches.
+    let touched = |i: usize| {
+        let (s, e) = span(i);
+        (s / width) as usize..=((e - 1) / width) as usize
+    };
     let mut index: Vec<Vec<usize>> = vec![Vec::new(); buckets];
     let mut stamp = vec![usize::MAX; requests.len()];
     let mut arena = 0u64;
@@ -493,8 +498,7 @@ fn place_sorted(
         overlapping.clear();
         for &m in members.iter().flatten() {
             let (s, e) = span(m);
-            let (b0, b1) = ((s / width) as usize, ((e - 1) / width) as usize);
-            for bucket in &index[b0..=b1] {
+            for bucket in &index[touched(m)] {
                 for &j in bucket {
                     if stamp[j] == n {
                         continue;
@@ -525,9 +529,7 @@ fn place_sorted(
         for &m in members.iter().flatten() {
             offsets[m] = offset;
             placed[m] = true;
-            let (s, e) = span(m);
-            let (b0, b1) = ((s / width) as usize, ((e - 1) / width) as usize);
-            for bucket in &mut index[b0..=b1] {
+            for bucket in &mut index[touched(m)] {
                 bucket.push(m);
             }
         }

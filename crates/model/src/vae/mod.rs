@@ -80,8 +80,14 @@ impl StreamingEncodeState {
                 Some(t) if t.device().is_meta() => return Ok(None),
                 Some(t) => {
                     t.shape().hash(&mut hasher);
-                    for v in t.to_f32_vec()? {
-                        v.to_bits().hash(&mut hasher);
+                    // The bytes in place where the host holds them; else their values.
+                    match t.host_bytes() {
+                        Some(bytes) => hasher.write(bytes),
+                        None => {
+                            for v in t.to_f32_vec()? {
+                                v.to_bits().hash(&mut hasher);
+                            }
+                        }
                     }
                 }
                 None => 0usize.hash(&mut hasher),
