@@ -13,7 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use headroom_engine::{Engine, EngineConfig, SessionRequest};
-use headroom_mem::{process_rss_bytes, AllocatorConfig, AllocatorPolicy, Platform, ReclaimPolicy};
+use headroom_mem::{
+    process_minor_faults, process_rss_bytes, AllocatorConfig, AllocatorPolicy, Platform,
+    ReclaimPolicy,
+};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -138,6 +141,8 @@ struct Run {
     session_s: Vec<f64>,
     ttfc_s: Vec<f64>,
     chunk_s: Vec<f64>,
+    /// Minor page faults of the whole process during each session.
+    faults: Vec<u64>,
     reclaims: u64,
     reclaim_s: f64,
     sha256: Vec<String>,
@@ -166,6 +171,9 @@ pub struct PolicyRow {
     pub allocated_after_session_bytes: Vec<f64>,
     /// Median session time.
     pub e2e_s: f64,
+    /// Median minor page faults of the process per session (fresh pages first touched:
+    /// an arena mapped anew each session shows here).
+    pub page_faults_per_session: f64,
     /// Median time to first chunk.
     pub ttfc_s: f64,
     /// Chunk time percentiles over every chunk of every rep.
@@ -263,6 +271,7 @@ fn run_once(
         session_s: Vec::new(),
         ttfc_s: Vec::new(),
         chunk_s: Vec::new(),
+        faults: Vec::new(),
         reclaims: 0,
         reclaim_s: 0.0,
         sha256: Vec::new(),
@@ -310,6 +319,7 @@ fn run_once(
                     ..SessionRequest::new(config.width, config.height, config.frames)
                 };
                 let session_start = Instant::now();
+                let faults_before = process_minor_faults().unwrap_or(0);
                 let mut session =
                     engine
                         .open_session(request)
@@ -345,6 +355,11 @@ fn run_once(
                 };
                 drop(session);
                 run.session_s.push(session_start.elapsed().as_secs_f64());
+                run.faults.push(
+                    process_minor_faults()
+                        .unwrap_or(0)
+                        .saturating_sub(faults_before),
+                );
                 let after = platform.memory_stats();
                 run.reserved_after_session
                     .push(after.reserved_bytes.all().current.max(0) as u64);
@@ -410,6 +425,13 @@ fn row((allocator, label): (&str, &str), runs: &[Run]) -> PolicyRow {
             &runs
                 .iter()
                 .flat_map(|r| r.session_s.iter().copied())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(0.0),
+        page_faults_per_session: crate::stats::median(
+            &runs
+                .iter()
+                .flat_map(|r| r.faults.iter().map(|&f| f as f64))
                 .collect::<Vec<_>>(),
         )
         .unwrap_or(0.0),
@@ -571,8 +593,8 @@ pub fn markdown(s: &SessionBenchSummary) -> String {
         "# bench session: {} ({} allocator), {} sessions × {} reps after {} warm-up\n\n",
         s.model, s.allocator, s.sessions, s.reps, s.warmup
     );
-    out.push_str("| allocator | policy | allocated peak MiB | reserved peak MiB | sampled peak MiB | reserved after session 1 / N MiB | allocated after session N MiB | session s | TTFC s | chunk p50 / p95 s | reclaims | reclaim share | reserved over allocated |\n");
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| allocator | policy | allocated peak MiB | reserved peak MiB | sampled peak MiB | reserved after session 1 / N MiB | allocated after session N MiB | session s | page faults / session | TTFC s | chunk p50 / p95 s | reclaims | reclaim share | reserved over allocated |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for p in &s.policies {
         let first = p
             .reserved_after_session_bytes
@@ -591,7 +613,7 @@ pub fn markdown(s: &SessionBenchSummary) -> String {
             .unwrap_or(0.0);
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {:.1} | {:.2} | {:.2} | {:.2} / {:.2} | {:.0} | {:.3} % | {:+.1} % |",
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} / {:.1} | {:.1} | {:.2} | {:.0} | {:.2} | {:.2} / {:.2} | {:.0} | {:.3} % | {:+.1} % |",
             p.allocator,
             p.policy,
             mib(p.allocated_peak_bytes),
@@ -601,6 +623,7 @@ pub fn markdown(s: &SessionBenchSummary) -> String {
             mib(last),
             mib(live),
             p.e2e_s,
+            p.page_faults_per_session,
             p.ttfc_s,
             p.chunk_p50_s,
             p.chunk_p95_s,
@@ -691,6 +714,7 @@ mod tests {
             session_s: vec![2.0, 2.0],
             ttfc_s: vec![1.0, 1.0],
             chunk_s: vec![1.0, 1.0, 1.0, 1.0],
+            faults: vec![10, 30],
             reclaims: 1,
             reclaim_s,
             sha256: vec!["a".into(), "b".into()],

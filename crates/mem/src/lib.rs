@@ -36,7 +36,7 @@ pub use reclaim::{reclaim_at, Phase, Pressure, Reclaim, ReclaimPolicy};
 pub use replay::{
     parse_jsonl, parse_pytorch_snapshot, parse_trace, replay, replay_planned, ReplayReport, TraceOp,
 };
-pub use rss::{process_peak_rss_bytes, process_rss_bytes};
+pub use rss::{process_minor_faults, process_peak_rss_bytes, process_rss_bytes};
 pub use size::{format_bytes, parse_size, GIB, KIB, MIB};
 pub use snapshot::{BlockSnapshot, BlockState, SegmentSnapshot, Snapshot};
 pub use stats::{MemoryStats, Stat, StatArray, StatType};

@@ -64,9 +64,26 @@ impl HostMemory {
     }
 }
 
-/// Maps `size` bytes of fresh anonymous memory with the given protection.
+/// Huge-page size of x86-64 and aarch64 Linux: ranges this large and larger are mapped
+/// at a multiple of it and marked for transparent huge pages.
+const HUGE_PAGE: u64 = 2 << 20;
+
+/// Whether segments ask for transparent huge pages (`HEADROOM_HUGE_PAGES=0` turns it
+/// off, to measure what it saves).
+fn huge_pages() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("HEADROOM_HUGE_PAGES").map_or(true, |v| v != "0"))
+}
+
+/// Maps `size` bytes of fresh anonymous memory with the given protection. A range of a
+/// huge page or more starts on a huge-page boundary and is marked `MADV_HUGEPAGE`: the
+/// first touch of a fresh arena then takes one fault per 2 MiB instead of one per 4 KiB
+/// (a session's ~400 MB arena: ~200 faults instead of ~100,000), and GEMM panels that
+/// stream through it miss the TLB less.
 fn mmap_anonymous(size: u64, protection: libc::c_int) -> Option<u64> {
-    let len = usize::try_from(size).ok()?;
+    let huge = huge_pages() && size >= HUGE_PAGE;
+    let slack = if huge { HUGE_PAGE } else { 0 };
+    let len = usize::try_from(size.checked_add(slack)?).ok()?;
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches
     // no existing memory; failure is reported as MAP_FAILED and handled.
     let ptr = unsafe {
@@ -79,13 +96,49 @@ fn mmap_anonymous(size: u64, protection: libc::c_int) -> Option<u64> {
             0,
         )
     };
-    (ptr != libc::MAP_FAILED).then_some(ptr as u64)
+    if ptr == libc::MAP_FAILED {
+        return None;
+    }
+    let start = ptr as u64;
+    if !huge {
+        return Some(start);
+    }
+    // Trim the mapping to `size` bytes from the first huge-page boundary in it.
+    // `munmap` of the range later rounds its length up to a whole page, so the tail
+    // trimmed now starts there.
+    let aligned = start.next_multiple_of(HUGE_PAGE);
+    let head = aligned - start;
+    let end = (aligned + size).next_multiple_of(page_size());
+    if head > 0 {
+        munmap(start, head);
+    }
+    if start + len as u64 > end {
+        munmap(end, start + len as u64 - end);
+    }
+    // SAFETY: the range is the mapping just made; the advice changes how the kernel
+    // backs its pages, never their contents (a kernel without THP ignores it).
+    unsafe {
+        libc::madvise(
+            aligned as *mut libc::c_void,
+            size as usize,
+            libc::MADV_HUGEPAGE,
+        );
+    }
+    Some(aligned)
+}
+
+/// The kernel's page size (4 KiB where it cannot be read).
+fn page_size() -> u64 {
+    // SAFETY: sysconf only reads system configuration.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096)
 }
 
 /// Unmaps a range this module mapped.
 fn munmap(addr: u64, size: u64) {
     // SAFETY: the allocator only passes ranges it obtained from `mmap_anonymous` and no
-    // longer hands out; no live block points into them.
+    // longer hands out, and `mmap_anonymous` only trims slack no range includes; no live
+    // block points into them.
     let rc = unsafe { libc::munmap(addr as *mut libc::c_void, size as usize) };
     debug_assert_eq!(rc, 0, "munmap of an allocator range failed");
 }
@@ -168,5 +221,30 @@ impl DeviceMemory for HostMemory {
             libc::mprotect(addr as *mut libc::c_void, size as usize, libc::PROT_NONE);
         }
         self.budget.give(size);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_segments_start_on_a_huge_page_and_hold_every_byte() {
+        let memory = HostMemory::new(64 << 20);
+        for size in [HUGE_PAGE, (3 << 20) + 512, 4096, 512] {
+            let addr = memory.alloc_segment(size).expect("segment");
+            let ptr = memory.host_ptr(addr).expect("host pointer").as_ptr();
+            if size >= HUGE_PAGE {
+                assert_eq!(ptr as u64 % HUGE_PAGE, 0, "{size} B not huge-page aligned");
+            }
+            // SAFETY: the segment is `size` bytes, mapped readable and writable, and
+            // nothing else uses it.
+            unsafe {
+                std::ptr::write_bytes(ptr, 0xA5, size as usize);
+                assert_eq!(*ptr.add(size as usize - 1), 0xA5);
+            }
+            memory.free_segment(addr, size);
+        }
+        assert_eq!(memory.used(), 0);
     }
 }
