@@ -24,7 +24,7 @@ pub mod zip;
 pub use allocator::planner::{PlacementOrder, Plan, PlanEntry, PlanRequest, Slot};
 pub use allocator::{
     Allocation, AllocatorConfig, AllocatorPolicy, CachingAllocator, PlanBook, PlannedOptions,
-    SpanStart, StreamId, MISS_LIMIT, POISON_BYTE,
+    SpanCommitments, SpanGuard, SpanId, SpanStart, StreamId, MISS_LIMIT, POISON_BYTE,
 };
 #[cfg(feature = "cuda")]
 pub use device::{cuda_device_count, nvml_used_bytes, CudaMemory};

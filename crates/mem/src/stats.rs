@@ -155,6 +155,9 @@ pub struct MemoryStats {
     /// Bytes the caching path served while a plan was replayed (misses and the tensors
     /// the plan leaves there because they outlive its span).
     pub fallback_bytes: u64,
+    /// Requests made while several spans were live by a thread that entered none of
+    /// them (served by the caching path).
+    pub planned_unattributed: u64,
 }
 
 impl MemoryStats {
@@ -211,6 +214,7 @@ impl MemoryStats {
             ("planned_hits", self.planned_hits),
             ("planned_misses", self.planned_misses),
             ("fallback_bytes", self.fallback_bytes),
+            ("planned_unattributed", self.planned_unattributed),
         ];
         for (name, value) in counters {
             map.insert(name.to_string(), value as i64);

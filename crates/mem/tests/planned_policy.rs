@@ -259,3 +259,77 @@ fn the_plan_counters_use_their_names() {
         "{err}"
     );
 }
+
+#[test]
+fn spans_of_concurrent_sessions_coexist_and_each_replays_its_own_plan() {
+    let p = platform(2 << 30);
+    let a = p.allocator().clone();
+    // Each shape is recorded alone first.
+    a.begin_span("one").unwrap();
+    session(&a, 3, None);
+    a.end_span();
+    a.begin_span("two").unwrap();
+    session(&a, 2, Some(1));
+    a.end_span();
+    let before = a.stats();
+    std::thread::scope(|s| {
+        for (key, chunks, extra) in [("one", 3, None), ("two", 2, Some(1))] {
+            let a = a.clone();
+            s.spawn(move || {
+                let (id, start) = a.open_span(key).unwrap();
+                assert!(matches!(start, SpanStart::Replay { .. }), "{key}: {start:?}");
+                let _inside = a.enter_span(Some(id));
+                assert_eq!(a.span_key().as_deref(), Some(key));
+                // Blocks of both sessions are live at once: `session` checks that no
+                // two share bytes.
+                session(&a, chunks, extra);
+                a.close_span(id);
+            });
+        }
+    });
+    let after = a.stats();
+    assert_eq!(after.planned_misses, before.planned_misses, "a span missed");
+    assert_eq!(after.planned_unattributed, before.planned_unattributed);
+    assert!(after.planned_hits > before.planned_hits);
+    assert_eq!(a.arena_bytes(), 0, "an arena outlived its span");
+    assert_eq!(a.span_commitments().live_spans, 0);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn with_several_spans_live_a_thread_in_none_uses_the_cache_and_commitments_add_up() {
+    let p = platform(2 << 30);
+    let a = p.allocator().clone();
+    a.begin_span("s").unwrap();
+    session(&a, 2, None);
+    a.end_span();
+    let peak = a.planned_peak("s").unwrap();
+    let (one, _) = a.open_span("s").unwrap();
+    let (two, _) = a.open_span("s").unwrap();
+    let c = a.span_commitments();
+    assert_eq!((c.live_spans, c.planned_peaks), (2, 2 * peak));
+    assert_eq!(c.arena_bytes, c.planned_arenas);
+    assert_eq!(c.arena_allocated, 0);
+    let before = a.stats();
+    let stray = a.allocate(3 * MIB, 0).unwrap();
+    let after = a.stats();
+    assert_eq!(after.planned_unattributed, before.planned_unattributed + 1);
+    assert_eq!(after.planned_misses, before.planned_misses);
+    assert_eq!(a.span_commitments().arena_allocated, 0, "it went into an arena");
+    {
+        let _inside = a.enter_span(Some(two));
+        let planned = a.allocate(3 * MIB, 0).unwrap();
+        assert_eq!(a.span_commitments().arena_allocated, planned.size());
+    }
+    // A phase recorded outside both spans ends neither.
+    a.record_phase("session_end");
+    assert_eq!(a.span_commitments().live_spans, 2);
+    {
+        let _inside = a.enter_span(Some(one));
+        a.record_phase("session_end");
+    }
+    assert_eq!(a.span_commitments().live_spans, 1);
+    drop(stray);
+    a.end_span();
+    assert_eq!(a.span_commitments(), Default::default());
+}

@@ -32,7 +32,10 @@ use crate::history::TraceEvent;
 use crate::snapshot::Snapshot;
 use crate::stats::MemoryStats;
 use block::BlockId;
-pub use planned::{PlanBook, PlannedOptions, SpanStart, MISS_LIMIT, POISON_BYTE};
+pub use planned::{
+    PlanBook, PlannedOptions, SpanCommitments, SpanGuard, SpanId, SpanStart, MISS_LIMIT,
+    POISON_BYTE,
+};
 use state::State;
 
 /// How the allocator obtains and returns device memory.
@@ -180,6 +183,7 @@ impl CachingAllocator {
                 stream,
             });
         }
+        let entered = planned::entered_span();
         let mut state = self.shared.lock();
         if self
             .shared
@@ -195,7 +199,7 @@ impl CachingAllocator {
             return Err(state.injected_oom(size, stream));
         }
         let id = if state.config.policy == AllocatorPolicy::Planned {
-            state.planned_malloc(size, stream)?
+            state.planned_malloc(size, stream, entered)?
         } else {
             state.malloc(size, stream)?
         };
@@ -298,9 +302,10 @@ impl CachingAllocator {
 
     /// Marks a named phase in the history (a `phase` trace event).
     pub fn record_phase(&self, name: &str) {
+        let entered = planned::entered_span();
         let mut state = self.shared.lock();
         if state.config.policy == AllocatorPolicy::Planned {
-            state.planned_phase(name);
+            state.planned_phase(name, entered);
         }
         state.phase_mark = (state.phase_mark.0 + 1, Some(name.to_string()));
         state.history.push(
@@ -348,30 +353,74 @@ impl CachingAllocator {
         self.shared.lock().check_invariants()
     }
 
-    /// Starts a planned span named `key` (a session's shape): replays its plan, reserving
-    /// the arenas now, or records it when there is none. A span ends at `session_end`,
-    /// `error` or [`CachingAllocator::end_span`]. Out of memory when the arenas do not
-    /// fit. Under other policies it does nothing and returns `Record`.
+    /// Starts a planned span named `key` (a session's shape) as the only one: ends every
+    /// live span first, then opens this one (see [`CachingAllocator::open_span`]).
     pub fn begin_span(&self, key: &str) -> Result<SpanStart> {
-        let mut state = self.shared.lock();
-        if state.config.policy != AllocatorPolicy::Planned {
-            return Ok(SpanStart::Record);
-        }
-        state.begin_span(key)
+        self.end_span();
+        self.open_span(key).map(|(_, start)| start)
     }
 
-    /// Ends the current span (a recording becomes a plan) and empties the cache.
-    pub fn end_span(&self) {
+    /// Starts a planned span named `key` beside the live ones: replays its plan,
+    /// reserving its arenas now, or records it when there is none. The span ends at a
+    /// `session_end` or `error` phase recorded by a thread in it, or at
+    /// [`CachingAllocator::close_span`]. Out of memory when the arenas do not fit. Under
+    /// other policies it does nothing and returns `(0, Record)`.
+    pub fn open_span(&self, key: &str) -> Result<(SpanId, SpanStart)> {
         let mut state = self.shared.lock();
-        if state.planned.span_key().is_some() {
-            state.end_span();
+        if state.config.policy != AllocatorPolicy::Planned {
+            return Ok((0, SpanStart::Record));
+        }
+        state.open_span(key)
+    }
+
+    /// Ends span `id` (a recording becomes a plan, a replay's arenas go back once empty)
+    /// and empties the cache; nothing when it already ended.
+    pub fn close_span(&self, id: SpanId) {
+        let mut state = self.shared.lock();
+        if state.planned.span_ids().contains(&id) {
+            state.close_span(id);
             state.release_cached_blocks();
         }
     }
 
-    /// The key of the span in progress, if any.
+    /// Ends every live span and empties the cache.
+    pub fn end_span(&self) {
+        let mut state = self.shared.lock();
+        let ids = state.planned.span_ids();
+        if !ids.is_empty() {
+            for id in ids {
+                state.close_span(id);
+            }
+            state.release_cached_blocks();
+        }
+    }
+
+    /// Sends the calling thread's allocations to span `id` until the guard drops (`None`:
+    /// to no span in particular).
+    pub fn enter_span(&self, id: Option<SpanId>) -> SpanGuard {
+        SpanGuard::enter(id)
+    }
+
+    /// The key of the span the calling thread's allocations go to, if any.
     pub fn span_key(&self) -> Option<String> {
-        self.shared.lock().planned.span_key().map(str::to_string)
+        self.shared
+            .lock()
+            .planned
+            .span_key(planned::entered_span())
+            .map(str::to_string)
+    }
+
+    /// What the live spans have committed (see [`SpanCommitments`]).
+    pub fn span_commitments(&self) -> SpanCommitments {
+        let state = self.shared.lock();
+        let (planned_peaks, planned_arenas) = state.planned.commitments();
+        SpanCommitments {
+            live_spans: state.planned.span_ids().len(),
+            planned_peaks,
+            planned_arenas,
+            arena_bytes: state.arena_bytes(),
+            arena_allocated: state.arena_allocated_bytes(),
+        }
     }
 
     /// A copy of the plans made so far.

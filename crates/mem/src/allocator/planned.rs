@@ -3,7 +3,7 @@
 //! its planned offset in the arena; anything else goes to the caching allocator
 //! underneath (`pytorch` rules) and is counted.
 //!
-//! A span is what the engine brackets with [`super::CachingAllocator::begin_span`]: a
+//! A span is what the engine brackets with [`super::CachingAllocator::open_span`]: a
 //! whole session, from its admission to `session_end` (or `error`), so every tensor of
 //! the session — KV gathers, the decoder's feature cache carried from chunk to chunk,
 //! the conditioning, the frames of an overlapped decode — is placed for its whole
@@ -21,11 +21,19 @@
 //! device (once its last block is freed) and the fallback cache is emptied, so what is
 //! reserved after a session is what is live.
 //!
+//! Spans coexist: each live session has its own, with its own arenas and its own replay
+//! position. A request goes to the span its thread entered
+//! ([`super::CachingAllocator::enter_span`]); a thread that entered none uses the only
+//! live span, and with several live it goes to the caching path (counted as
+//! unattributed, never as a miss).
+//!
 //! What it wastes: the planner's gap over the live peak (a few per cent), the fallback
 //! path's segment rounding for long-lived tensors, and one recording session when no
 //! plan comes from elsewhere (meta execution).
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::block::{round_size, Block, BlockId, PoolKind};
@@ -44,6 +52,65 @@ pub const MISS_LIMIT: u64 = 64;
 /// Byte written over freed arena ranges in poison mode: 0xFF… is a NaN in f32, bf16 and
 /// f16, so a tensor that reads freed memory shows up in its output.
 pub const POISON_BYTE: u8 = 0xFF;
+
+/// Identifies one live span; unique across every allocator of the process.
+pub type SpanId = u64;
+
+/// The next span id (0 is never used).
+static NEXT_SPAN: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// The span this thread's allocations belong to, if it entered one.
+    static ENTERED: Cell<Option<SpanId>> = const { Cell::new(None) };
+}
+
+/// The span the calling thread entered, if any.
+pub(crate) fn entered_span() -> Option<SpanId> {
+    ENTERED.with(Cell::get)
+}
+
+/// While alive, the calling thread's allocations go to one span; dropping it restores
+/// the span entered before (guards nest).
+#[derive(Debug)]
+pub struct SpanGuard {
+    previous: Option<SpanId>,
+    /// Entered on this thread: the guard must be dropped there.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl SpanGuard {
+    /// Enters span `id` on the calling thread.
+    pub(crate) fn enter(id: Option<SpanId>) -> Self {
+        let previous = ENTERED.with(|e| e.replace(id));
+        Self {
+            previous,
+            _not_send: std::marker::PhantomData,
+        }
+    }
+}
+
+impl Drop for SpanGuard {
+    fn drop(&mut self) {
+        ENTERED.with(|e| e.set(self.previous));
+    }
+}
+
+/// What the live spans hold and may still take: what admission weighs a new session
+/// against.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpanCommitments {
+    /// Spans live now.
+    pub live_spans: usize,
+    /// Sum of the planned peaks (arenas plus long-lived tensors) of the live spans that
+    /// replay a plan.
+    pub planned_peaks: u64,
+    /// Sum of those spans' planned arena bytes (reserved while they live).
+    pub planned_arenas: u64,
+    /// Arena bytes reserved now (retiring arenas of ended spans included).
+    pub arena_bytes: u64,
+    /// Bytes allocated inside arenas now.
+    pub arena_allocated: u64,
+}
 
 /// Settings of the planned policy that tests and debugging turn on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -193,7 +260,8 @@ pub(crate) struct Planned {
     book: PlanBook,
     /// Keys whose replay stopped: their next span records the real run.
     rerecord: HashSet<String>,
-    span: Option<Span>,
+    /// The live spans.
+    spans: BTreeMap<SpanId, Span>,
     arenas: BTreeMap<u64, Arena>,
     pub options: PlannedOptions,
     /// Requests left before one is forced to miss (tests of the fallback path).
@@ -225,39 +293,77 @@ impl Planned {
         !self.book.plans.contains_key(key) && !self.rerecord.contains(key)
     }
 
-    pub(crate) fn span_key(&self) -> Option<&str> {
-        self.span.as_ref().map(|s| s.key.as_str())
+    /// The key of the span a request of this thread goes to.
+    pub(crate) fn span_key(&self, entered: Option<SpanId>) -> Option<&str> {
+        let id = self.span_for(entered)?;
+        self.spans.get(&id).map(|s| s.key.as_str())
+    }
+
+    /// Ids of the live spans.
+    pub(crate) fn span_ids(&self) -> Vec<SpanId> {
+        self.spans.keys().copied().collect()
+    }
+
+    /// The span of a thread that entered `entered`: that one while it is live, else the
+    /// only live span, else none.
+    pub(crate) fn span_for(&self, entered: Option<SpanId>) -> Option<SpanId> {
+        if let Some(id) = entered.filter(|id| self.spans.contains_key(id)) {
+            return Some(id);
+        }
+        let mut live = self.spans.keys();
+        match (live.next(), live.next()) {
+            (Some(&only), None) => Some(only),
+            _ => None,
+        }
+    }
+
+    /// What the live spans have committed: their plans' peaks and the arenas reserved
+    /// for them (a recording span has no plan and counts nothing).
+    pub(crate) fn commitments(&self) -> (u64, u64) {
+        self.spans
+            .values()
+            .filter_map(|s| match &s.mode {
+                Mode::Replay(r) => Some((r.plan.peak_bytes(), r.plan.arena_bytes())),
+                Mode::Record(_) => None,
+            })
+            .fold((0, 0), |(p, a), (peak, arena)| (p + peak, a + arena))
     }
 }
 
 impl State {
     /// Allocates under the planned policy: the plan's offset when the request matches,
     /// else the caching path.
-    pub(crate) fn planned_malloc(&mut self, requested: u64, stream: u32) -> Result<BlockId> {
+    pub(crate) fn planned_malloc(
+        &mut self,
+        requested: u64,
+        stream: u32,
+        entered: Option<SpanId>,
+    ) -> Result<BlockId> {
         let size = round_size(requested);
-        let in_replay = matches!(
-            self.planned.span.as_ref().map(|s| &s.mode),
-            Some(Mode::Replay(_))
-        );
-        match self.lookup(size, stream) {
+        let sid = self.planned.span_for(entered);
+        if sid.is_none() && self.planned.spans.len() > 1 {
+            self.stats.planned_unattributed += 1;
+        }
+        let in_replay = matches!(self.span_mode(sid), Some(Mode::Replay(_)));
+        match self.lookup(sid, size, stream) {
             Lookup::Arena(base, offset) => {
                 if let Some(id) = self.arena_take(base, offset, size, requested, stream) {
                     self.stats.planned_hits += 1;
-                    self.note_hit();
+                    self.note_hit(sid);
                     return Ok(id);
                 }
-                self.note_miss();
+                self.note_miss(sid);
             }
             Lookup::Fallback => {
                 let id = self.malloc(requested, stream)?;
                 self.stats.planned_hits += 1;
                 self.stats.fallback_bytes += self.blocks.get(id).size;
-                self.note_hit();
+                self.note_hit(sid);
                 return Ok(id);
             }
             Lookup::Miss => {
-                if self.replaying() {
-                    self.note_miss();
+                if self.replaying(sid) {
+                    self.note_miss(sid);
                 }
             }
         }
@@ -265,11 +371,7 @@ impl State {
         if in_replay {
             self.stats.fallback_bytes += self.blocks.get(id).size;
         }
-        if let Some(Span {
-            mode: Mode::Record(r),
-            ..
-        }) = self.planned.span.as_mut()
-        {
+        if let Some(Mode::Record(r)) = self.span_mode_mut(sid) {
             r.live.insert(id, r.requests.len());
             r.requests.push(PlanRequest {
                 size,
@@ -282,16 +384,21 @@ impl State {
         Ok(id)
     }
 
-    fn replaying(&self) -> bool {
-        matches!(
-            self.planned.span.as_ref().map(|s| &s.mode),
-            Some(Mode::Replay(r)) if !r.stopped
-        )
+    fn span_mode(&self, sid: Option<SpanId>) -> Option<&Mode> {
+        self.planned.spans.get(&sid?).map(|s| &s.mode)
     }
 
-    fn lookup(&mut self, size: u64, stream: u32) -> Lookup {
+    fn span_mode_mut(&mut self, sid: Option<SpanId>) -> Option<&mut Mode> {
+        self.planned.spans.get_mut(&sid?).map(|s| &mut s.mode)
+    }
+
+    fn replaying(&self, sid: Option<SpanId>) -> bool {
+        matches!(self.span_mode(sid), Some(Mode::Replay(r)) if !r.stopped)
+    }
+
+    fn lookup(&mut self, sid: Option<SpanId>, size: u64, stream: u32) -> Lookup {
         let mut forced = false;
-        if self.replaying() {
+        if self.replaying(sid) {
             match self.planned.miss_after {
                 Some(0) => {
                     // The request is served elsewhere, as if it had not matched; its
@@ -303,7 +410,7 @@ impl State {
                 None => {}
             }
         }
-        let found = self.lookup_plan(size, stream);
+        let found = self.lookup_plan(sid, size, stream);
         if forced {
             Lookup::Miss
         } else {
@@ -311,12 +418,8 @@ impl State {
         }
     }
 
-    fn lookup_plan(&mut self, size: u64, stream: u32) -> Lookup {
-        let Some(Span {
-            mode: Mode::Replay(r),
-            ..
-        }) = self.planned.span.as_mut()
-        else {
+    fn lookup_plan(&mut self, sid: Option<SpanId>, size: u64, stream: u32) -> Lookup {
+        let Some(Mode::Replay(r)) = self.span_mode_mut(sid) else {
             return Lookup::Miss;
         };
         if r.stopped {
@@ -345,22 +448,19 @@ impl State {
         }
     }
 
-    fn note_hit(&mut self) {
-        if let Some(Span {
-            mode: Mode::Replay(r),
-            ..
-        }) = self.planned.span.as_mut()
-        {
+    fn note_hit(&mut self, sid: Option<SpanId>) {
+        if let Some(Mode::Replay(r)) = self.span_mode_mut(sid) {
             r.misses_in_a_row = 0;
         }
     }
 
-    fn note_miss(&mut self) {
+    fn note_miss(&mut self, sid: Option<SpanId>) {
         self.stats.planned_misses += 1;
+        let Some(id) = sid else { return };
         if let Some(Span {
             key,
             mode: Mode::Replay(r),
-        }) = self.planned.span.as_mut()
+        }) = self.planned.spans.get_mut(&id)
         {
             r.misses_in_a_row += 1;
             if r.misses_in_a_row > MISS_LIMIT && !r.stopped {
@@ -375,32 +475,35 @@ impl State {
 
     /// Called on every free of a non-arena block: ends its recorded lifetime.
     pub(crate) fn planned_note_free(&mut self, id: BlockId) {
-        if let Some(Span {
-            mode: Mode::Record(r),
-            ..
-        }) = self.planned.span.as_mut()
-        {
-            if let Some(index) = r.live.remove(&id) {
-                r.requests[index].end = Some(r.clock);
-                r.clock += 1;
+        for span in self.planned.spans.values_mut() {
+            if let Mode::Record(r) = &mut span.mode {
+                if let Some(index) = r.live.remove(&id) {
+                    r.requests[index].end = Some(r.clock);
+                    r.clock += 1;
+                    return;
+                }
             }
         }
     }
 
-    /// Starts span `key`: reserves the arenas of its plan, or records it.
-    pub(crate) fn begin_span(&mut self, key: &str) -> Result<SpanStart> {
-        self.end_span();
+    /// Starts span `key` beside the live ones: reserves the arenas of its plan, or
+    /// records it.
+    pub(crate) fn open_span(&mut self, key: &str) -> Result<(SpanId, SpanStart)> {
+        let id = NEXT_SPAN.fetch_add(1, Ordering::Relaxed);
         let Some(plan) = self.planned.book.plans.get(key).cloned() else {
-            self.planned.span = Some(Span {
-                key: key.to_string(),
-                mode: Mode::Record(Recorder {
-                    requests: Vec::new(),
-                    live: HashMap::new(),
-                    marks: Vec::new(),
-                    clock: 0,
-                }),
-            });
-            return Ok(SpanStart::Record);
+            self.planned.spans.insert(
+                id,
+                Span {
+                    key: key.to_string(),
+                    mode: Mode::Record(Recorder {
+                        requests: Vec::new(),
+                        live: HashMap::new(),
+                        marks: Vec::new(),
+                        clock: 0,
+                    }),
+                },
+            );
+            return Ok((id, SpanStart::Record));
         };
         let shift = match self.planned.options.arena_shift_bytes {
             0 => 0,
@@ -431,24 +534,27 @@ impl State {
             arena_bytes: plan.arena_bytes(),
             fallback_bytes: plan.fallback_bytes,
         };
-        self.planned.span = Some(Span {
-            key: key.to_string(),
-            mode: Mode::Replay(Replay {
-                plan,
-                arenas,
-                queues,
-                expected: 0,
-                misses_in_a_row: 0,
-                stopped: false,
-            }),
-        });
-        Ok(start)
+        self.planned.spans.insert(
+            id,
+            Span {
+                key: key.to_string(),
+                mode: Mode::Replay(Replay {
+                    plan,
+                    arenas,
+                    queues,
+                    expected: 0,
+                    misses_in_a_row: 0,
+                    stopped: false,
+                }),
+            },
+        );
+        Ok((id, start))
     }
 
-    /// Ends the current span: a recording becomes its key's plan; a replay's arenas go
-    /// back to the device once empty.
-    pub(crate) fn end_span(&mut self) {
-        let Some(span) = self.planned.span.take() else {
+    /// Ends span `id`: a recording becomes its key's plan; a replay's arenas go back to
+    /// the device once empty.
+    pub(crate) fn close_span(&mut self, id: SpanId) {
+        let Some(span) = self.planned.spans.remove(&id) else {
             return;
         };
         match span.mode {
@@ -665,19 +771,18 @@ impl State {
         }
     }
 
-    /// Crossing `session_end` or `error`: the span ends and the cache goes back.
-    pub(crate) fn planned_phase(&mut self, name: &str) {
+    /// Crossing `session_end` or `error`: the thread's span ends and the cache goes back.
+    pub(crate) fn planned_phase(&mut self, name: &str, entered: Option<SpanId>) {
+        let sid = self.planned.span_for(entered);
         if name == "denoise_end" {
-            if let Some(Span {
-                mode: Mode::Record(r),
-                ..
-            }) = self.planned.span.as_mut()
-            {
+            if let Some(Mode::Record(r)) = self.span_mode_mut(sid) {
                 r.marks.push(r.clock);
             }
         }
         if name == "session_end" || name == "error" {
-            self.end_span();
+            if let Some(id) = sid {
+                self.close_span(id);
+            }
             self.release_cached_blocks();
         }
     }
@@ -685,5 +790,17 @@ impl State {
     /// Bytes of the arenas that are still reserved.
     pub(crate) fn arena_bytes(&self) -> u64 {
         self.planned.arenas.values().map(|a| a.size).sum()
+    }
+
+    /// Bytes allocated inside the arenas now.
+    pub(crate) fn arena_allocated_bytes(&self) -> u64 {
+        self.planned
+            .arenas
+            .values()
+            .flat_map(|a| a.blocks.values())
+            .map(|&id| self.blocks.get(id))
+            .filter(|b| b.allocated)
+            .map(|b| b.size)
+            .sum()
     }
 }
