@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy};
+use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy, SpanId};
 use headroom_model::dit::Sharding;
 use headroom_model::import::{self, ImportOptions};
 use headroom_model::kv::{KvPool, PageLayout, SessionKv};
@@ -505,6 +505,7 @@ impl Engine {
         kv: SessionKv,
         embeds: Option<Tensor>,
         blocks: Option<usize>,
+        span: Option<SpanId>,
     ) -> Result<Session> {
         let c = self.dit.config();
         let text = self
@@ -527,7 +528,9 @@ impl Engine {
             &request,
             blocks,
         )?;
-        Ok(session.with_prompts(Arc::clone(&self.prompts)))
+        Ok(session
+            .with_prompts(Arc::clone(&self.prompts))
+            .with_span(span))
     }
 
     /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed.
@@ -599,9 +602,9 @@ pub(crate) fn pad_text(
 pub struct Admitted<'e> {
     engine: &'e Engine,
     parts: Option<(SessionRequest, SessionKv, Option<Tensor>, Option<usize>)>,
-    /// Whether admission began a planned span (a session streamed until stopped runs
-    /// without one).
-    span: bool,
+    /// The planned span admission opened, if it did (a session streamed until stopped
+    /// without a plan runs without one).
+    span: Option<SpanId>,
 }
 
 impl std::fmt::Debug for Admitted<'_> {
@@ -619,9 +622,14 @@ impl Admitted<'_> {
         let Some((request, kv, embeds, blocks)) = self.parts.take() else {
             return Err(EngineError::request("session", "already opened"));
         };
-        let opened = self.engine.open_planned(request, kv, embeds, blocks);
-        if opened.is_err() && self.span {
-            self.engine.platform().allocator().end_span();
+        let allocator = self.engine.platform().allocator();
+        let opened = {
+            let _inside = self.span.map(|id| allocator.enter_span(Some(id)));
+            self.engine
+                .open_planned(request, kv, embeds, blocks, self.span)
+        };
+        if let (Err(_), Some(id)) = (&opened, self.span) {
+            allocator.close_span(id);
         }
         opened
     }
@@ -629,8 +637,8 @@ impl Admitted<'_> {
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
-        if self.parts.take().is_some() && self.span {
-            self.engine.platform().allocator().end_span();
+        if let (Some(_), Some(id)) = (self.parts.take(), self.span) {
+            self.engine.platform().allocator().close_span(id);
         }
     }
 }

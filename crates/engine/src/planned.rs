@@ -17,7 +17,9 @@
 use std::sync::{Arc, Mutex};
 
 use headroom_mem::allocator::periodic;
-use headroom_mem::{AllocatorConfig, AllocatorPolicy, CachingPlatform, PlanBook, ReclaimPolicy};
+use headroom_mem::{
+    AllocatorConfig, AllocatorPolicy, CachingPlatform, PlanBook, ReclaimPolicy, SpanId,
+};
 
 use crate::engine::{Engine, EngineConfig};
 use crate::error::{EngineError, Result};
@@ -229,8 +231,9 @@ impl Engine {
     }
 
     /// Under the planned allocator: makes the session's plan (meta execution on the sim
-    /// twin) if there is none, refuses the session when the plan's peak exceeds the
-    /// free memory, and starts its span; returns whether it did. A session of `blocks`
+    /// twin) if there is none, refuses the session when the plan's peak does not fit
+    /// beside what the live sessions have committed, and opens its span beside theirs;
+    /// returns the span, if it opened one. A session of `blocks`
     /// blocks longer than [`Engine::steady_blocks`], or without an end (`None`), gets a
     /// periodic plan; one without an end that gets none runs on the caching path (a
     /// recording would never end).
@@ -238,10 +241,10 @@ impl Engine {
         &self,
         request: &SessionRequest,
         blocks: Option<usize>,
-    ) -> Result<bool> {
+    ) -> Result<Option<SpanId>> {
         let allocator = self.platform().allocator();
         if allocator.policy() != AllocatorPolicy::Planned {
-            return Ok(false);
+            return Ok(None);
         }
         let open_ended = blocks.is_none();
         let steady = self.steady_blocks();
@@ -304,31 +307,45 @@ impl Engine {
         match allocator.planned_peak(&key) {
             Some(peak) => self.admit_planned_peak(peak)?,
             // Without a plan a session with an end is recorded; one without is not.
-            None if open_ended => return Ok(false),
+            None if open_ended => return Ok(None),
             None => {}
         }
-        allocator
-            .begin_span(&key)
+        let (id, _) = allocator
+            .open_span(&key)
             .map_err(|e| EngineError::Admission(e.to_string()))?;
-        Ok(true)
+        Ok(Some(id))
     }
 
-    /// Refuses a session whose planned peak does not fit in the free memory (what is
-    /// cached counts as free).
+    /// Refuses a session whose planned peak does not fit beside what is committed: the
+    /// capacity must hold what is live outside the arenas (weights, the KV pool, cached
+    /// prompts, tensors of sessions left to the cache), every live session's planned
+    /// peak (its arena, reserved from its first chunk, and the long-lived tensors its
+    /// plan leaves to the cache, counted whole even where some are live already) and
+    /// the new peak. Free cached blocks count as free.
     fn admit_planned_peak(&self, peak: u64) -> Result<()> {
-        let (free, capacity) = self.platform().mem_info();
-        let stats = self.platform().memory_stats();
-        let cached = (stats.reserved_bytes.all().current - stats.allocated_bytes.all().current)
-            .max(0) as u64;
-        if peak > free + cached {
+        let (_, capacity) = self.platform().mem_info();
+        let committed = self.committed_bytes();
+        if committed.saturating_add(peak) > capacity {
             return Err(EngineError::Admission(format!(
-                "the session's planned peak of {} does not fit: {} of the {} capacity is free ({} reserved by what is already live); lower the resolution or frames, or raise --capacity",
+                "the session's planned peak of {} does not fit: {} of the {} capacity is committed to the weights, the KV pool and the live sessions' planned peaks; lower the resolution or frames, wait for a session to end, or raise --capacity",
                 headroom_mem::format_bytes(peak),
-                headroom_mem::format_bytes(free + cached),
+                headroom_mem::format_bytes(committed),
                 headroom_mem::format_bytes(capacity),
-                headroom_mem::format_bytes(stats.allocated_bytes.all().current.max(0) as u64),
             )));
         }
         Ok(())
+    }
+
+    /// Bytes the engine and its live sessions have committed (see
+    /// [`Engine::admit_planned_peak`]); what a session's admission adds its peak to.
+    pub fn committed_bytes(&self) -> u64 {
+        let allocator = self.platform().allocator();
+        let c = allocator.span_commitments();
+        let stats = self.platform().memory_stats();
+        let allocated = stats.allocated_bytes.all().current.max(0) as u64;
+        // Live outside the arenas, plus arenas of spans that ended but still hold a block.
+        let outside = allocated.saturating_sub(c.arena_allocated);
+        let retiring = c.arena_bytes.saturating_sub(c.planned_arenas);
+        outside + retiring + c.planned_peaks
     }
 }

@@ -17,6 +17,12 @@
 //! decode looks at each session's cancel token before it starts, not between latent
 //! frames; a session decoding alone keeps those finer checks.
 //!
+//! Under the planned allocator each session has its own span: its own stages (block
+//! start, step inputs and outputs, the commit, its decode alone) run inside it, while
+//! the work it shares with others (the stacked forward, a batched encode or decode)
+//! runs outside every span, on the caching path. A round of one session runs wholly
+//! inside its span, as it would alone.
+//!
 //! What batching buys: one GEMM of M = Σ tokens instead of one per session (a `world`
 //! block is 144 tokens, far below where a GEMM reaches its rate), and one pass over
 //! the weights per round instead of one per session.
@@ -40,6 +46,15 @@ use crate::session::{frames_of, BlockRun, Chunk, Denoised, Session};
 /// that fails or is cancelled leaves the batch and releases what it held; the others go
 /// on.
 pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
+    // Shared work belongs to no session's span; each session's own stages enter its
+    // span below. One session alone keeps its span throughout.
+    let _shared = match sessions {
+        [only] => only.enter_span(),
+        _ => match sessions.first() {
+            Some(first) => first.no_span(),
+            None => return Vec::new(),
+        },
+    };
     let mut results: Vec<Option<Result<Chunk>>> = sessions.iter().map(|_| None).collect();
     let dit = sessions
         .iter()
@@ -53,6 +68,7 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
             results[i] = Some(session.next_chunk());
             continue;
         }
+        let _inside = session.enter_span();
         match session.chunk_start() {
             Ok(n) => starts.push((i, n)),
             Err(e) => results[i] = Some(settled(session, e)),
@@ -64,6 +80,7 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
     encode_conditions(sessions, &mut starts, &mut results);
     let mut runs: Vec<(usize, usize, Option<BlockRun>)> = Vec::new();
     for (i, n) in starts {
+        let _inside = sessions[i].enter_span();
         match sessions[i].begin_block(n) {
             Ok(run) => runs.push((i, n, Some(run))),
             Err(e) => results[i] = Some(settled(sessions[i], e)),
@@ -74,6 +91,7 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
         let mut batch = Vec::new();
         for (j, (i, _, run)) in runs.iter_mut().enumerate() {
             let Some(block) = run.as_ref() else { continue };
+            let _inside = sessions[*i].enter_span();
             match sessions[*i].step_input(block) {
                 Ok(Some(step)) => batch.push((j, step)),
                 Ok(None) => {}
@@ -92,6 +110,7 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
                 .map(|(j, step)| {
                     let (i, _, run) = &runs[*j];
                     let run = run.as_ref().expect("a session in the batch has its run");
+                    let _inside = sessions[*i].enter_span();
                     sessions[*i].batch_item(run, step)
                 })
                 .collect();
@@ -102,6 +121,7 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
                 for ((j, step), (v, own)) in batch.into_iter().zip(outputs) {
                     let (i, _, run) = &mut runs[j];
                     let block = run.as_mut().expect("a session in the batch has its run");
+                    let _inside = sessions[*i].enter_span();
                     if let Err(e) = sessions[*i].step_output(block, step, v, own) {
                         *run = None;
                         results[*i] = Some(settled(sessions[*i], e));
@@ -124,6 +144,7 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
     let mut denoised = Vec::new();
     for (i, n, run) in runs {
         let Some(run) = run else { continue };
+        let _inside = sessions[i].enter_span();
         match sessions[i].finish_block(run) {
             Ok(block) => denoised.push((i, n, block)),
             Err(e) => results[i] = Some(settled(sessions[i], e)),
@@ -200,6 +221,7 @@ fn decode(
     for (_, members) in groups {
         if let [_] = members[..] {
             for (i, n, block) in members {
+                let _inside = sessions[i].enter_span();
                 let chunk = sessions[i].decode_chunk(n, block, stats.clone());
                 sessions[i].settle(&chunk);
                 results[i] = Some(chunk);
@@ -209,6 +231,7 @@ fn decode(
         let start = Instant::now();
         let mut inputs = Vec::with_capacity(members.len());
         for (i, n, block) in members {
+            let _inside = sessions[i].enter_span();
             match sessions[i].decode_input(n, &block) {
                 Ok(z) => inputs.push((i, n, block, z)),
                 Err(e) => results[i] = Some(settled(sessions[i], e)),
@@ -237,6 +260,7 @@ fn decode(
         match decoded {
             Ok(pixels) => {
                 for ((i, n, block, z), pixels) in inputs.into_iter().zip(pixels) {
+                    let _inside = sessions[i].enter_span();
                     drop(z);
                     let chunk = frames_of(pixels).map(|frames| {
                         sessions[i].delivered(n, &block, frames, start.elapsed(), stats.clone())
@@ -282,6 +306,7 @@ fn fail_all(
 
 /// The error `e` as a session's result, after the session released what it held.
 fn settled(session: &mut Session, e: EngineError) -> Result<Chunk> {
+    let _inside = session.enter_span();
     let result = Err(e);
     session.settle(&result);
     result

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use headroom_mem::{MemoryStats, Phase};
+use headroom_mem::{MemoryStats, Phase, SpanGuard, SpanId};
 use headroom_model::camera::{
     default_intrinsics, framewise_deltas, ray_embedding, CameraUpdate, Controller,
     InteractionHandler, Keys, Pose, STEP,
@@ -185,6 +185,8 @@ pub struct Session {
     pending_text: Option<TextKeyValues>,
     /// Checked at every safe point of a chunk.
     cancel: CancelToken,
+    /// The planned span the session's allocations go to, if admission opened one.
+    span: Option<SpanId>,
 }
 
 impl Session {
@@ -256,7 +258,26 @@ impl Session {
             prompts: None,
             pending_text: None,
             cancel: CancelToken::new(),
+            span: None,
         })
+    }
+
+    /// Sends the session's allocations to planned span `span`, which ends with it.
+    pub(crate) fn with_span(mut self, span: Option<SpanId>) -> Self {
+        self.span = span;
+        self
+    }
+
+    /// While the guard lives, this thread's allocations go to the session's planned
+    /// span (to none, the cache, for a session without one: never another's).
+    pub(crate) fn enter_span(&self) -> SpanGuard {
+        self.device.platform().allocator().enter_span(self.span)
+    }
+
+    /// While the guard lives, this thread's allocations go to no planned span (work
+    /// this session shares with others).
+    pub(crate) fn no_span(&self) -> SpanGuard {
+        self.device.platform().allocator().enter_span(None)
     }
 
     /// Lets the session change its prompt with the engine's text encoder.
@@ -409,6 +430,7 @@ impl Session {
 
     /// Generates, commits and decodes the next block: 9 frames first, then 12.
     pub fn next_chunk(&mut self) -> Result<Chunk> {
+        let _inside = self.enter_span();
         let result = self.try_next_chunk();
         self.settle(&result);
         result
@@ -774,7 +796,13 @@ impl std::fmt::Debug for Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        let inside = self.enter_span();
         self.release();
         self.device.platform().phase(Phase::SessionEnd);
+        drop(inside);
+        // The phase ended the span (it was entered); a second close does nothing.
+        if let Some(id) = self.span {
+            self.device.platform().allocator().close_span(id);
+        }
     }
 }

@@ -150,3 +150,120 @@ fn a_session_whose_planned_peak_exceeds_free_memory_is_refused_before_its_first_
     let roomy = engine(AllocatorPolicy::Planned, Some(peak + peak / 16 + MIB));
     assert_eq!(run(&roomy, request(1)).len(), 2);
 }
+
+/// Two sessions of different shapes admitted together, each stepped on its own thread.
+fn two_at_once(engine: &Engine) -> Vec<Vec<Vec<u8>>> {
+    let requests = [
+        request(3),
+        // One resolution: the KV pool holds pages of one size at a time.
+        SessionRequest {
+            seed: 4,
+            ..SessionRequest::new(64, 48, 33)
+        },
+    ];
+    let sessions: Vec<_> = requests
+        .iter()
+        .map(|r| engine.open_session(r.clone()).unwrap())
+        .collect();
+    assert_eq!(
+        engine.platform().allocator().span_commitments().live_spans,
+        2
+    );
+    std::thread::scope(|s| {
+        let handles: Vec<_> = sessions
+            .into_iter()
+            .map(|mut session| {
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    for _ in 0..session.chunks_total().unwrap() {
+                        out.push(session.next_chunk().unwrap().frames.to_vec::<u8>().unwrap());
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn concurrent_sessions_each_replay_their_own_span_with_the_bytes_of_running_alone() {
+    let alone = engine(AllocatorPolicy::Pytorch, None);
+    let expected = vec![
+        run(&alone, request(3)),
+        run(
+            &alone,
+            SessionRequest {
+                seed: 4,
+                ..SessionRequest::new(64, 48, 33)
+            },
+        ),
+    ];
+    let planned = engine(AllocatorPolicy::Planned, None);
+    planned
+        .platform()
+        .allocator()
+        .set_planned_options(PlannedOptions {
+            poison: true,
+            ..PlannedOptions::default()
+        });
+    // The KV pool is made by the first session: the floor is what stays after one.
+    assert_eq!(run(&planned, request(3)), expected[0]);
+    let floor = (reserved(&planned), allocated(&planned));
+    for round in 0..2 {
+        let before = planned.platform().memory_stats();
+        assert_eq!(two_at_once(&planned), expected, "round {round}");
+        let after = planned.platform().memory_stats();
+        // Each thread's allocations went to its own session's plan, interleaved with the
+        // other's: not one missed, none was left without a span.
+        assert_eq!(after.planned_misses, before.planned_misses, "round {round}");
+        assert_eq!(
+            after.planned_unattributed, before.planned_unattributed,
+            "round {round}"
+        );
+        assert!(after.planned_hits > before.planned_hits);
+        let c = planned.platform().allocator().span_commitments();
+        assert_eq!((c.live_spans, c.arena_bytes), (0, 0), "round {round}");
+        // What stays reserved is what stayed after one session alone.
+        assert_eq!(
+            (reserved(&planned), allocated(&planned)),
+            floor,
+            "round {round}"
+        );
+    }
+}
+
+#[test]
+fn admission_adds_the_live_sessions_planned_peaks_and_queues_what_does_not_fit() {
+    // One session's planned peak, measured alone, over what the engine holds once a
+    // session has run (the weights, the KV pool).
+    let probe = engine(AllocatorPolicy::Planned, None);
+    let expected = run(&probe, request(2));
+    let floor = probe.committed_bytes();
+    assert_eq!(floor, allocated(&probe) as u64);
+    let first = probe.open_session(request(1)).unwrap();
+    let one = probe.committed_bytes() - floor;
+    drop(first);
+    assert_eq!(probe.committed_bytes(), floor);
+    // Room for one and a half sessions: the second waits for the first.
+    let tight = engine(AllocatorPolicy::Planned, Some(floor + one + one / 2));
+    run(&tight, request(1));
+    let mut first = tight.open_session(request(1)).unwrap();
+    let err = tight.open_session(request(2)).unwrap_err();
+    assert!(matches!(err, EngineError::Admission(_)), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("planned peak") && message.contains("committed"),
+        "{message}"
+    );
+    // The refusal left nothing behind, and the first session runs on.
+    assert_eq!(
+        tight.platform().allocator().span_commitments().live_spans,
+        1
+    );
+    for _ in 0..first.chunks_total().unwrap() {
+        first.next_chunk().unwrap();
+    }
+    drop(first);
+    assert_eq!(run(&tight, request(2)), expected);
+}

@@ -155,8 +155,9 @@ pub struct MemoryStats {
     /// Bytes the caching path served while a plan was replayed (misses and the tensors
     /// the plan leaves there because they outlive its span).
     pub fallback_bytes: u64,
-    /// Requests made while several spans were live by a thread that entered none of
-    /// them (served by the caching path).
+    /// Requests made while spans were live by a thread in none of them (it entered no
+    /// span while several were live, or entered one that ended, or entered `None`):
+    /// served by the caching path.
     pub planned_unattributed: u64,
 }
 

@@ -277,7 +277,10 @@ fn spans_of_concurrent_sessions_coexist_and_each_replays_its_own_plan() {
             let a = a.clone();
             s.spawn(move || {
                 let (id, start) = a.open_span(key).unwrap();
-                assert!(matches!(start, SpanStart::Replay { .. }), "{key}: {start:?}");
+                assert!(
+                    matches!(start, SpanStart::Replay { .. }),
+                    "{key}: {start:?}"
+                );
                 let _inside = a.enter_span(Some(id));
                 assert_eq!(a.span_key().as_deref(), Some(key));
                 // Blocks of both sessions are live at once: `session` checks that no
@@ -315,7 +318,11 @@ fn with_several_spans_live_a_thread_in_none_uses_the_cache_and_commitments_add_u
     let after = a.stats();
     assert_eq!(after.planned_unattributed, before.planned_unattributed + 1);
     assert_eq!(after.planned_misses, before.planned_misses);
-    assert_eq!(a.span_commitments().arena_allocated, 0, "it went into an arena");
+    assert_eq!(
+        a.span_commitments().arena_allocated,
+        0,
+        "it went into an arena"
+    );
     {
         let _inside = a.enter_span(Some(two));
         let planned = a.allocate(3 * MIB, 0).unwrap();

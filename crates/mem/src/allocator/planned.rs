@@ -69,8 +69,9 @@ pub(crate) fn entered_span() -> Option<SpanId> {
     ENTERED.with(Cell::get)
 }
 
-/// While alive, the calling thread's allocations go to one span; dropping it restores
-/// the span entered before (guards nest).
+/// While alive, the calling thread's allocations go to one span (or, entered with
+/// `None`, to none: the cache); dropping it restores what was entered before (guards
+/// nest).
 #[derive(Debug)]
 pub struct SpanGuard {
     previous: Option<SpanId>,
@@ -79,9 +80,9 @@ pub struct SpanGuard {
 }
 
 impl SpanGuard {
-    /// Enters span `id` on the calling thread.
+    /// Enters span `id` on the calling thread (`None`: no span; id 0 is never live).
     pub(crate) fn enter(id: Option<SpanId>) -> Self {
-        let previous = ENTERED.with(|e| e.replace(id));
+        let previous = ENTERED.with(|e| e.replace(Some(id.unwrap_or(0))));
         Self {
             previous,
             _not_send: std::marker::PhantomData,
@@ -304,11 +305,11 @@ impl Planned {
         self.spans.keys().copied().collect()
     }
 
-    /// The span of a thread that entered `entered`: that one while it is live, else the
-    /// only live span, else none.
+    /// The span of a thread that entered `entered`: that one while it is live (none once
+    /// it ended); for a thread that entered nothing, the only live span, else none.
     pub(crate) fn span_for(&self, entered: Option<SpanId>) -> Option<SpanId> {
-        if let Some(id) = entered.filter(|id| self.spans.contains_key(id)) {
-            return Some(id);
+        if let Some(id) = entered {
+            return self.spans.contains_key(&id).then_some(id);
         }
         let mut live = self.spans.keys();
         match (live.next(), live.next()) {
@@ -341,7 +342,7 @@ impl State {
     ) -> Result<BlockId> {
         let size = round_size(requested);
         let sid = self.planned.span_for(entered);
-        if sid.is_none() && self.planned.spans.len() > 1 {
+        if sid.is_none() && !self.planned.spans.is_empty() {
             self.stats.planned_unattributed += 1;
         }
         let in_replay = matches!(self.span_mode(sid), Some(Mode::Replay(_)));
