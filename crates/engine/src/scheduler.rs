@@ -17,11 +17,12 @@
 //! decode looks at each session's cancel token before it starts, not between latent
 //! frames; a session decoding alone keeps those finer checks.
 //!
-//! Under the planned allocator each session has its own span: its own stages (block
-//! start, step inputs and outputs, the commit, its decode alone) run inside it, while
-//! the work it shares with others (the stacked forward, a batched encode or decode)
-//! runs outside every span, on the caching path. A round of one session runs wholly
-//! inside its span, as it would alone.
+//! Under the planned allocator each session has its own span, planned for the session
+//! alone. A round of one session runs wholly inside it, as it would alone. A session
+//! stepped with others is detached from its plan for the rest of its life (its arena
+//! goes back once empty, its planned peak stays committed for admission): the stacked
+//! forward and the batched VAE work are not what its plan describes, and an arena
+//! kept idle beside the cache would reserve its work twice.
 //!
 //! What batching buys: one GEMM of M = Σ tokens instead of one per session (a `world`
 //! block is 144 tokens, far below where a GEMM reaches its rate), and one pass over
@@ -77,6 +78,11 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
     let Some(dit) = dit else {
         return collect(results);
     };
+    if starts.len() > 1 {
+        for &(i, _) in &starts {
+            sessions[i].detach_span();
+        }
+    }
     encode_conditions(sessions, &mut starts, &mut results);
     let mut runs: Vec<(usize, usize, Option<BlockRun>)> = Vec::new();
     for (i, n) in starts {

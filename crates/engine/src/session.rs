@@ -274,6 +274,15 @@ impl Session {
         self.device.platform().allocator().enter_span(self.span)
     }
 
+    /// Detaches the session from its plan for the rest of its life: it is stepped in a
+    /// batch with others, which the plan of the session alone does not describe (see
+    /// [`headroom_mem::CachingAllocator::detach_span`]).
+    pub(crate) fn detach_span(&self) {
+        if let Some(id) = self.span {
+            self.device.platform().allocator().detach_span(id);
+        }
+    }
+
     /// While the guard lives, this thread's allocations go to no planned span (work
     /// this session shares with others).
     pub(crate) fn no_span(&self) -> SpanGuard {

@@ -3,17 +3,32 @@
 //! lengths and start times, one of them hung up mid-stream (tiny model).
 
 use headroom_engine::{scheduler, Engine, EngineConfig, EngineError, Session, SessionRequest};
+use headroom_mem::{AllocatorConfig, AllocatorPolicy, PlannedOptions};
 use headroom_model::camera::Keys;
 use headroom_tensor::{DType, Device, Tensor};
 
 fn engine() -> Engine {
-    Engine::new(EngineConfig {
+    engine_with(AllocatorPolicy::Pytorch)
+}
+
+fn engine_with(policy: AllocatorPolicy) -> Engine {
+    let engine = Engine::new(EngineConfig {
         model: "tiny".to_string(),
         kv_budget_bytes: Some(64 << 20),
         max_sessions: 4,
+        allocator: AllocatorConfig::with_policy(policy),
         ..EngineConfig::default()
     })
-    .unwrap()
+    .unwrap();
+    // A tensor that read a freed arena range would turn to NaN and change the frames.
+    engine
+        .platform()
+        .allocator()
+        .set_planned_options(PlannedOptions {
+            poison: true,
+            ..PlannedOptions::default()
+        });
+    engine
 }
 
 /// Four different sessions: two lengths, prompts or none, keys or none (one size: the
@@ -54,8 +69,18 @@ fn alone(engine: &Engine, n: usize) -> Vec<Vec<Vec<u8>>> {
 
 #[test]
 fn sessions_stepped_together_stream_the_bytes_each_streams_alone() {
-    let engine = engine();
-    let expected = alone(&engine, 4);
+    let expected = alone(&engine(), 4);
+    for policy in [AllocatorPolicy::Pytorch, AllocatorPolicy::Planned] {
+        stepped_together(&engine_with(policy), &expected);
+    }
+}
+
+/// Runs 1, 2 and 4 sessions stepped together and checks each against `expected`; under
+/// the planned allocator, every span ends with its session and reserved memory goes
+/// back to what one session alone leaves.
+fn stepped_together(engine: &Engine, expected: &[Vec<Vec<u8>>]) {
+    alone(engine, 1);
+    let floor = engine.platform().memory_stats();
     for n in [1, 2, 4] {
         let mut sessions: Vec<Session> = (0..n)
             .map(|k| engine.open_session(request(k)).unwrap())
@@ -84,6 +109,15 @@ fn sessions_stepped_together_stream_the_bytes_each_streams_alone() {
                 );
             }
         }
+        drop(sessions);
+        let c = engine.platform().allocator().span_commitments();
+        assert_eq!((c.live_spans, c.arena_bytes), (0, 0), "{n} sessions");
+        let after = engine.platform().memory_stats();
+        assert_eq!(
+            after.allocated_bytes.all().current,
+            floor.allocated_bytes.all().current,
+            "{n} sessions"
+        );
     }
 }
 

@@ -340,3 +340,36 @@ fn with_several_spans_live_a_thread_in_none_uses_the_cache_and_commitments_add_u
     a.end_span();
     assert_eq!(a.span_commitments(), Default::default());
 }
+
+#[test]
+fn a_detached_span_leaves_its_arena_and_keeps_its_peak_committed() {
+    let p = platform(2 << 30);
+    let a = p.allocator().clone();
+    a.begin_span("s").unwrap();
+    session(&a, 2, None);
+    a.end_span();
+    let peak = a.planned_peak("s").unwrap();
+    let (id, _) = a.open_span("s").unwrap();
+    let _inside = a.enter_span(Some(id));
+    let in_arena = a.allocate(3 * MIB, 0).unwrap();
+    assert_eq!(a.span_commitments().arena_allocated, in_arena.size());
+    a.detach_span(id);
+    let c = a.span_commitments();
+    assert_eq!(
+        (c.live_spans, c.planned_peaks, c.planned_arenas),
+        (1, peak, 0)
+    );
+    // The arena stays until its last block goes; what comes now goes to the cache.
+    assert!(c.arena_bytes > 0);
+    let before = a.stats();
+    let cached = a.allocate(3 * MIB, 0).unwrap();
+    let after = a.stats();
+    assert_eq!(after.planned_unattributed, before.planned_unattributed + 1);
+    assert_eq!(after.planned_misses, before.planned_misses);
+    drop(in_arena);
+    assert_eq!(a.arena_bytes(), 0);
+    drop(cached);
+    a.close_span(id);
+    assert_eq!(a.span_commitments(), Default::default());
+    a.check_invariants().unwrap();
+}

@@ -383,6 +383,14 @@ impl CachingAllocator {
         }
     }
 
+    /// Detaches span `id` from its plan (work the plan does not describe, such as a
+    /// session stepped in a batch with others): its arenas go back once empty, its
+    /// requests go to the cache, and [`CachingAllocator::span_commitments`] still counts
+    /// its planned peak until it closes.
+    pub fn detach_span(&self, id: SpanId) {
+        self.shared.lock().detach_span(id);
+    }
+
     /// Ends every live span and empties the cache.
     pub fn end_span(&self) {
         let mut state = self.shared.lock();

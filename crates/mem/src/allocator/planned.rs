@@ -236,6 +236,11 @@ impl Replay {
 enum Mode {
     Record(Recorder),
     Replay(Replay),
+    /// Its plan no longer describes its work (a session stepped in a batch with
+    /// others): its requests go to the cache, and admission still counts its peak.
+    Detached {
+        peak: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -325,6 +330,7 @@ impl Planned {
             .values()
             .filter_map(|s| match &s.mode {
                 Mode::Replay(r) => Some((r.plan.peak_bytes(), r.plan.arena_bytes())),
+                Mode::Detached { peak } => Some((*peak, 0)),
                 Mode::Record(_) => None,
             })
             .fold((0, 0), |(p, a), (peak, arena)| (p + peak, a + arena))
@@ -342,7 +348,8 @@ impl State {
     ) -> Result<BlockId> {
         let size = round_size(requested);
         let sid = self.planned.span_for(entered);
-        if sid.is_none() && !self.planned.spans.is_empty() {
+        let detached = matches!(self.span_mode(sid), Some(Mode::Detached { .. }));
+        if detached || (sid.is_none() && !self.planned.spans.is_empty()) {
             self.stats.planned_unattributed += 1;
         }
         let in_replay = matches!(self.span_mode(sid), Some(Mode::Replay(_)));
@@ -570,6 +577,26 @@ impl State {
                 for (base, _) in r.arenas.into_values() {
                     self.release_arena(base);
                 }
+            }
+            Mode::Detached { .. } => {}
+        }
+    }
+
+    /// Detaches span `id` from its plan: its arenas go back once empty, a recording is
+    /// dropped unplanned, and its requests go to the cache until it closes, while its
+    /// planned peak stays committed.
+    pub(crate) fn detach_span(&mut self, id: SpanId) {
+        let Some(span) = self.planned.spans.get_mut(&id) else {
+            return;
+        };
+        let peak = match &span.mode {
+            Mode::Replay(r) => r.plan.peak_bytes(),
+            Mode::Record(_) | Mode::Detached { .. } => 0,
+        };
+        let mode = std::mem::replace(&mut span.mode, Mode::Detached { peak });
+        if let Mode::Replay(r) = mode {
+            for (base, _) in r.arenas.into_values() {
+                self.release_arena(base);
             }
         }
     }
