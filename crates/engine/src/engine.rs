@@ -109,6 +109,8 @@ pub struct Engine {
     /// Where image conditions settle on a meta device ([`crate::condition::probe_settle_block`]),
     /// probed on first use.
     pub(crate) condition_settles: std::sync::OnceLock<Option<usize>>,
+    /// Sessions may be stepped in batches with others ([`Engine::set_batched_steps`]).
+    pub(crate) batched_steps: std::sync::atomic::AtomicBool,
 }
 
 impl EngineConfig {
@@ -295,6 +297,7 @@ impl Engine {
             next_id: AtomicU64::new(1),
             meta: None,
             condition_settles: std::sync::OnceLock::new(),
+            batched_steps: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -432,6 +435,16 @@ impl Engine {
             .map_err(|e| EngineError::Admission(e.to_string()))?;
         *pool = Some(Arc::clone(&created));
         Ok(created)
+    }
+
+    /// Tells the engine that its sessions are stepped in batches with one another (a
+    /// server with `--batch-steps` and more than one slot): under the planned allocator
+    /// their spans then start detached from their plans, whose peaks still count for
+    /// admission while their work goes to the caching path. A plan describes a session
+    /// alone, not a stacked forward, and an arena reserved beside the cache would hold
+    /// its work twice.
+    pub fn set_batched_steps(&self, batched: bool) {
+        self.batched_steps.store(batched, Ordering::Relaxed);
     }
 
     /// Validates and admits a session: its KV pages are reserved now, and its decoder

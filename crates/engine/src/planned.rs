@@ -313,6 +313,12 @@ impl Engine {
         let (id, _) = allocator
             .open_span(&key)
             .map_err(|e| EngineError::Admission(e.to_string()))?;
+        if self
+            .batched_steps
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            allocator.detach_span(id);
+        }
         Ok(Some(id))
     }
 

@@ -186,6 +186,7 @@ impl Server {
             config.max_queue,
             pages_per_session,
         );
+        engine.set_batched_steps(config.batch_steps && world.is_none() && config.max_sessions > 1);
         let steps = (config.batch_steps && world.is_none()).then(|| {
             Arc::new(match config.max_batch {
                 Some(max) => StepQueue::with_max_batch(max),
