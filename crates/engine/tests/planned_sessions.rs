@@ -18,6 +18,20 @@ fn engine(policy: AllocatorPolicy, capacity: Option<u64>) -> Engine {
     .unwrap()
 }
 
+/// A planned engine that poisons every freed arena range: a tensor reading freed memory
+/// would turn to NaN and change the frames.
+fn poisoned() -> Engine {
+    let planned = engine(AllocatorPolicy::Planned, None);
+    planned
+        .platform()
+        .allocator()
+        .set_planned_options(PlannedOptions {
+            poison: true,
+            ..PlannedOptions::default()
+        });
+    planned
+}
+
 fn request(seed: u64) -> SessionRequest {
     SessionRequest {
         seed,
@@ -57,16 +71,7 @@ fn planned_sessions_give_the_caching_policies_bytes_at_the_live_peak() {
     let pytorch = run(&engine(AllocatorPolicy::Pytorch, None), request(5));
     let expandable = run(&engine(AllocatorPolicy::Expandable, None), request(5));
     assert_eq!(pytorch, expandable);
-    let planned = engine(AllocatorPolicy::Planned, None);
-    // Poison every freed arena range: a tensor reading freed memory would turn to NaN
-    // and change the frames.
-    planned
-        .platform()
-        .allocator()
-        .set_planned_options(PlannedOptions {
-            poison: true,
-            ..PlannedOptions::default()
-        });
+    let planned = poisoned();
     let mut after = Vec::new();
     for session in 0..3 {
         planned.platform().reset_peak_stats();
@@ -199,14 +204,7 @@ fn concurrent_sessions_each_replay_their_own_span_with_the_bytes_of_running_alon
             },
         ),
     ];
-    let planned = engine(AllocatorPolicy::Planned, None);
-    planned
-        .platform()
-        .allocator()
-        .set_planned_options(PlannedOptions {
-            poison: true,
-            ..PlannedOptions::default()
-        });
+    let planned = poisoned();
     // The KV pool is made by the first session: the floor is what stays after one.
     assert_eq!(run(&planned, request(3)), expected[0]);
     let floor = (reserved(&planned), allocated(&planned));

@@ -299,14 +299,21 @@ fn spans_of_concurrent_sessions_coexist_and_each_replays_its_own_plan() {
     a.check_invariants().unwrap();
 }
 
-#[test]
-fn with_several_spans_live_a_thread_in_none_uses_the_cache_and_commitments_add_up() {
-    let p = platform(2 << 30);
+/// The allocator of `p` with a plan for span "s" (two chunks of `session`), and the
+/// plan's peak.
+fn planned_two_chunks(p: &CachingPlatform) -> (CachingAllocator, u64) {
     let a = p.allocator().clone();
     a.begin_span("s").unwrap();
     session(&a, 2, None);
     a.end_span();
     let peak = a.planned_peak("s").unwrap();
+    (a, peak)
+}
+
+#[test]
+fn with_several_spans_live_a_thread_in_none_uses_the_cache_and_commitments_add_up() {
+    let p = platform(2 << 30);
+    let (a, peak) = planned_two_chunks(&p);
     let (one, _) = a.open_span("s").unwrap();
     let (two, _) = a.open_span("s").unwrap();
     let c = a.span_commitments();
@@ -344,11 +351,7 @@ fn with_several_spans_live_a_thread_in_none_uses_the_cache_and_commitments_add_u
 #[test]
 fn a_detached_span_leaves_its_arena_and_keeps_its_peak_committed() {
     let p = platform(2 << 30);
-    let a = p.allocator().clone();
-    a.begin_span("s").unwrap();
-    session(&a, 2, None);
-    a.end_span();
-    let peak = a.planned_peak("s").unwrap();
+    let (a, peak) = planned_two_chunks(&p);
     let (id, _) = a.open_span("s").unwrap();
     let _inside = a.enter_span(Some(id));
     let in_arena = a.allocate(3 * MIB, 0).unwrap();
