@@ -189,6 +189,37 @@ impl Metrics {
             "Bytes in active blocks (active_bytes.all.current).",
             stats.active_bytes.all().current,
         );
+        let spans = engine.platform().allocator().span_commitments();
+        gauge(
+            o,
+            "headroom_planned_spans",
+            "Planned spans live now (one per admitted session under the planned allocator).",
+            spans.live_spans,
+        );
+        gauge(
+            o,
+            "headroom_committed_bytes",
+            "Bytes admission counts as taken: live outside the arenas, retiring arenas and every live session's planned peak.",
+            engine.committed_bytes(),
+        );
+        counter(
+            o,
+            "headroom_planned_hits_total",
+            "Requests the planned allocator served as a plan says.",
+            stats.planned_hits,
+        );
+        counter(
+            o,
+            "headroom_planned_misses_total",
+            "Requests of a replayed plan that did not match it (served by the cache).",
+            stats.planned_misses,
+        );
+        counter(
+            o,
+            "headroom_planned_unattributed_total",
+            "Requests made while spans were live outside all of them (batched work, detached sessions): served by the cache.",
+            stats.planned_unattributed,
+        );
         counter(
             o,
             "headroom_reclaims_total",

@@ -451,6 +451,9 @@ async fn health_metrics_and_the_viewer_are_served_with_headroom_names() {
         "headroom_chunk_latency_seconds_count 2",
         "headroom_time_to_first_chunk_seconds_count 1",
         "headroom_kv_pages_free ",
+        "headroom_planned_spans 0",
+        "headroom_committed_bytes ",
+        "headroom_planned_unattributed_total ",
     ] {
         assert!(metrics.contains(name), "{name} missing");
     }
