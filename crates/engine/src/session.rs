@@ -575,8 +575,11 @@ impl Session {
             let vae = Arc::clone(&self.vae);
             let x0 = block.x0.clone();
             let (cancel, id) = (self.cancel.clone(), self.id.clone());
+            // The decode belongs to this session's planned span on that thread too.
+            let (allocator, span) = (self.device.platform().allocator().clone(), self.span);
             let (decoded, next) = std::thread::scope(|scope| {
                 let worker = scope.spawn(move || {
+                    let _inside = allocator.enter_span(span);
                     let out = decode_block(&vae, &mut state, &x0, &cancel, &id);
                     (out, state)
                 });
