@@ -200,9 +200,7 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
             }
             let mut session = engine.open_session(request)?;
             peaks.stretch(platform, &platform.memory_stats(), "open");
-            let kv_bytes = engine
-                .kv_pool()
-                .map_or(0, |p| p.total_pages() as u64 * p.layout().bytes());
+            let kv_bytes = engine.kv_pool().map_or(0, |p| p.bytes());
             let decoder_state_bytes = StreamingDecoder::new(engine.vae(), None)
                 .declared_state_bytes(config.height, config.width, DType::F32);
             let conditioning_bytes = session.conditioning_bytes();

@@ -60,6 +60,9 @@ pub struct EngineConfig {
     pub text_encoder: TextEncoderMode,
     /// Byte budget of the prompt-embedding cache (0 turns it off).
     pub text_cache_bytes: u64,
+    /// Tokens per KV page: a latent frame takes ⌈its tokens / this⌉ pages, so sessions
+    /// of every resolution share one pool.
+    pub kv_page_tokens: usize,
     /// A folder where the planned allocator's plans are kept across runs
     /// ([`crate::plan_cache`]); none: plans live in memory only.
     pub plan_cache: Option<std::path::PathBuf>,
@@ -83,6 +86,7 @@ impl Default for EngineConfig {
             capacity: None,
             text_encoder: TextEncoderMode::Resident,
             text_cache_bytes: 64 << 20,
+            kv_page_tokens: 16,
             plan_cache: None,
         }
     }
@@ -203,6 +207,9 @@ impl Engine {
     }
 
     fn build(config: EngineConfig, device: Device, shard: Option<Sharding>) -> Result<Self> {
+        if config.kv_page_tokens == 0 {
+            return Err(EngineError::request("kv_page_tokens", "must be at least 1"));
+        }
         let dtype = config.weight_dtype;
         let source = ModelSource::resolve(&config.model)?;
         let first_frame = match &source {
@@ -403,15 +410,50 @@ impl Engine {
         Ok(blocks)
     }
 
-    fn pool_for(&self, layout: PageLayout) -> Result<Arc<KvPool>> {
+    /// Tokens of one latent frame at `width` × `height`.
+    fn frame_tokens(&self, width: usize, height: usize) -> usize {
+        let c = self.dit.config();
+        let s = self.vae.config().spatial_factor();
+        (height / s / c.patch_size[1]) * (width / s / c.patch_size[2])
+    }
+
+    /// The layout of this engine's KV pages.
+    fn page_layout(&self) -> PageLayout {
+        let c = self.dit.config();
+        PageLayout {
+            layers: c.num_layers,
+            tokens: self.config.kv_page_tokens,
+            heads: self.dit.kv_heads(),
+            head_dim: c.attention_head_dim,
+            dtype: self.config.weight_dtype,
+        }
+    }
+
+    /// KV pages a session at `width` × `height` holds: its window's frames, each
+    /// ⌈tokens / page tokens⌉ pages. Sessions of any resolution share one pool.
+    pub fn kv_pages_for(&self, width: usize, height: usize) -> usize {
+        self.config.window_frames
+            * self
+                .page_layout()
+                .pages_per_frame(self.frame_tokens(width, height))
+    }
+
+    /// The pool, created at the first session with room for `max_sessions` sessions of
+    /// `need` pages each (or the configured budget). A session that needs more pages
+    /// than the whole pool holds rebuilds it larger while no session holds pages, and is
+    /// refused (to wait for the others) while one does.
+    fn pool_for(&self, need: usize) -> Result<Arc<KvPool>> {
+        let layout = self.page_layout();
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         match pool.as_ref() {
-            Some(p) if p.layout() == layout => return Ok(Arc::clone(p)),
+            Some(p) if p.layout() == layout && p.total_pages() >= need => {
+                return Ok(Arc::clone(p))
+            }
             Some(p) if p.free_pages() != p.total_pages() => {
                 return Err(EngineError::Admission(format!(
-                    "sessions at another resolution hold KV pages ({} of {} in use)",
+                    "the KV pool holds {} pages and this session needs {need}; it grows once the {} pages in use are given back",
+                    p.total_pages(),
                     p.total_pages() - p.free_pages(),
-                    p.total_pages()
                 )))
             }
             _ => {}
@@ -428,10 +470,9 @@ impl Engine {
             Some(f) => Some((self.platform().mem_info().0 as f64 * f) as u64),
             None => self.config.kv_budget_bytes,
         };
-        let budget = budget.unwrap_or_else(|| {
-            layout.bytes() * (self.config.window_frames * self.config.max_sessions.max(1)) as u64
-        });
-        let created = KvPool::with_budget(layout, budget, self.config.window_frames, &self.device)
+        let budget = budget
+            .unwrap_or_else(|| layout.bytes() * (need * self.config.max_sessions.max(1)) as u64);
+        let created = KvPool::with_budget(layout, budget, need, &self.device)
             .map_err(|e| EngineError::Admission(e.to_string()))?;
         *pool = Some(Arc::clone(&created));
         Ok(created)
@@ -459,19 +500,11 @@ impl Engine {
     /// forwards meet at collectives); an admission dropped unopened gives all back.
     pub fn admit_session(&self, request: SessionRequest) -> Result<Admitted<'_>> {
         let blocks = self.validate(&request)?;
-        let c = self.dit.config();
-        let tokens = (request.height / self.vae.config().spatial_factor() / c.patch_size[1])
-            * (request.width / self.vae.config().spatial_factor() / c.patch_size[2]);
-        let layout = PageLayout {
-            layers: c.num_layers,
-            tokens,
-            heads: self.dit.kv_heads(),
-            head_dim: c.attention_head_dim,
-            dtype: self.config.weight_dtype,
-        };
-        let pool = self.pool_for(layout)?;
+        let tokens = self.frame_tokens(request.width, request.height);
+        let pool = self.pool_for(self.kv_pages_for(request.width, request.height))?;
         let kv = SessionKv::new(
             &pool,
+            tokens,
             self.config.sink_frames,
             self.config.window_frames,
             BLOCK_FRAMES,

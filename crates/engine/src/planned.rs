@@ -265,9 +265,7 @@ impl Engine {
         }
         if let Some(meta) = &self.meta {
             if allocator.wants_plan(&key) {
-                let pool_bytes = self
-                    .kv_pool()
-                    .map(|p| p.total_pages() as u64 * p.layout().bytes());
+                let pool_bytes = self.kv_pool().map(|p| p.bytes());
                 let made = if repeats {
                     let prefix = SessionRequest {
                         num_frames: 12 * steady - 3,

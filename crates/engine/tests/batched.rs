@@ -31,9 +31,8 @@ fn engine_with(policy: AllocatorPolicy) -> Engine {
     engine
 }
 
-/// Four different sessions: two lengths, prompts or none, keys or none (one size: the
-/// KV pool's pages hold one resolution at a time; the model's batched forward is held
-/// for mixed sizes in `headroom-model`'s `dit_batch`).
+/// Four different sessions: two sizes (ragged token runs in one forward, token pages of
+/// one KV pool), two lengths, prompts or none, keys or none.
 fn request(k: usize) -> SessionRequest {
     let keys = |s: &str| s.split(' ').map(|k| Keys::parse(k).unwrap()).collect();
     let dev = Device::cpu().unwrap();
@@ -47,7 +46,7 @@ fn request(k: usize) -> SessionRequest {
             2 => keys("a s k"),
             _ => Vec::new(),
         },
-        ..SessionRequest::new(48, 32, frames)
+        ..SessionRequest::new([48, 64, 48, 64][k], [32, 48, 32, 48][k], frames)
     }
 }
 

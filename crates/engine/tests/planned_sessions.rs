@@ -168,11 +168,7 @@ fn longer() -> SessionRequest {
 
 /// Two sessions of different shapes admitted together, each stepped on its own thread.
 fn two_at_once(engine: &Engine) -> Vec<Vec<Vec<u8>>> {
-    let requests = [
-        request(3),
-        // One resolution: the KV pool holds pages of one size at a time.
-        longer(),
-    ];
+    let requests = [request(3), longer()];
     let sessions: Vec<_> = requests
         .iter()
         .map(|r| engine.open_session(r.clone()).unwrap())

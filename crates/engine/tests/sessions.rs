@@ -147,8 +147,9 @@ fn bad_requests_are_refused_with_the_field_and_the_rule() {
 fn sessions_beyond_the_kv_budget_are_refused_at_admission() {
     let engine = Engine::new(EngineConfig {
         model: "tiny".to_string(),
-        // One session's 18 pages of 4608 B each, not two.
-        kv_budget_bytes: Some(100_000),
+        // One session's 18 pages of 12,288 B each (16 tokens; a frame of 6 takes one), not
+        // two.
+        kv_budget_bytes: Some(300_000),
         ..EngineConfig::default()
     })
     .unwrap();
@@ -415,4 +416,47 @@ fn a_prompt_and_text_embeddings_cannot_be_mixed() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("prompt") && err.contains("not both"), "{err}");
+}
+
+#[test]
+fn sessions_of_two_sizes_share_the_kv_pool_which_grows_only_while_idle() {
+    let engine = Engine::new(EngineConfig {
+        model: "tiny".to_string(),
+        max_sessions: 2,
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let large = |seed| SessionRequest {
+        seed,
+        ..SessionRequest::new(128, 96, 21)
+    };
+    // 6 tokens a frame take one page of 16, 48 take three.
+    assert_eq!(engine.kv_pages_for(48, 32), 18);
+    assert_eq!(engine.kv_pages_for(128, 96), 54);
+    let small = engine.open_session(request(1)).unwrap();
+    let pool = engine.kv_pool().unwrap();
+    assert_eq!(pool.total_pages(), 36, "two sessions of the first size");
+    let err = match engine.open_session(large(2)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("a session larger than the pool was admitted"),
+    };
+    assert!(
+        err.starts_with("admission:") && err.contains("54") && err.contains("pages"),
+        "{err}"
+    );
+    drop(small);
+    let mut big = engine.open_session(large(2)).unwrap();
+    let pool = engine.kv_pool().unwrap();
+    assert_eq!(
+        pool.total_pages(),
+        108,
+        "rebuilt for two of the larger size"
+    );
+    // Now both sizes run side by side from the one pool.
+    let mut small = engine.open_session(request(1)).unwrap();
+    assert_eq!(pool.free_pages(), 108 - 54 - 18);
+    big.next_chunk().unwrap();
+    small.next_chunk().unwrap();
+    drop((big, small));
+    assert_eq!(pool.free_pages(), pool.total_pages());
 }

@@ -1,11 +1,14 @@
 //! The paged self-attention KV cache (STEPWISE.md B5).
 //!
-//! A page holds one latent frame's keys and values for every layer. Pages come from a
-//! [`KvPool`] sized once from a memory budget: every page is allocated up front from the
-//! device's allocator, so a session that is admitted can never run out mid-stream, and a
-//! session that cannot get its pages is refused before it starts. A [`SessionKv`] keeps
-//! a sink of the first frames for the whole session plus a rolling window; when a new
-//! block would exceed the window it evicts the oldest non-sink block and reuses its pages.
+//! A page holds the keys and values of a fixed number of tokens (`PageLayout::tokens`,
+//! 16 by default, as vLLM's blocks) for every layer, so one pool serves sessions of any
+//! resolution: a latent frame of T tokens takes ⌈T / tokens⌉ pages, the last one
+//! partly filled. Pages come from a [`KvPool`] sized once from a memory budget: every
+//! page is allocated up front from the device's allocator, so a session that is admitted
+//! can never run out mid-stream, and a session that cannot get its pages is refused
+//! before it starts. A [`SessionKv`] keeps a sink of the first frames for the whole
+//! session plus a rolling window; when a new block would exceed the window it evicts the
+//! oldest non-sink block and reuses its pages.
 
 use std::sync::{Arc, Mutex};
 
@@ -19,7 +22,7 @@ use crate::error::{ModelError, Result};
 pub struct PageLayout {
     /// Transformer layers.
     pub layers: usize,
-    /// Tokens per latent frame.
+    /// Tokens per page.
     pub tokens: usize,
     /// Attention heads.
     pub heads: usize,
@@ -34,9 +37,14 @@ impl PageLayout {
     pub fn bytes(&self) -> u64 {
         (2 * self.layers * self.tokens * self.heads * self.head_dim * self.dtype.size()) as u64
     }
+
+    /// Pages one latent frame of `frame_tokens` tokens takes.
+    pub fn pages_per_frame(&self, frame_tokens: usize) -> usize {
+        frame_tokens.div_ceil(self.tokens.max(1))
+    }
 }
 
-/// One frame's keys and values, per layer.
+/// One page: `tokens` tokens' keys and values, per layer.
 #[derive(Debug)]
 pub struct Page {
     k: Vec<Tensor>,
@@ -60,6 +68,9 @@ impl KvPool {
         min_pages: usize,
         device: &Device,
     ) -> Result<Arc<Self>> {
+        if layout.tokens == 0 {
+            return Err(ModelError::input("kv page tokens", "must be at least 1"));
+        }
         let pages = usize::try_from(budget_bytes / layout.bytes().max(1)).unwrap_or(usize::MAX);
         if pages < min_pages {
             return Err(ModelError::input(
@@ -100,9 +111,20 @@ impl KvPool {
         self.total
     }
 
+    /// Bytes the pool's pages hold.
+    pub fn bytes(&self) -> u64 {
+        self.total as u64 * self.layout.bytes()
+    }
+
     /// Pages not held by any session.
     pub fn free_pages(&self) -> usize {
         self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Pages a session of `frame_tokens` tokens per latent frame holds: a window of
+    /// `window_frames` frames.
+    pub fn session_pages(&self, frame_tokens: usize, window_frames: usize) -> usize {
+        window_frames * self.layout.pages_per_frame(frame_tokens)
     }
 
     /// Takes `n` pages, or refuses (leaving the pool unchanged) when fewer are free.
@@ -131,20 +153,24 @@ impl KvPool {
 #[derive(Debug)]
 pub struct SessionKv {
     pool: Arc<KvPool>,
+    /// Tokens of one latent frame.
+    frame_tokens: usize,
     /// Pages not yet holding a frame.
     spare: Vec<Page>,
-    /// (absolute frame, page), in frame order.
-    frames: Vec<(usize, Page)>,
+    /// (absolute frame, its pages), in frame order.
+    frames: Vec<(usize, Vec<Page>)>,
     sink_frames: usize,
     window_frames: usize,
     block_frames: usize,
 }
 
 impl SessionKv {
-    /// Reserves the pages a session needs: `window_frames` (the visible history plus the
-    /// current block), with `sink_frames` of them kept forever.
+    /// Reserves the pages a session of `frame_tokens` tokens per latent frame needs:
+    /// `window_frames` frames (the visible history plus the current block), with
+    /// `sink_frames` of them kept forever.
     pub fn new(
         pool: &Arc<KvPool>,
+        frame_tokens: usize,
         sink_frames: usize,
         window_frames: usize,
         block_frames: usize,
@@ -160,9 +186,13 @@ impl SessionKv {
                 ),
             ));
         }
-        let spare = pool.acquire(window_frames)?;
+        if frame_tokens == 0 {
+            return Err(ModelError::input("kv frame tokens", "must be at least 1"));
+        }
+        let spare = pool.acquire(pool.session_pages(frame_tokens, window_frames))?;
         Ok(Self {
             pool: Arc::clone(pool),
+            frame_tokens,
             spare,
             frames: Vec::new(),
             sink_frames,
@@ -176,19 +206,40 @@ impl SessionKv {
         self.frames.iter().map(|(f, _)| *f).collect()
     }
 
+    /// Tokens page `i` of a frame holds (the last page of a frame may be partly filled).
+    fn rows(&self, i: usize) -> usize {
+        let per = self.pool.layout.tokens;
+        per.min(self.frame_tokens - i * per)
+    }
+
     /// Keys and values of the history, per layer, `[1, frames·tokens, H, D]` in f32.
     pub fn gather(&self) -> Result<Option<Vec<KeyValues>>> {
         if self.frames.is_empty() {
             return Ok(None);
         }
+        let per = self.pool.layout.tokens;
         let layers = self.pool.layout.layers;
+        let used = |t: &Tensor, i: usize| -> Result<Tensor> {
+            let rows = self.rows(i);
+            Ok(if rows == per {
+                t.clone()
+            } else {
+                t.narrow(1, 0, rows)?
+            })
+        };
         (0..layers)
             .map(|l| {
-                let ks: Vec<&Tensor> = self.frames.iter().map(|(_, p)| &p.k[l]).collect();
-                let vs: Vec<&Tensor> = self.frames.iter().map(|(_, p)| &p.v[l]).collect();
+                let mut ks = Vec::new();
+                let mut vs = Vec::new();
+                for (_, pages) in &self.frames {
+                    for (i, p) in pages.iter().enumerate() {
+                        ks.push(used(&p.k[l], i)?);
+                        vs.push(used(&p.v[l], i)?);
+                    }
+                }
                 Ok(KeyValues {
-                    k: Tensor::cat(&ks, 1)?.to_dtype(DType::F32)?,
-                    v: Tensor::cat(&vs, 1)?.to_dtype(DType::F32)?,
+                    k: Tensor::cat(&ks.iter().collect::<Vec<_>>(), 1)?.to_dtype(DType::F32)?,
+                    v: Tensor::cat(&vs.iter().collect::<Vec<_>>(), 1)?.to_dtype(DType::F32)?,
                 })
             })
             .collect::<Result<Vec<_>>>()
@@ -198,7 +249,9 @@ impl SessionKv {
     /// Stores a block's keys/values (`own[layer]`, `[1, block·tokens, H, D]`) for frames
     /// `first_frame..`, evicting the oldest non-sink block first when the window is full.
     pub fn commit(&mut self, first_frame: usize, own: &[KeyValues]) -> Result<()> {
-        let tokens = self.pool.layout.tokens;
+        let tokens = self.frame_tokens;
+        let per = self.pool.layout.tokens;
+        let per_frame = self.pool.layout.pages_per_frame(tokens);
         if let Some(&(last, _)) = self.frames.last() {
             if first_frame != last + 1 {
                 return Err(ModelError::input(
@@ -211,19 +264,29 @@ impl SessionKv {
         while self.frames.len() + 2 * self.block_frames > self.window_frames {
             let evict_at = self.sink_frames.min(self.frames.len());
             for _ in 0..self.block_frames.min(self.frames.len() - evict_at) {
-                let (_, page) = self.frames.remove(evict_at);
-                self.spare.push(page);
+                let (_, pages) = self.frames.remove(evict_at);
+                self.spare.extend(pages);
             }
         }
         for j in 0..self.block_frames {
-            let mut page = self.spare.pop().ok_or_else(|| {
-                ModelError::input("kv commit", "no spare page (internal accounting error)")
-            })?;
-            for (l, kv) in own.iter().enumerate() {
-                page.k[l].assign(&kv.k.narrow(1, j * tokens, tokens)?)?;
-                page.v[l].assign(&kv.v.narrow(1, j * tokens, tokens)?)?;
+            if self.spare.len() < per_frame {
+                return Err(ModelError::input(
+                    "kv commit",
+                    "no spare page (internal accounting error)",
+                ));
             }
-            self.frames.push((first_frame + j, page));
+            let at = self.spare.len() - per_frame;
+            let mut pages = self.spare.split_off(at);
+            for (i, page) in pages.iter_mut().enumerate() {
+                let rows = self.rows(i);
+                let from = j * tokens + i * per;
+                for (l, kv) in own.iter().enumerate() {
+                    // A partly filled page keeps stale rows after `rows`: never read.
+                    page.k[l].assign_leading(1, &kv.k.narrow(1, from, rows)?)?;
+                    page.v[l].assign_leading(1, &kv.v.narrow(1, from, rows)?)?;
+                }
+            }
+            self.frames.push((first_frame + j, pages));
         }
         Ok(())
     }
@@ -232,7 +295,9 @@ impl SessionKv {
 impl Drop for SessionKv {
     fn drop(&mut self) {
         let mut pages: Vec<Page> = std::mem::take(&mut self.spare);
-        pages.extend(self.frames.drain(..).map(|(_, p)| p));
+        for (_, frame) in self.frames.drain(..) {
+            pages.extend(frame);
+        }
         self.pool.release(pages);
     }
 }

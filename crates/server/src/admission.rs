@@ -100,8 +100,9 @@ pub struct Slot {
 }
 
 impl Admission {
-    /// Slots for `max_sessions` sessions of `pages_per_session` KV pages each, and a queue
-    /// of at most `max_queue` waiting clients.
+    /// Slots for `max_sessions` sessions and a queue of at most `max_queue` waiting
+    /// clients; `pages_per_session` is the fewest pages a session reserves (what
+    /// [`Admission::room`] asks for). Each client's own need is given where it enters.
     pub fn new(
         engine: Arc<Engine>,
         metrics: Arc<Metrics>,
@@ -148,14 +149,20 @@ impl Admission {
         self.max_queue
     }
 
-    /// `Ok` while a slot is free and the KV pool (once sized) has a session's pages free,
-    /// else the reason.
+    /// `Ok` while a slot is free and the KV pool (once sized) has the pages of the
+    /// smallest session free, else the reason.
     pub fn room(&self) -> std::result::Result<(), String> {
-        let open = self.lock().open;
-        self.room_with(open)
+        self.room_for(self.pages_per_session)
     }
 
-    fn room_with(&self, open: usize) -> std::result::Result<(), String> {
+    /// `Ok` while a slot is free and the KV pool (once sized) has `pages` free, else the
+    /// reason.
+    pub fn room_for(&self, pages: usize) -> std::result::Result<(), String> {
+        let open = self.lock().open;
+        self.room_with(open, pages)
+    }
+
+    fn room_with(&self, open: usize, pages: usize) -> std::result::Result<(), String> {
         if open >= self.max_sessions {
             return Err(format!(
                 "all {} session slots are in use (--max-sessions)",
@@ -164,29 +171,28 @@ impl Admission {
         }
         if let Some(pool) = self.engine.kv_pool() {
             let free = pool.free_pages();
-            if free < self.pages_per_session {
+            if free < pages {
                 return Err(format!(
-                    "the KV pool has {free} of {} pages free; a session needs {}",
+                    "the KV pool has {free} of {} pages free; this session needs {pages}",
                     pool.total_pages(),
-                    self.pages_per_session
                 ));
             }
         }
         Ok(())
     }
 
-    /// A slot now when nobody waits and there is room; else `Err(None)` to queue, or
-    /// `Err(Some(reason))` when the queue is full.
-    pub fn try_enter(self: &Arc<Self>) -> std::result::Result<Slot, Option<String>> {
+    /// A slot now for a session of `pages` KV pages when nobody waits and there is room;
+    /// else `Err(None)` to queue, or `Err(Some(reason))` when the queue is full.
+    pub fn try_enter(self: &Arc<Self>, pages: usize) -> std::result::Result<Slot, Option<String>> {
         let mut inner = self.lock();
         if inner.waiting.is_empty() && inner.opening == 0 {
-            if let Ok(()) = self.room_with(inner.open) {
+            if let Ok(()) = self.room_with(inner.open, pages) {
                 return Ok(self.take(&mut inner));
             }
         }
         if inner.waiting.len() >= self.max_queue {
             let why = self
-                .room_with(inner.open)
+                .room_with(inner.open, pages)
                 .err()
                 .unwrap_or_else(|| "another session is being admitted before you".to_string());
             return Err(Some(format!(
@@ -242,13 +248,13 @@ impl Ticket {
             .unwrap_or(0)
     }
 
-    /// A slot when this ticket is at the head and there is room (the ticket is used up),
-    /// else the ticket back.
-    pub fn try_admit(mut self) -> std::result::Result<Slot, Ticket> {
+    /// A slot when this ticket is at the head and there is room for a session of `pages`
+    /// KV pages (the ticket is used up), else the ticket back.
+    pub fn try_admit(mut self, pages: usize) -> std::result::Result<Slot, Ticket> {
         let admission = Arc::clone(&self.admission);
         let mut inner = admission.lock();
         let at_head = inner.waiting.front() == Some(&self.id);
-        if !at_head || inner.opening > 0 || admission.room_with(inner.open).is_err() {
+        if !at_head || inner.opening > 0 || admission.room_with(inner.open, pages).is_err() {
             drop(inner);
             return Err(self);
         }
@@ -323,17 +329,17 @@ mod tests {
     #[test]
     fn only_the_head_is_admitted_and_not_while_another_session_is_opening() {
         let a = admission(2, 4);
-        let mut first = a.try_enter().unwrap();
+        let mut first = a.try_enter(18).unwrap();
         // The first is still opening: a newcomer queues even with a slot free.
-        assert!(matches!(a.try_enter(), Err(None)));
+        assert!(matches!(a.try_enter(18), Err(None)));
         let one = a.join(false);
         let two = a.join(false);
         assert_eq!((one.ahead(), two.ahead()), (0, 1));
-        let two = two.try_admit().unwrap_err();
-        let one = one.try_admit().unwrap_err();
+        let two = two.try_admit(18).unwrap_err();
+        let one = one.try_admit(18).unwrap_err();
         first.opened();
-        let _two = two.try_admit().unwrap_err();
-        let mut second = one.try_admit().unwrap();
+        let _two = two.try_admit(18).unwrap_err();
+        let mut second = one.try_admit(18).unwrap();
         assert_eq!((a.open(), a.waiting()), (2, 1));
         second.opened();
         drop(first);
@@ -343,22 +349,22 @@ mod tests {
     #[test]
     fn a_dropped_ticket_leaves_the_queue_and_a_full_queue_names_max_queue() {
         let a = admission(1, 1);
-        let _slot = a.try_enter().unwrap();
+        let _slot = a.try_enter(18).unwrap();
         let waiting = a.join(false);
-        let full = a.try_enter().unwrap_err().unwrap();
+        let full = a.try_enter(18).unwrap_err().unwrap();
         assert!(
             full.contains("--max-queue") && full.contains("--max-sessions"),
             "{full}"
         );
         drop(waiting);
         assert_eq!(a.waiting(), 0);
-        assert!(matches!(a.try_enter(), Err(None)));
+        assert!(matches!(a.try_enter(18), Err(None)));
     }
 
     #[test]
     fn a_client_sent_back_to_the_front_is_next_in_line() {
         let a = admission(1, 4);
-        let _slot = a.try_enter().unwrap();
+        let _slot = a.try_enter(18).unwrap();
         let later = a.join(false);
         let back = a.join(true);
         assert_eq!((back.ahead(), later.ahead()), (0, 1));

@@ -254,7 +254,8 @@ impl Connection {
         let mut requeued = false;
         let mut waited = std::time::Duration::ZERO;
         loop {
-            let Some(slot) = self.admit(requeued, deadline, &request_id).await else {
+            let pages = state.engine.kv_pages_for(request.width, request.height);
+            let Some(slot) = self.admit(requeued, deadline, &request_id, pages).await else {
                 return;
             };
             if !requeued {
@@ -297,13 +298,15 @@ impl Connection {
     }
 
     /// A session slot: at once when one is free and nobody waits, else after waiting in
-    /// the queue (at its head when `front`) until `deadline`. `None` when the client was
-    /// refused, stopped or hung up (it has been told what it needs to hear).
+    /// the queue (at its head when `front`) until `deadline`, for a session of `pages` KV
+    /// pages. `None` when the client was refused, stopped or hung up (it has been told
+    /// what it needs to hear).
     async fn admit(
         &mut self,
         front: bool,
         deadline: TokioInstant,
         request_id: &str,
+        pages: usize,
     ) -> Option<Slot> {
         let state = Arc::clone(&self.state);
         let admission = &state.admission;
@@ -311,7 +314,7 @@ impl Connection {
         let mut ticket = if front {
             admission.join(true)
         } else {
-            match admission.try_enter() {
+            match admission.try_enter(pages) {
                 Ok(slot) => return Some(slot),
                 Err(Some(reason)) => {
                     self.refuse(Refusal::QueueFull, ServerError::Capacity(reason))
@@ -330,7 +333,7 @@ impl Connection {
                     .await;
                 return None;
             }
-            ticket = match ticket.try_admit() {
+            ticket = match ticket.try_admit(pages) {
                 Ok(slot) => {
                     state.metrics.queue_admitted.fetch_add(1, Ordering::Relaxed);
                     return Some(slot);
@@ -351,7 +354,7 @@ impl Connection {
                 _ = changes.changed() => {}
                 _ = shutdown.changed() => {}
                 _ = sleep_until(deadline) => {
-                    let why = admission.room().err().unwrap_or_else(|| "others were ahead".to_string());
+                    let why = admission.room_for(pages).err().unwrap_or_else(|| "others were ahead".to_string());
                     let e = ServerError::Capacity(format!(
                         "waited {timeout_s:.1} s in the admission queue without a free slot ({why}); raise --queue-timeout or add capacity"
                     ));

@@ -43,7 +43,8 @@ pub struct AppState {
     pub world: Option<Arc<dyn Communicator>>,
     /// The server's setup.
     pub config: ServerConfig,
-    /// KV pages one session reserves (the engine's window).
+    /// The fewest KV pages a session reserves (the engine's window at one page a frame;
+    /// a session reserves its own size's pages).
     pub pages_per_session: usize,
     /// Counters.
     pub metrics: Arc<Metrics>,
@@ -174,6 +175,7 @@ impl Server {
                 "a sharded server runs one session at a time (every rank follows one schedule)",
             ));
         }
+        // The fewest pages a session takes: one a frame (a frame of one page's tokens).
         let pages_per_session = engine.config().window_frames;
         let (shutdown_tx, _) = watch::channel(false);
         let (sockets, _) = watch::channel(0);

@@ -72,8 +72,12 @@ async fn a_session_without_num_frames_streams_until_the_client_stops_it() {
     let reserved = reserved_of(&metadata);
     let peak = *reserved.iter().max().unwrap();
     eprintln!("reserved: 45 frames peak {finite_peak}, until stopped peak {peak}");
+    // Its history grows to 15 latent frames where the 45-frame session's stops at 9, so
+    // the caching allocator may take one more 2 MiB small-pool segment as the window
+    // first fills; never more.
+    let slack = (0.01 * finite_peak as f64).max((2 << 20) as f64);
     assert!(
-        (peak - finite_peak).abs() as f64 <= 0.01 * finite_peak as f64,
+        (peak - finite_peak).abs() as f64 <= slack,
         "reserved peak {peak} vs {finite_peak}"
     );
     let steady = &reserved[reserved.len() - 16..];

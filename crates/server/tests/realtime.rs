@@ -294,9 +294,9 @@ async fn without_a_queue_a_full_server_refuses_with_capacity_at_once_and_is_not_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_queue_a_kv_pool_with_room_for_one_session_refuses_the_second_whatever_the_slots()
 {
-    // tiny at 48×32: one page = 2 (K, V) · 2 layers · 6 tokens · 4 heads · 12 dims · 4 B;
-    // a session takes the 18-frame window.
-    let page = 2 * 2 * 6 * 4 * 12 * 4;
+    // One page = 2 (K, V) · 2 layers · 16 tokens · 4 heads · 12 dims · 4 B; tiny at 48×32
+    // has 6 tokens a frame (one page), and a session takes the 18-frame window.
+    let page = 2 * 2 * 16 * 4 * 12 * 4;
     let config = ServerConfig {
         max_sessions: 2,
         max_queue: 0,

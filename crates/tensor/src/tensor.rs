@@ -440,6 +440,44 @@ impl Tensor {
         Ok(())
     }
 
+    /// Overwrites the leading `src.shape()[axis]` entries along `axis` with `src` (the
+    /// other axes equal, every axis before `axis` of size 1, so they are one contiguous
+    /// run at the start of the storage), leaving the rest as it is; the same ownership
+    /// rules as [`Tensor::assign`]. A paged cache fills the used rows of a page this way.
+    pub fn assign_leading(&mut self, axis: usize, src: &Tensor) -> Result<()> {
+        let fits = src.rank() == self.rank()
+            && axis < self.rank()
+            && self.shape()[..axis].iter().all(|&n| n == 1)
+            && (0..self.rank()).all(|a| {
+                if a == axis {
+                    src.shape()[a] <= self.shape()[a]
+                } else {
+                    src.shape()[a] == self.shape()[a]
+                }
+            });
+        if !fits {
+            return Err(TensorError::shape(
+                "assign_leading",
+                format!(
+                    "source {:?} is not a leading part of {:?} along axis {axis}",
+                    src.shape(),
+                    self.shape()
+                ),
+            ));
+        }
+        if !self.is_contiguous() || self.layout.offset() != 0 {
+            return Err(TensorError::shape(
+                "assign_leading",
+                "the destination must be a contiguous tensor that owns its storage alone",
+            ));
+        }
+        // The leading run is itself a contiguous tensor at offset 0: assign into it.
+        let whole = std::mem::replace(&mut self.layout, Layout::contiguous(src.shape()));
+        let done = self.assign(src);
+        self.layout = whole;
+        done
+    }
+
     /// The storage bytes, or `None` on a meta device.
     pub fn storage_data(&self) -> Option<&[u8]> {
         self.storage.bytes()

@@ -134,3 +134,29 @@ fn assign_overwrites_an_owned_block_in_place_and_refuses_shared_ones() {
     drop(view);
     assert!(page.assign(&src.narrow(0, 0, 1).unwrap()).is_err());
 }
+
+#[test]
+fn assign_leading_fills_the_first_rows_in_place_and_keeps_the_rest() {
+    let dev = Device::cpu().unwrap();
+    let mut page = Tensor::full(&[1, 3, 2], 9.0, DType::BF16, &dev).unwrap();
+    let addr_before = page.storage_data().unwrap().as_ptr();
+    let src = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], &[1, 2, 2], &dev).unwrap();
+    page.assign_leading(1, &src).unwrap();
+    assert_eq!(page.storage_data().unwrap().as_ptr(), addr_before);
+    assert_eq!(page.shape(), [1, 3, 2]);
+    assert_eq!(
+        page.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(),
+        [1.0, 2.0, 3.0, 4.0, 9.0, 9.0]
+    );
+    // Not a leading part: longer, another width, or rows behind a first axis of 2.
+    let long = Tensor::zeros(&[1, 4, 2], DType::F32, &dev).unwrap();
+    assert!(page.assign_leading(1, &long).is_err());
+    let wide = Tensor::zeros(&[1, 2, 3], DType::F32, &dev).unwrap();
+    assert!(page.assign_leading(1, &wide).is_err());
+    let mut two = Tensor::zeros(&[2, 3, 2], DType::F32, &dev).unwrap();
+    let rows = Tensor::zeros(&[2, 1, 2], DType::F32, &dev).unwrap();
+    assert!(two.assign_leading(1, &rows).is_err());
+    let view = page.narrow(1, 0, 1).unwrap();
+    assert!(page.assign_leading(1, &src).is_err(), "a shared page");
+    drop(view);
+}
