@@ -115,6 +115,27 @@ pub struct Engine {
     pub(crate) condition_settles: std::sync::OnceLock<Option<usize>>,
     /// Sessions may be stepped in batches with others ([`Engine::set_batched_steps`]).
     pub(crate) batched_steps: std::sync::atomic::AtomicBool,
+    /// Bytes the device held once the model was loaded.
+    weights_bytes: u64,
+}
+
+/// What an engine keeps for its whole life, in allocated bytes: with no session open,
+/// the device holds exactly this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Resident {
+    /// The model's weights (and a resident text encoder's), as loaded.
+    pub weights_bytes: u64,
+    /// The KV page pool (0 before the first session).
+    pub kv_pool_bytes: u64,
+    /// Cached prompt embeddings.
+    pub prompt_cache_bytes: u64,
+}
+
+impl Resident {
+    /// The sum.
+    pub fn total(&self) -> u64 {
+        self.weights_bytes + self.kv_pool_bytes + self.prompt_cache_bytes
+    }
 }
 
 impl EngineConfig {
@@ -292,7 +313,17 @@ impl Engine {
             .as_deref()
             .map(crate::plan_cache::PlanCache::new)
             .transpose()?;
+        // Everything allocated so far is the model: its weights (and a resident text
+        // encoder's), what stays for the engine's life.
+        let weights_bytes = device
+            .platform()
+            .memory_stats()
+            .allocated_bytes
+            .all()
+            .current
+            .max(0) as u64;
         Ok(Self {
+            weights_bytes,
             prompts: Arc::new(prompts),
             first_frame,
             plan_cache,
@@ -306,6 +337,15 @@ impl Engine {
             condition_settles: std::sync::OnceLock::new(),
             batched_steps: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// What the engine keeps between sessions: weights, KV pool, prompt cache.
+    pub fn resident(&self) -> Resident {
+        Resident {
+            weights_bytes: self.weights_bytes,
+            kv_pool_bytes: self.kv_pool().map_or(0, |p| p.bytes()),
+            prompt_cache_bytes: self.text_report().map_or(0, |r| r.cache_bytes),
+        }
     }
 
     /// What the plan cache did so far (`None` without `plan_cache`).
@@ -357,6 +397,13 @@ impl Engine {
     /// Whether sessions can take a prompt: the model has a text encoder.
     pub fn has_text_encoder(&self) -> bool {
         self.prompts.available()
+    }
+
+    /// Crosses the `sleep` boundary: no session is open, so the allocator's cache goes
+    /// back to the device (under every reclaim policy but `never`), leaving the weights,
+    /// the KV pool and the prompt cache resident.
+    pub fn sleep(&self) -> Option<headroom_mem::Reclaim> {
+        self.platform().phase(headroom_mem::Phase::Sleep)
     }
 
     /// The KV pool, once the first session created it.

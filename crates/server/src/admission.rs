@@ -8,7 +8,9 @@
 //! for the same pages. Every change that can let the head in (a slot or ticket given
 //! back, an open finished) bumps a generation counter that waiters watch, so waiting
 //! costs nothing between changes. Tickets and slots give themselves back on drop: a
-//! client that hangs up while queued leaves the queue with its socket task.
+//! client that hangs up while queued leaves the queue with its socket task. When the
+//! last slot is given back with nobody waiting, the engine crosses its `sleep` boundary
+//! and the allocator's cache goes back: what stays is the weights and the KV pool.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -297,7 +299,12 @@ impl Drop for Slot {
         if self.opening {
             inner.opening -= 1;
         }
+        let idle = inner.open == 0 && inner.waiting.is_empty();
         drop(inner);
+        if idle {
+            // The last session is gone and nobody waits: the cache goes back.
+            self.admission.engine.sleep();
+        }
         self.admission
             .metrics
             .sessions_open

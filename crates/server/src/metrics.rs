@@ -275,6 +275,25 @@ impl Metrics {
             "Capacity of the device (mem_info).",
             total,
         );
+        let resident = engine.resident();
+        gauge(
+            o,
+            "headroom_weights_bytes",
+            "Bytes the model's weights hold (allocated once it was loaded).",
+            resident.weights_bytes,
+        );
+        gauge(
+            o,
+            "headroom_kv_pool_bytes",
+            "Bytes the KV page pool holds (0 until the first session sizes it).",
+            resident.kv_pool_bytes,
+        );
+        gauge(
+            o,
+            "headroom_prompt_cache_bytes",
+            "Bytes of cached prompt embeddings.",
+            resident.prompt_cache_bytes,
+        );
         let (pages_total, pages_free) = engine
             .kv_pool()
             .map_or((0, 0), |p| (p.total_pages(), p.free_pages()));

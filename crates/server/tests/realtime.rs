@@ -454,6 +454,9 @@ async fn health_metrics_and_the_viewer_are_served_with_headroom_names() {
         "headroom_planned_spans 0",
         "headroom_committed_bytes ",
         "headroom_planned_unattributed_total ",
+        "headroom_weights_bytes ",
+        "headroom_kv_pool_bytes ",
+        "headroom_prompt_cache_bytes 0",
     ] {
         assert!(metrics.contains(name), "{name} missing");
     }

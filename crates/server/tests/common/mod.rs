@@ -42,6 +42,15 @@ impl TestServer {
             kv_budget_bytes,
             ..EngineConfig::default()
         };
+        Self::start_with(engine, config).await
+    }
+
+    /// A server on `engine` (its model set to `tiny`).
+    pub async fn start_with(engine: EngineConfig, config: ServerConfig) -> Self {
+        let engine = EngineConfig {
+            model: "tiny".to_string(),
+            ..engine
+        };
         let config = ServerConfig {
             model_name: "tiny".to_string(),
             ..config
