@@ -41,6 +41,32 @@ pub struct ServeBenchConfig {
     /// many seconds after its `video.start` (mid-chunk); the measured clients start right
     /// after the hang-up, so their TTFC shows what a hang-up costs the next client.
     pub hang_up_after_s: Option<f64>,
+    /// Sizes `(width, height)` the sessions draw from (a fixed draw per session number);
+    /// empty: every session at `width` × `height`.
+    pub sizes: Vec<(usize, usize)>,
+    /// Share of sessions whose client hangs up: before its first chunk or after one of
+    /// its chunks, drawn per session number (a soak, not a latency measurement: they
+    /// count as `hung_up`, not in the timings).
+    pub hang_up_share: f64,
+}
+
+impl ServeBenchConfig {
+    /// Session `i`'s size and the chunk its client hangs up after (`Some(0)`: before the
+    /// first), from a fixed hash of `i`.
+    pub fn draw(&self, i: usize) -> ((usize, usize), Option<usize>) {
+        let mut z = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        let size = match self.sizes.len() {
+            0 => (self.width, self.height),
+            n => self.sizes[(z % n as u64) as usize],
+        };
+        let unit = ((z >> 16) & 0xFFFF) as f64 / 65536.0;
+        let chunks = self.frames.div_ceil(12).max(1);
+        let hang_up = (unit < self.hang_up_share).then(|| ((z >> 40) as usize) % chunks);
+        (size, hang_up)
+    }
 }
 
 /// The server's allocator as `/metrics` said it through a run and after it.
@@ -56,11 +82,17 @@ pub struct MemorySamples {
     pub allocated_after_bytes: i64,
     /// Reserved bytes once every session had ended (the residency a run leaves).
     pub reserved_after_bytes: i64,
+    /// What the engine keeps for its life, once every session had ended: weights, KV
+    /// pool and prompt cache (`headroom_{weights,kv_pool,prompt_cache}_bytes`).
+    pub resident_after_bytes: i64,
+    /// Allocations that ran out of memory during the run (`headroom_ooms_total`).
+    pub ooms: i64,
+    /// Sessions the server refused during the run, for any reason.
+    pub refused: i64,
 }
 
-/// `headroom_allocated_bytes` and `headroom_reserved_bytes` from the `/metrics` of the
-/// server whose realtime endpoint is `url` (`None` when it cannot be read).
-async fn sample_memory(url: &str) -> Option<(i64, i64)> {
+/// The `/metrics` text of the server whose realtime endpoint is `url`.
+async fn metrics_text(url: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("ws://")?;
     let host = rest.split('/').next()?;
@@ -69,14 +101,39 @@ async fn sample_memory(url: &str) -> Option<(i64, i64)> {
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut body = String::new();
     stream.read_to_string(&mut body).await.ok()?;
-    let value = |name: &str| {
-        body.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-    };
+    Some(body)
+}
+
+/// The sum of the values of metric `name` (every label set) in `/metrics` text.
+fn metric(body: &str, name: &str) -> Option<i64> {
+    let values: Vec<f64> = body
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.trim().parse().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() as i64)
+}
+
+/// `headroom_allocated_bytes` and `headroom_reserved_bytes` from the `/metrics` of the
+/// server whose realtime endpoint is `url` (`None` when it cannot be read).
+async fn sample_memory(url: &str) -> Option<(i64, i64)> {
+    let body = metrics_text(url).await?;
     Some((
-        value("headroom_allocated_bytes")?,
-        value("headroom_reserved_bytes")?,
+        metric(&body, "headroom_allocated_bytes")?,
+        metric(&body, "headroom_reserved_bytes")?,
     ))
+}
+
+/// `headroom_ooms_total` and the refusals of every reason, now.
+async fn sample_failures(url: &str) -> (i64, i64) {
+    let body = metrics_text(url).await.unwrap_or_default();
+    (
+        metric(&body, "headroom_ooms_total").unwrap_or(0),
+        metric(&body, "headroom_sessions_refused_total").unwrap_or(0),
+    )
 }
 
 /// One session as the client saw it.
@@ -120,6 +177,8 @@ pub struct ServeBenchSummary {
     pub clients: usize,
     /// Sessions completed (served to their last chunk).
     pub sessions: usize,
+    /// Sessions whose client hung up as drawn (`hang_up_share`).
+    pub hung_up: usize,
     /// Whether every client was served.
     pub all_served: bool,
     /// Clients that waited in the admission queue.
@@ -176,15 +235,17 @@ fn ws_err(e: impl std::fmt::Display) -> BenchError {
     }
 }
 
-/// Runs one session and times its chunks.
-async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTiming> {
+/// Runs session `i` and times its chunks (`None`: its client hung up as drawn).
+async fn one_session(config: &ServeBenchConfig, i: usize) -> Result<Option<SessionTiming>> {
+    let ((width, height), hang_up) = config.draw(i);
+    let seed = 42 + i as u64;
     let (mut ws, _) = tokio_tungstenite::connect_async(config.url.as_str())
         .await
         .map_err(ws_err)?;
     let start = Instant::now();
     let (mut start_s, mut queue_wait_s, mut queued) = (None, 0.0, false);
     let request = json!({"type": "session.start", "format": "m4s", "num_frames": config.frames,
-        "width": config.width, "height": config.height, "seed": seed, "fps": config.fps});
+        "width": width, "height": height, "seed": seed, "fps": config.fps});
     ws.send(Message::text(request.to_string()))
         .await
         .map_err(ws_err)?;
@@ -194,6 +255,9 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
             Message::Binary(b) => {
                 arrivals.push(start.elapsed().as_secs_f64());
                 bytes += b.len();
+                if hang_up == Some(arrivals.len()) {
+                    return Ok(None);
+                }
             }
             Message::Text(text) => {
                 let v: Value = serde_json::from_str(text.as_str()).map_err(ws_err)?;
@@ -202,6 +266,9 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
                     Some("video.start") => {
                         start_s = Some(start.elapsed().as_secs_f64());
                         queue_wait_s = v["queue_wait_ms"].as_f64().unwrap_or(0.0) / 1e3;
+                        if hang_up == Some(0) {
+                            return Ok(None);
+                        }
                     }
                     Some("video.chunk_metadata") => {
                         chunk_frames.push(v["num_frames"].as_u64().unwrap_or(0) as usize)
@@ -220,7 +287,7 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
     let ttfc_s = *arrivals
         .first()
         .ok_or_else(|| ws_err("the session ended before its first chunk"))?;
-    Ok(SessionTiming {
+    Ok(Some(SessionTiming {
         queue_wait_s,
         start_s: start_s.unwrap_or(0.0),
         queued,
@@ -229,7 +296,7 @@ async fn one_session(config: &ServeBenchConfig, seed: u64) -> Result<SessionTimi
         chunk_frames,
         e2e_s,
         bytes,
-    })
+    }))
 }
 
 /// Starts a session and drops the connection `after_s` seconds after its `video.start`.
@@ -274,11 +341,12 @@ fn deadlines(s: &SessionTiming, fps: f64) -> (usize, usize) {
     (on_time, s.intervals_s.len())
 }
 
-/// Summarises session timings.
+/// Summarises session timings (`hung_up` sessions ended as drawn).
 pub fn summarize(
     config: &ServeBenchConfig,
     per_session: Vec<SessionTiming>,
     unserved: Vec<Unserved>,
+    hung_up: usize,
     wall_s: f64,
     memory: MemorySamples,
 ) -> ServeBenchSummary {
@@ -307,8 +375,9 @@ pub fn summarize(
     let p = |v: &[f64], q: f64| percentile(v, q).unwrap_or(0.0);
     ServeBenchSummary {
         url: config.url.clone(),
-        clients: per_session.len() + unserved.len(),
+        clients: per_session.len() + unserved.len() + hung_up,
         sessions: per_session.len(),
+        hung_up,
         all_served: unserved.is_empty(),
         queued: per_session.iter().filter(|s| s.queued).count(),
         queue_wait_p50_s: p(&waits, 50.0),
@@ -357,6 +426,12 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
             });
         }
     }
+    if !(0.0..=1.0).contains(&config.hang_up_share) {
+        return Err(BenchError::InvalidConfig {
+            field: "hang_up_share",
+            rule: format!("must be in [0, 1], got {}", config.hang_up_share),
+        });
+    }
     if config.sessions == 0 || config.concurrency == 0 || config.fps.is_nan() || config.fps <= 0.0 {
         return Err(BenchError::InvalidConfig {
             field: "sessions / concurrency / fps",
@@ -375,6 +450,7 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
         if let Some(after) = config.hang_up_after_s {
             hang_up(config, after).await?;
         }
+        let failures_before = sample_failures(&config.url).await;
         let started = Instant::now();
         let workers = (0..config.concurrency.min(config.sessions)).map(|_| {
             let next = Arc::clone(&next);
@@ -385,7 +461,7 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
                     if i >= config.sessions {
                         return done;
                     }
-                    done.push((i, one_session(config, 42 + i as u64).await));
+                    done.push((i, one_session(config, i).await));
                 }
             }
         });
@@ -413,26 +489,34 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
         };
         let ((outcomes, wall_s), mut memory) = futures_util::future::join(sessions, sampler).await;
         // A session's end is sent after it released what it held.
-        if let Some((allocated, reserved)) = sample_memory(&config.url).await {
-            memory.allocated_after_bytes = allocated;
-            memory.reserved_after_bytes = reserved;
+        if let Some(body) = metrics_text(&config.url).await {
+            let m = |name| metric(&body, name).unwrap_or(0);
+            memory.allocated_after_bytes = m("headroom_allocated_bytes");
+            memory.reserved_after_bytes = m("headroom_reserved_bytes");
+            memory.resident_after_bytes = m("headroom_weights_bytes")
+                + m("headroom_kv_pool_bytes")
+                + m("headroom_prompt_cache_bytes");
         }
+        let failures_after = sample_failures(&config.url).await;
+        memory.ooms = failures_after.0 - failures_before.0;
+        memory.refused = failures_after.1 - failures_before.1;
         Ok::<_, BenchError>((outcomes, wall_s, memory))
     })?;
     let (outcomes, wall_s, memory) = outcomes;
     let mut outcomes: Vec<_> = outcomes.into_iter().flatten().collect();
     outcomes.sort_by_key(|(i, _)| *i);
-    let (mut per_session, mut unserved) = (Vec::new(), Vec::new());
+    let (mut per_session, mut unserved, mut hung_up) = (Vec::new(), Vec::new(), 0);
     for (client, outcome) in outcomes {
         match outcome {
-            Ok(timing) => per_session.push(timing),
+            Ok(Some(timing)) => per_session.push(timing),
+            Ok(None) => hung_up += 1,
             Err(e) => unserved.push(Unserved {
                 client,
                 error: e.to_string(),
             }),
         }
     }
-    let summary = summarize(config, per_session, unserved, wall_s, memory);
+    let summary = summarize(config, per_session, unserved, hung_up, wall_s, memory);
     std::fs::create_dir_all(&config.out).map_err(|e| BenchError::Io {
         path: config.out.clone(),
         message: e.to_string(),
@@ -465,6 +549,8 @@ mod tests {
             fps: 12.0,
             out: PathBuf::new(),
             hang_up_after_s: None,
+            sizes: Vec::new(),
+            hang_up_share: 0.0,
         };
         // 9 frames at 2 s, then 12-frame chunks 0.5 s and 2 s later: playback of the
         // first 9 frames lasts 0.75 s, so the second chunk is on time, the third late.
@@ -486,6 +572,7 @@ mod tests {
                 client: 1,
                 error: "capacity".to_string(),
             }],
+            0,
             3.3,
             MemorySamples::default(),
         );
@@ -499,5 +586,32 @@ mod tests {
         assert_eq!(summary.deadline_attainment, 0.5);
         assert_eq!(summary.interval_max_s, 2.0);
         assert!((summary.aggregate_fps - 33.0 / 3.3).abs() < 1e-9);
+    }
+
+    #[test]
+    fn draws_mix_the_sizes_and_hang_up_the_share_asked_for() {
+        let mut config = ServeBenchConfig {
+            url: String::new(),
+            sessions: 1000,
+            concurrency: 4,
+            frames: 33,
+            width: 128,
+            height: 96,
+            fps: 16.0,
+            out: PathBuf::new(),
+            hang_up_after_s: None,
+            sizes: Vec::new(),
+            hang_up_share: 0.0,
+        };
+        assert!((0..1000).all(|i| config.draw(i) == ((128, 96), None)));
+        config.sizes = vec![(128, 96), (160, 128)];
+        config.hang_up_share = 0.25;
+        let draws: Vec<_> = (0..1000).map(|i| config.draw(i)).collect();
+        assert_eq!(draws, (0..1000).map(|i| config.draw(i)).collect::<Vec<_>>());
+        let large = draws.iter().filter(|d| d.0 == (160, 128)).count();
+        let hung: Vec<usize> = draws.iter().filter_map(|d| d.1).collect();
+        assert!((400..600).contains(&large), "{large}");
+        assert!((200..300).contains(&hung.len()), "{}", hung.len());
+        assert!(hung.iter().all(|&k| k < 3) && (0..3).all(|k| hung.contains(&k)));
     }
 }

@@ -96,6 +96,14 @@ struct ServeArgs {
     /// video.start (mid-chunk); the measured clients start right after.
     #[arg(long)]
     hang_up_after: Option<f64>,
+    /// Sizes the sessions draw from, comma-separated WxH (a fixed draw per session);
+    /// default: every session at --width × --height.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<String>,
+    /// Share of sessions whose client hangs up before its first chunk or after one of
+    /// them (drawn per session; a soak: they are counted, not timed).
+    #[arg(long, default_value_t = 0.0)]
+    hang_up_share: f64,
 }
 
 #[derive(Debug, Args)]
@@ -317,15 +325,29 @@ fn serve_one(
         fps: args.fps,
         out,
         hang_up_after_s: args.hang_up_after,
+        sizes: args
+            .sizes
+            .iter()
+            .map(|s| parse_wxh(s))
+            .collect::<Result<Vec<_>>>()?,
+        hang_up_share: args.hang_up_share,
     };
     let s = headroom_bench::serve::run_serve_bench(&config)?;
     println!(
-        "# bench serve: {} clients, concurrency {}, {} frames at {}x{}, target {} fps{}\n",
+        "# bench serve: {} clients, concurrency {}, {} frames at {}, target {} fps{}\n",
         s.clients,
         s.concurrency,
         s.frames,
-        config.width,
-        config.height,
+        if config.sizes.is_empty() {
+            format!("{}x{}", config.width, config.height)
+        } else {
+            config
+                .sizes
+                .iter()
+                .map(|(w, h)| format!("{w}x{h}"))
+                .collect::<Vec<_>>()
+                .join(" or ")
+        },
         s.fps,
         s.hang_up_after_s
             .map(|t| format!(", after a client hung up {t} s into its session"))
@@ -353,7 +375,7 @@ fn serve_one(
         100.0 * s.deadline_attainment
     );
     println!(
-        "\naggregate {:.2} fps over {:.1} s; server memory over {} samples: reserved / allocated at most {:.3}, reserved at most {}; after the run {} reserved, {} allocated",
+        "\naggregate {:.2} fps over {:.1} s; server memory over {} samples: reserved / allocated at most {:.3}, reserved at most {}; after the run {} reserved, {} allocated, {} resident (weights + KV pool + prompt cache)",
         s.aggregate_fps,
         s.wall_s,
         s.memory.samples,
@@ -361,6 +383,11 @@ fn serve_one(
         format_bytes(s.memory.reserved_max_bytes.max(0) as u64),
         format_bytes(s.memory.reserved_after_bytes.max(0) as u64),
         format_bytes(s.memory.allocated_after_bytes.max(0) as u64),
+        format_bytes(s.memory.resident_after_bytes.max(0) as u64),
+    );
+    println!(
+        "{} hung up as drawn; during the run the server refused {} and ran out of memory {} times",
+        s.hung_up, s.memory.refused, s.memory.ooms
     );
     if s.clients > 1 || s.hang_up_after_s.is_some() {
         println!("\n| client | queue wait s | video.start s | TTFC s | interval p50 / max s |");
@@ -388,6 +415,14 @@ fn serve_one(
         );
     }
     Ok(s)
+}
+
+/// `WxH` as `(width, height)`.
+fn parse_wxh(s: &str) -> Result<(usize, usize)> {
+    let parsed = s
+        .split_once(['x', 'X'])
+        .and_then(|(w, h)| Some((w.trim().parse().ok()?, h.trim().parse().ok()?)));
+    parsed.ok_or_else(|| anyhow::anyhow!("--sizes: {s:?} is not WxH (e.g. 128x96)"))
 }
 
 fn session(args: SessionArgs) -> Result<()> {

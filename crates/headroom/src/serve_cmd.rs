@@ -61,7 +61,8 @@ pub struct ServeArgs {
     queue_timeout: f64,
     /// KV page budget, taken at the first open: bytes (B, KiB, MiB, GiB), a fraction of
     /// the device capacity (--capacity, else physical memory; e.g. 0.05), or `auto`
-    /// (exactly --max-sessions sessions of the largest size).
+    /// (exactly --max-sessions sessions of the first session's size, rebuilt while idle
+    /// for a larger one). Pages hold 16 tokens, so every size shares them.
     #[arg(long, default_value = "auto")]
     kv_budget: String,
     /// Device capacity (B, KiB, MiB, GiB) to emulate a memory-tight device; physical
