@@ -457,6 +457,14 @@ impl Engine {
         Ok(blocks)
     }
 
+    /// Bytes a new allocation can take: the device's free memory plus what the allocator
+    /// holds cached.
+    fn free_bytes(&self) -> u64 {
+        let (free, _) = self.platform().mem_info();
+        let st = self.platform().memory_stats();
+        free + (st.reserved_bytes.all().current - st.allocated_bytes.all().current).max(0) as u64
+    }
+
     /// Tokens of one latent frame at `width` × `height`.
     fn frame_tokens(&self, width: usize, height: usize) -> usize {
         let c = self.dit.config();
@@ -519,6 +527,15 @@ impl Engine {
         };
         let budget = budget
             .unwrap_or_else(|| layout.bytes() * (need * self.config.max_sessions.max(1)) as u64);
+        let pool_bytes = budget / layout.bytes().max(1) * layout.bytes();
+        let free = self.free_bytes();
+        if pool_bytes > free {
+            return Err(EngineError::Admission(format!(
+                "the KV pool's {pool_bytes} B ({} pages of {} B) do not fit in {free} B free",
+                pool_bytes / layout.bytes().max(1),
+                layout.bytes()
+            )));
+        }
         let created = KvPool::with_budget(layout, budget, need, &self.device)
             .map_err(|e| EngineError::Admission(e.to_string()))?;
         *pool = Some(Arc::clone(&created));
@@ -566,15 +583,10 @@ impl Engine {
         let s = self.vae.config().spatial_factor();
         let cond_bytes =
             (20 * BLOCK_FRAMES * (request.height / s) * (request.width / s) * 4) as u64;
-        let (free, _) = self.platform().mem_info();
-        let cached = {
-            let st = self.platform().memory_stats();
-            (st.reserved_bytes.all().current - st.allocated_bytes.all().current).max(0) as u64
-        };
-        if state + cond_bytes > free + cached {
+        let free = self.free_bytes();
+        if state + cond_bytes > free {
             return Err(EngineError::Admission(format!(
-                "decoder state {state} B + conditioning {cond_bytes} B do not fit in {} B free",
-                free + cached
+                "decoder state {state} B + conditioning {cond_bytes} B do not fit in {free} B free"
             )));
         }
         let embeds = match request.prompt.as_deref() {
