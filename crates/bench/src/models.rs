@@ -33,6 +33,8 @@ pub struct ModelBenchConfig {
     /// `CMD --model DIR --dtype f32|bf16 --reps N --width W --height H`, it prints one JSON
     /// object `{"dit_forward_s", "vae_decode_s"}`.
     pub reference: Option<String>,
+    /// Works to run: `dit`, `vae` (both when empty).
+    pub works: Vec<String>,
 }
 
 /// One work item in one mode.
@@ -119,6 +121,12 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
     if !ok(config.width) || !ok(config.height) {
         return Err(invalid("width / height", "positive multiples of 16"));
     }
+    for w in &config.works {
+        if w != "dit" && w != "vae" {
+            return Err(invalid("works", format!("{w:?} is not dit or vae")));
+        }
+    }
+    let runs = |w: &str| config.works.is_empty() || config.works.iter().any(|x| x == w);
     let device = Device::cpu()?;
     let platform = device.platform().clone();
     let mut rows = Vec::new();
@@ -172,25 +180,29 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
                 });
                 Ok::<_, BenchError>(())
             };
-        measure(
-            "dit forward",
-            &mut || {
-                drop(
-                    dit.forward(&latents, 999.0, Some(&text), None)
-                        .map_err(|e| invalid("dit", e))?,
-                );
-                Ok(())
-            },
-            reference.map(|r| r.0),
-        )?;
-        measure(
-            "vae decode",
-            &mut || {
-                drop(vae.decode(&z).map_err(|e| invalid("vae", e))?);
-                Ok(())
-            },
-            reference.map(|r| r.1),
-        )?;
+        if runs("dit") {
+            measure(
+                "dit forward",
+                &mut || {
+                    drop(
+                        dit.forward(&latents, 999.0, Some(&text), None)
+                            .map_err(|e| invalid("dit", e))?,
+                    );
+                    Ok(())
+                },
+                reference.map(|r| r.0),
+            )?;
+        }
+        if runs("vae") {
+            measure(
+                "vae decode",
+                &mut || {
+                    drop(vae.decode(&z).map_err(|e| invalid("vae", e))?);
+                    Ok(())
+                },
+                reference.map(|r| r.1),
+            )?;
+        }
     }
     set_near_f32(false);
     Ok(rows)

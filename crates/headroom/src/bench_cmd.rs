@@ -63,6 +63,9 @@ struct ModelsArgs {
     /// Print the rows as JSON.
     #[arg(long)]
     json: bool,
+    /// Works to run, comma-separated: dit, vae (default: both).
+    #[arg(long, value_delimiter = ',')]
+    works: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -601,6 +604,7 @@ fn models(args: ModelsArgs) -> Result<()> {
         width: args.width,
         height: args.height,
         reference: args.reference,
+        works: args.works,
     };
     let rows = headroom_bench::run_model_bench(&config)?;
     if args.json {
