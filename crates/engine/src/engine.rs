@@ -315,13 +315,7 @@ impl Engine {
             .transpose()?;
         // Everything allocated so far is the model: its weights (and a resident text
         // encoder's), what stays for the engine's life.
-        let weights_bytes = device
-            .platform()
-            .memory_stats()
-            .allocated_bytes
-            .all()
-            .current
-            .max(0) as u64;
+        let weights_bytes = device.platform().memory_stats().allocated_now();
         Ok(Self {
             weights_bytes,
             prompts: Arc::new(prompts),
@@ -460,9 +454,7 @@ impl Engine {
     /// Bytes a new allocation can take: the device's free memory plus what the allocator
     /// holds cached.
     fn free_bytes(&self) -> u64 {
-        let (free, _) = self.platform().mem_info();
-        let st = self.platform().memory_stats();
-        free + (st.reserved_bytes.all().current - st.allocated_bytes.all().current).max(0) as u64
+        self.platform().mem_info().0 + self.platform().memory_stats().cached_now()
     }
 
     /// Tokens of one latent frame at `width` × `height`.
@@ -487,18 +479,15 @@ impl Engine {
     /// KV pages a session at `width` × `height` holds: its window's frames, each
     /// ⌈tokens / page tokens⌉ pages. Sessions of any resolution share one pool.
     pub fn kv_pages_for(&self, width: usize, height: usize) -> usize {
-        self.config.window_frames
-            * self
-                .page_layout()
-                .pages_per_frame(self.frame_tokens(width, height))
+        self.page_layout()
+            .session_pages(self.frame_tokens(width, height), self.config.window_frames)
     }
 
     /// The pool, created at the first session with room for `max_sessions` sessions of
     /// `need` pages each (or the configured budget). A session that needs more pages
     /// than the whole pool holds rebuilds it larger while no session holds pages, and is
     /// refused (to wait for the others) while one does.
-    fn pool_for(&self, need: usize) -> Result<Arc<KvPool>> {
-        let layout = self.page_layout();
+    fn pool_for(&self, layout: PageLayout, need: usize) -> Result<Arc<KvPool>> {
         let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
         match pool.as_ref() {
             Some(p) if p.layout() == layout && p.total_pages() >= need => {
@@ -527,13 +516,13 @@ impl Engine {
         };
         let budget = budget
             .unwrap_or_else(|| layout.bytes() * (need * self.config.max_sessions.max(1)) as u64);
-        let pool_bytes = budget / layout.bytes().max(1) * layout.bytes();
+        let page = layout.bytes().max(1);
+        let pages = budget / page;
         let free = self.free_bytes();
-        if pool_bytes > free {
+        if pages * page > free {
             return Err(EngineError::Admission(format!(
-                "the KV pool's {pool_bytes} B ({} pages of {} B) do not fit in {free} B free",
-                pool_bytes / layout.bytes().max(1),
-                layout.bytes()
+                "the KV pool's {} B ({pages} pages of {page} B) do not fit in {free} B free",
+                pages * page
             )));
         }
         let created = KvPool::with_budget(layout, budget, need, &self.device)
@@ -565,7 +554,11 @@ impl Engine {
     pub fn admit_session(&self, request: SessionRequest) -> Result<Admitted<'_>> {
         let blocks = self.validate(&request)?;
         let tokens = self.frame_tokens(request.width, request.height);
-        let pool = self.pool_for(self.kv_pages_for(request.width, request.height))?;
+        let layout = self.page_layout();
+        let pool = self.pool_for(
+            layout,
+            layout.session_pages(tokens, self.config.window_frames),
+        )?;
         let kv = SessionKv::new(
             &pool,
             tokens,

@@ -346,7 +346,7 @@ impl Engine {
         let allocator = self.platform().allocator();
         let c = allocator.span_commitments();
         let stats = self.platform().memory_stats();
-        let allocated = stats.allocated_bytes.all().current.max(0) as u64;
+        let allocated = stats.allocated_now();
         // Live outside the arenas, plus arenas of spans that ended but still hold a block.
         let outside = allocated.saturating_sub(c.arena_allocated);
         let retiring = c.arena_bytes.saturating_sub(c.planned_arenas);

@@ -98,13 +98,7 @@ fn load(args: LoadArgs, device: &Device) -> Result<()> {
     let layout = store.layout().to_string();
     let model = WanTransformer::from_store(config, &store)?;
     let secs = start.elapsed().as_secs_f64();
-    let weights = device
-        .platform()
-        .memory_stats()
-        .allocated_bytes
-        .all()
-        .current
-        .max(0) as u64;
+    let weights = device.platform().memory_stats().allocated_now();
     let peak = process_peak_rss_bytes().unwrap_or(0);
     let c = model.config();
     println!(

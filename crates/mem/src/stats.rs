@@ -162,6 +162,16 @@ pub struct MemoryStats {
 }
 
 impl MemoryStats {
+    /// Bytes in live allocations now (`allocated_bytes.all.current`).
+    pub fn allocated_now(&self) -> u64 {
+        self.allocated_bytes.all().current.max(0) as u64
+    }
+
+    /// Bytes reserved but not allocated now: what the cache holds.
+    pub fn cached_now(&self) -> u64 {
+        (self.reserved_bytes.all().current - self.allocated_bytes.all().current).max(0) as u64
+    }
+
     /// Sets every peak to its current value (`reset_peak_memory_stats`).
     pub fn reset_peaks(&mut self) {
         for array in [

@@ -42,6 +42,12 @@ impl PageLayout {
     pub fn pages_per_frame(&self, frame_tokens: usize) -> usize {
         frame_tokens.div_ceil(self.tokens.max(1))
     }
+
+    /// Pages a session of `frame_tokens` tokens per latent frame holds: a window of
+    /// `window_frames` frames.
+    pub fn session_pages(&self, frame_tokens: usize, window_frames: usize) -> usize {
+        window_frames * self.pages_per_frame(frame_tokens)
+    }
 }
 
 /// One page: `tokens` tokens' keys and values, per layer.
@@ -121,12 +127,6 @@ impl KvPool {
         self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
-    /// Pages a session of `frame_tokens` tokens per latent frame holds: a window of
-    /// `window_frames` frames.
-    pub fn session_pages(&self, frame_tokens: usize, window_frames: usize) -> usize {
-        window_frames * self.layout.pages_per_frame(frame_tokens)
-    }
-
     /// Takes `n` pages, or refuses (leaving the pool unchanged) when fewer are free.
     pub fn acquire(&self, n: usize) -> Result<Vec<Page>> {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
@@ -189,7 +189,7 @@ impl SessionKv {
         if frame_tokens == 0 {
             return Err(ModelError::input("kv frame tokens", "must be at least 1"));
         }
-        let spare = pool.acquire(pool.session_pages(frame_tokens, window_frames))?;
+        let spare = pool.acquire(pool.layout.session_pages(frame_tokens, window_frames))?;
         Ok(Self {
             pool: Arc::clone(pool),
             frame_tokens,

@@ -163,8 +163,8 @@ fn sessions_of_two_resolutions_share_one_pool_of_token_pages() {
         ..layout()
     };
     let pool = KvPool::with_budget(layout, 90 * layout.bytes(), 18, &dev).unwrap();
-    assert_eq!(pool.session_pages(4, 18), 36);
-    assert_eq!(pool.session_pages(9, 18), 54);
+    assert_eq!(pool.layout().session_pages(4, 18), 36);
+    assert_eq!(pool.layout().session_pages(9, 18), 54);
     let mut small = SessionKv::new(&pool, 4, 9, 18, 3).unwrap();
     let mut large = SessionKv::new(&pool, 9, 9, 18, 3).unwrap();
     assert_eq!(pool.free_pages(), 0);

@@ -253,8 +253,8 @@ impl Connection {
         let deadline = TokioInstant::from_std(started_at) + state.config.queue_timeout;
         let mut requeued = false;
         let mut waited = std::time::Duration::ZERO;
+        let pages = state.engine.kv_pages_for(request.width, request.height);
         loop {
-            let pages = state.engine.kv_pages_for(request.width, request.height);
             let Some(slot) = self.admit(requeued, deadline, &request_id, pages).await else {
                 return;
             };
