@@ -65,6 +65,12 @@ DIT_CFG = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=6
                eps=1e-6, rope_max_seq_len=1024)
 
 
+def configure(z_dim, base_dim, res_blocks):
+    """Sets the VAE's latent channels, width and depth (the DiT's channels follow z_dim)."""
+    VAE_CFG.update(z_dim=z_dim, base_dim=base_dim, num_res_blocks=res_blocks)
+    DIT_CFG.update(in_channels=2 * z_dim + 4, out_channels=z_dim)
+
+
 def key_script(rng, n=LATENT):
     """A random key script: runs of one key set, sometimes two keys at once."""
     out, cur = [], rng.choice(list(KEYS))
@@ -116,11 +122,14 @@ def to_video(frames):
 # ----------------------------------------------------------------------------------
 # VAE
 
-def vae_step(vae, opt, x):
-    """One optimiser step of L1 + L2 reconstruction + 1e-4 * KL (per element) on `x`."""
+def vae_step(vae, opt, x, edge=0.0):
+    """One optimiser step of L1 + L2 reconstruction (+ `edge` times the L1 of pixel
+    differences) + 1e-4 * KL (per element) on `x`."""
     post = vae.encode(x).latent_dist
     y = vae.decode(post.sample()).sample
     rec = (y - x).abs().mean() + ((y - x) ** 2).mean()
+    if edge:
+        rec = rec + edge * edge_l1(y, x)
     kl = post.kl().mean() / x[0].numel()
     opt.zero_grad()
     (rec + 1e-4 * kl).backward()
@@ -129,36 +138,107 @@ def vae_step(vae, opt, x):
     return rec, kl, y
 
 
-def stage_vae(work, steps):
+def heldout_clips(n=4):
+    """`n` clips of held-out seeds (100000 and up, never trained on) with moving key
+    scripts: the VAE's held-out reconstruction set."""
+    rng = np.random.default_rng(4321)
+    return [render.render(100_000 + i, key_script(rng).replace("-", "w"), FRAMES)
+            for i in range(n)]
+
+
+@torch.no_grad()
+def vae_psnr(vae, clips):
+    """(mean PSNR over whole clips, mean PSNR of frame 0) decoding posterior means."""
+    whole, first = [], []
+    for v in clips:
+        x = to_video(v)[None]
+        y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
+        mse = ((y - x) ** 2).mean(dim=(0, 1, 3, 4))
+        whole.append(float(np.mean([10 * math.log10(4.0 / max(m.item(), 1e-10)) for m in mse])))
+        first.append(10 * math.log10(4.0 / max(mse[0].item(), 1e-10)))
+    return float(np.mean(whole)), float(np.mean(first))
+
+
+def edge_l1(y, x):
+    """L1 between the horizontal and vertical pixel differences of `y` and `x`."""
+    dx = lambda t: t[..., :, 1:] - t[..., :, :-1]
+    dy = lambda t: t[..., 1:, :] - t[..., :-1, :]
+    return (dx(y) - dx(x)).abs().mean() + (dy(y) - dy(x)).abs().mean()
+
+
+def stage_vae(work, steps, minutes=0.0, edge=0.0):
+    """Crops of 9-frame windows, then (the last quarter of a time budget) whole clips.
+    With `minutes` the cosine follows the clock and a checkpoint is written every 100
+    steps (`vae_ckpt.pt`), from which a later run resumes."""
     out = work / "vae.pt"
     if out.exists():
         return
     videos, _ = load_clips(work)
+    held = heldout_clips()
     torch.manual_seed(0)
     vae = AutoencoderKLWan(**VAE_CFG)
-    opt = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-3, total_steps=steps, pct_start=0.05)
+    log(f"vae: {sum(p.numel() for p in vae.parameters()) / 1e6:.2f} M parameters, {VAE_CFG}")
+    max_lr = 1e-3
+    opt = torch.optim.AdamW(vae.parameters(), lr=max_lr, weight_decay=0.0)
     rng = np.random.default_rng(0)
-    curve = []
-    t0 = time.time()
-    for step in range(steps):
-        batch = []
-        for _ in range(4):
+    curve, step, spent, evals = [], 0, 0.0, []
+    ckpt = work / "vae_ckpt.pt"
+    if ckpt.exists():
+        ck = torch.load(ckpt, weights_only=False)
+        vae.load_state_dict(ck["state"])
+        opt.load_state_dict(ck["opt"])
+        curve, step, spent, evals = ck["curve"], ck["step"], ck["spent"], ck["evals"]
+        rng = np.random.default_rng(step)
+        log(f"vae: resumed at step {step} ({spent / 60:.1f} min spent)")
+    budget = 60 * minutes
+    t0 = time.time() - spent
+    last_eval = time.time()
+
+    def frac():
+        return min(1.0, (time.time() - t0) / budget) if minutes else step / steps
+
+    while (frac() < 1.0) if minutes else step < steps:
+        f = frac()
+        for g in opt.param_groups:
+            g["lr"] = max_lr * min(1.0, (step + 1) / 50) * 0.5 * (1 + math.cos(math.pi * f))
+        if f < 0.75:
+            batch = []
+            for _ in range(4):
+                c = rng.integers(len(videos))
+                f0 = 4 * rng.integers(0, (FRAMES - 9) // 4 + 1)
+                y0, x0 = 8 * rng.integers(0, (H - 64) // 8 + 1), 8 * rng.integers(0, (W - 64) // 8 + 1)
+                clip = videos[c, f0:f0 + 9, y0:y0 + 64, x0:x0 + 64]
+                if rng.random() < 0.5:
+                    clip = clip[:, :, ::-1]
+                batch.append(to_video(np.ascontiguousarray(clip)))
+            x = torch.stack(batch)
+        else:
+            # Whole clips: the causal caches over the whole horizon.
             c = rng.integers(len(videos))
-            f0 = 4 * rng.integers(0, (FRAMES - 9) // 4 + 1)
-            y0, x0 = 8 * rng.integers(0, (H - 64) // 8 + 1), 8 * rng.integers(0, (W - 64) // 8 + 1)
-            clip = videos[c, f0:f0 + 9, y0:y0 + 64, x0:x0 + 64]
-            if rng.random() < 0.5:
-                clip = clip[:, :, ::-1]
-            batch.append(to_video(np.ascontiguousarray(clip)))
-        x = torch.stack(batch)
-        rec, kl, y = vae_step(vae, opt, x)
-        sched.step()
+            clip = videos[c][:, :, ::-1] if rng.random() < 0.5 else videos[c]
+            x = to_video(np.ascontiguousarray(clip))[None]
+        rec, kl, y = vae_step(vae, opt, x, edge)
         psnr = 10 * math.log10(4.0 / max(((y - x) ** 2).mean().item(), 1e-10))
-        curve.append(dict(step=step, rec=rec.item(), kl=kl.item(), psnr=psnr))
+        curve.append(dict(step=step, rec=rec.item(), kl=kl.item(), psnr=psnr, long=f >= 0.75))
         if step % 25 == 0:
-            log(f"vae {step}/{steps}: rec {rec.item():.4f} kl {kl.item():.3f} psnr {psnr:.2f} dB ({time.time() - t0:.0f} s)")
-    torch.save(dict(state=vae.state_dict(), curve=curve), out)
+            log(f"vae {step}: rec {rec.item():.4f} kl {kl.item():.3f} psnr {psnr:.2f} dB "
+                f"lr {opt.param_groups[0]['lr']:.2e} ({time.time() - t0:.0f} s)")
+        step += 1
+        if minutes and step % 100 == 0:
+            if time.time() - last_eval > 600:
+                whole, first = vae_psnr(vae.eval(), held)
+                vae.train()
+                evals.append(dict(step=step, minutes=round((time.time() - t0) / 60, 1),
+                                  heldout_psnr=whole, heldout_first_frame_psnr=first))
+                log(f"vae {step}: held-out PSNR {whole:.2f} dB, frame 0 {first:.2f} dB")
+                last_eval = time.time()
+            torch.save(dict(state=vae.state_dict(), opt=opt.state_dict(), curve=curve, step=step,
+                            spent=time.time() - t0, evals=evals), ckpt)
+    whole, first = vae_psnr(vae.eval(), held)
+    evals.append(dict(step=step, minutes=round((time.time() - t0) / 60, 1),
+                      heldout_psnr=whole, heldout_first_frame_psnr=first))
+    log(f"vae done at step {step}: held-out PSNR {whole:.2f} dB, frame 0 {first:.2f} dB")
+    torch.save(dict(state=vae.state_dict(), curve=curve, evals=evals, config=VAE_CFG), out)
 
 
 def stage_vae_long(work, minutes):
@@ -443,11 +523,18 @@ def main():
     ap.add_argument("--dit-minutes", type=float, default=0.0,
                     help="train the DiT for this long (the cosine schedule follows the clock)")
     ap.add_argument("--vae-long-minutes", type=float, default=18.0)
+    ap.add_argument("--vae-minutes", type=float, default=0.0,
+                    help="train the VAE for this long (crops, then whole clips for the last quarter)")
+    ap.add_argument("--vae-edge", type=float, default=0.0, help="weight of the edge (pixel difference) term")
+    ap.add_argument("--vae-z-dim", type=int, default=16)
+    ap.add_argument("--vae-base-dim", type=int, default=16)
+    ap.add_argument("--vae-res-blocks", type=int, default=1)
     ap.add_argument("--encode-clips", type=int, default=0, help="encode only the first N clips")
     ap.add_argument("--dit-resume", action="store_true", help="train the saved DiT further")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    configure(a.vae_z_dim, a.vae_base_dim, a.vae_res_blocks)
     diffusers.utils.logging.set_verbosity_error()
     a.work.mkdir(parents=True, exist_ok=True)
     stages = ["data", "vae", "vae-long", "encode", "dit", "export"] if a.stage == "all" else [a.stage]
@@ -456,7 +543,7 @@ def main():
         if s == "data":
             stage_data(a.work, a.clips)
         elif s == "vae":
-            stage_vae(a.work, a.vae_steps)
+            stage_vae(a.work, a.vae_steps, a.vae_minutes, a.vae_edge)
         elif s == "vae-long":
             stage_vae_long(a.work, a.vae_long_minutes)
         elif s == "encode":

@@ -179,7 +179,7 @@ fn frame_counts_and_counters_follow_the_temporal_factor() {
 }
 
 #[test]
-fn state_bytes_are_declared_by_the_config_and_constant_after_the_first_chunk() {
+fn state_bytes_are_declared_by_the_config_and_constant_from_the_second_chunk() {
     let dev = Device::cpu().unwrap();
     for config in [tiny(), tiny_x4()] {
         let vae = vae(config, &dev);
@@ -198,14 +198,20 @@ fn state_bytes_are_declared_by_the_config_and_constant_after_the_first_chunk() {
                     false,
                 )
                 .unwrap();
+            // A stream's first chunk leaves slots short of frames (they stand for
+            // zeros); from the second on every slot is full.
             assert!(state.nbytes() > 0);
-            assert_eq!(state.nbytes(), declared, "after chunk {i}");
+            if i == 0 {
+                assert!(state.nbytes() < declared, "after chunk 0");
+            } else {
+                assert_eq!(state.nbytes(), declared, "after chunk {i}");
+            }
         }
-        // bf16 state halves it.
+        // bf16 state halves it (two latent frames fill every slot).
         let half = StreamingDecoder::new(&vae, Some(DType::BF16));
         let mut state = StreamingDecodeState::new("h").unwrap();
         half.decode_chunk(
-            &z.narrow(2, 0, 1).unwrap(),
+            &z.narrow(2, 0, 2).unwrap(),
             &mut state,
             OutputFormat::Video,
             false,

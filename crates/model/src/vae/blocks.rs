@@ -99,10 +99,18 @@ impl CausalConv3d {
         Self::load(w, prefix, cin, cout, [3, 3, 3], [1, 1, 1], [1, 1, 1], slots)
     }
 
-    /// Runs the conv; a cached conv prepends its slot's frames (zeros when empty) and
-    /// keeps the last `front` frames of its input for the next chunk.
+    /// Runs the conv; a cached conv prepends its slot's frames and keeps the last `front`
+    /// frames of its input for the next chunk.
+    ///
+    /// A slot holds only the real frames seen so far: fewer than `front` in a stream's
+    /// first chunks, the missing ones standing for leading zeros (as in Wan's own
+    /// cache), and an empty slot for `front` zeros. Those zeros go to the conv as zero
+    /// time padding, whose taps the kernel does not compute (a third of the first
+    /// chunk's work at full resolution, where Wan's decoder multiplies them); every
+    /// chunking of a stream meets the same zeros at the same frames, so it gives the same
+    /// bytes.
     pub fn forward(&self, x: &Tensor, cache: &mut Slots<'_>) -> Result<Tensor> {
-        let options = Conv3dOptions {
+        let mut options = Conv3dOptions {
             stride: self.stride,
             pad_t_front: 0,
             time_pad: TimePad::Zeros,
@@ -111,16 +119,16 @@ impl CausalConv3d {
         let Some(slot) = self.slot else {
             return Ok(x.conv3d(&self.weight, Some(&self.bias), options)?);
         };
-        let [b, c, _, h, w] = *x.shape() else {
-            return Ok(x.conv3d(&self.weight, Some(&self.bias), options)?);
+        let previous = cache.slots[slot].take();
+        let held = previous.as_ref().map_or(0, |p| p.shape()[2]);
+        let joined = match previous {
+            Some(frames) => Tensor::cat(&[&frames.to_dtype(DType::F32)?, x], 2)?,
+            None => x.clone(),
         };
-        let previous = match cache.slots[slot].take() {
-            Some(frames) => frames.to_dtype(DType::F32)?,
-            None => Tensor::zeros(&[b, c, self.front, h, w], DType::F32, x.device())?,
-        };
-        let joined = Tensor::cat(&[&previous, x], 2)?;
-        drop(previous);
-        cache.slots[slot] = Some(last_frames(&joined, self.front, cache.dtype)?);
+        // The last `front` frames, or all of them while fewer were seen.
+        let keep = (held + x.shape()[2]).min(self.front);
+        cache.slots[slot] = Some(last_frames(&joined, keep, cache.dtype)?);
+        options.pad_t_front = self.front - held;
         Ok(joined.conv3d(&self.weight, Some(&self.bias), options)?)
     }
 

@@ -247,9 +247,9 @@ fn u16_in_f32(len: usize) -> usize {
 }
 
 impl Plan {
-    fn new(p: &Conv3dParams, target: usize, slots: usize) -> Self {
-        let [to, ho, wo] = p.out_dims();
-        let pixels = to * ho * wo;
+    /// Tiles for `pixels` output pixels of `p` (the whole output, or one job's part).
+    fn new(p: &Conv3dParams, pixels: usize, target: usize, slots: usize) -> Self {
+        let wo = p.out_dims()[2];
         let (k, cout) = (p.patch_len(), p.out_channels);
         let amx = amx_precision(p);
         let per_pixel = match amx {
@@ -301,9 +301,90 @@ fn scratch_len_for_target(p: &Conv3dParams, target: usize, slots: usize) -> usiz
             Threads::Pool,
         )
     } else {
-        let plan = Plan::new(p, target, slots);
-        plan.shared + slots * plan.per_slot
+        let jobs = jobs(p);
+        let tiles = jobs
+            .iter()
+            .map(|job| {
+                let plan = Plan::new(&job.params, job.count, target, slots);
+                plan.shared + slots * plan.per_slot
+            })
+            .max()
+            .unwrap_or(0);
+        head_weight_len(&jobs) + tiles
     }
+}
+
+/// The part of a conv one tiled GEMM computes: output pixels `dst0..dst0 + count` of each
+/// output-channel row, through `params`, whose own output pixel `first` is `dst0`.
+///
+/// A conv with zero time padding runs as one job per *head* frame (an output frame whose
+/// kernel reaches into the zero frames) and one for the rest. A head frame's job is the
+/// conv of its real taps alone: the kernel's last `kt − skip` time taps over input frames
+/// `0..kt − skip`, one output frame. The skipped taps would multiply zeros, so they are
+/// not computed (a causal 3-frame kernel over a stream's first frame does a third of
+/// the work). Every output element still comes from one GEMM with a fixed order.
+#[derive(Debug, Clone, Copy)]
+struct Job {
+    params: Conv3dParams,
+    /// Leading time taps dropped (0 for the main job).
+    skip: usize,
+    /// Every tap falls on zeros: the output is the bias alone.
+    bias_only: bool,
+    first: usize,
+    count: usize,
+    dst0: usize,
+}
+
+/// The jobs of a non-pointwise conv, head frames first.
+fn jobs(p: &Conv3dParams) -> Vec<Job> {
+    let [to, ho, wo] = p.out_dims();
+    let frame = ho * wo;
+    let (kt, st, pad) = (p.kernel[0], p.stride[0], p.pad_t_front);
+    let skipping = p.time_pad == TimePad::Zeros && pad > 0;
+    let heads = if skipping {
+        to.min(pad.div_ceil(st))
+    } else {
+        0
+    };
+    let mut jobs: Vec<Job> = (0..heads)
+        .map(|t| {
+            let skip = (pad - t * st).min(kt);
+            let real = kt - skip;
+            Job {
+                params: Conv3dParams {
+                    kernel: [real.max(1), p.kernel[1], p.kernel[2]],
+                    in_t: real.max(1),
+                    pad_t_front: 0,
+                    ..*p
+                },
+                skip,
+                bias_only: real == 0,
+                first: 0,
+                count: frame,
+                dst0: t * frame,
+            }
+        })
+        .collect();
+    if heads < to {
+        jobs.push(Job {
+            params: *p,
+            skip: 0,
+            bias_only: false,
+            first: heads * frame,
+            count: (to - heads) * frame,
+            dst0: heads * frame,
+        });
+    }
+    jobs
+}
+
+/// f32 elements the head jobs' weights (their taps gathered) take in front of the tiles.
+fn head_weight_len(jobs: &[Job]) -> usize {
+    jobs.iter()
+        .filter(|j| j.skip > 0 && !j.bias_only)
+        .map(|j| j.params.weight_len())
+        .max()
+        .unwrap_or(0)
 }
 
 /// f32 elements of scratch [`conv3d`] needs for `p` (depends on the thread count).
@@ -372,21 +453,55 @@ fn conv3d_with_target(
     if out.is_empty() {
         return;
     }
-    let geom = Geometry::new(p);
-    let pixels = geom.out_t * geom.out_frame;
-    let in_batch = p.in_channels * geom.in_chan;
-    let out_batch = p.out_channels * pixels;
-    let plan = Plan::new(p, target, slots);
+    let [to, ho, wo] = p.out_dims();
+    let in_batch = p.in_channels * p.in_t * p.in_h * p.in_w;
+    let out_batch = p.out_channels * to * ho * wo;
+    let jobs = if p.is_pointwise() {
+        Vec::new()
+    } else {
+        jobs(p)
+    };
+    let (head_weights, scratch) = scratch.split_at_mut(head_weight_len(&jobs));
     parallel::run(|| {
         for b in 0..p.batch {
             let src = &input[b * in_batch..(b + 1) * in_batch];
             let dst = &mut out[b * out_batch..(b + 1) * out_batch];
             if p.is_pointwise() {
                 pointwise(p, src, weight, bias, dst, scratch);
-            } else {
-                tiled(p, &geom, &plan, src, weight, bias, dst, scratch);
+                continue;
+            }
+            for job in &jobs {
+                let geom = Geometry::new(&job.params, p.in_t);
+                let plan = Plan::new(&job.params, job.count, target, slots);
+                if job.bias_only {
+                    fill_rows(dst, p.out_channels, job.dst0, job.count, bias);
+                } else if job.skip == 0 {
+                    tiled(&geom, &plan, job, src, weight, bias, dst, scratch);
+                } else {
+                    let taps = &mut head_weights[..job.params.weight_len()];
+                    gather_taps(weight, p, job.skip, taps);
+                    tiled(&geom, &plan, job, src, taps, bias, dst, scratch);
+                }
             }
         }
+    });
+}
+
+/// `out[co, ci, dt, …] = weight[co, ci, skip + dt, …]`: the last `kt − skip` time taps.
+fn gather_taps(weight: &[f32], p: &Conv3dParams, skip: usize, out: &mut [f32]) {
+    let [kt, kh, kw] = p.kernel;
+    let plane = kh * kw;
+    let (from, to) = (kt * plane, (kt - skip) * plane);
+    for (dst, src) in out.chunks_exact_mut(to).zip(weight.chunks_exact(from)) {
+        dst.copy_from_slice(&src[skip * plane..]);
+    }
+}
+
+/// Output pixels `dst0..dst0 + count` of every channel row set to the channel's bias (or 0).
+fn fill_rows(dst: &mut [f32], cout: usize, dst0: usize, count: usize, bias: Option<&[f32]>) {
+    let row = dst.len() / cout;
+    dst.par_chunks_mut(row).enumerate().for_each(|(co, r)| {
+        r[dst0..dst0 + count].fill(bias.map_or(0.0, |b| b[co]));
     });
 }
 
@@ -431,17 +546,19 @@ fn pointwise(
 /// own tile into its own scratch, then the results are copied into `dst` row by row.
 #[allow(clippy::too_many_arguments)]
 fn tiled(
-    p: &Conv3dParams,
     geom: &Geometry,
     plan: &Plan,
+    job: &Job,
     src: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
     dst: &mut [f32],
     scratch: &mut [f32],
 ) {
+    let p = &geom.p;
     let (k, cout) = (p.patch_len(), p.out_channels);
-    let pixels = dst.len() / cout;
+    let pixels = job.count;
+    let row_len = dst.len() / cout;
     let w = Operand::F32(MatRef::row_major(weight, 0, k));
     let (shared, scratch) =
         scratch[..plan.shared + plan.slots * plan.per_slot].split_at_mut(plan.shared);
@@ -488,7 +605,7 @@ fn tiled(
                                     geom,
                                     src,
                                     s * TILE_K + r,
-                                    p0,
+                                    job.first + p0,
                                     &mut cols[r * n..(r + 1) * n],
                                 );
                             }
@@ -503,7 +620,7 @@ fn tiled(
                     }
                     None => {
                         let cols = &mut cols[..k * n];
-                        fill_cols(geom, src, p0, n, cols);
+                        fill_cols(geom, src, job.first + p0, n, cols);
                         let x = Operand::F32(MatRef::row_major(cols, 0, n));
                         gemm(
                             cout,
@@ -526,14 +643,14 @@ fn tiled(
         // The GEMM results are [Cout, n] blocks; dst rows are strided by P, so they are
         // scattered by output channel (with the bias) in a second, row-parallel pass.
         let scratch = &*scratch;
-        dst.par_chunks_mut(pixels)
+        dst.par_chunks_mut(row_len)
             .enumerate()
             .for_each(|(co, row)| {
                 for slot in 0..plan.slots {
                     let (p0, n) = plan.tile_range(pixels, round, slot);
                     let result = &scratch[slot * plan.per_slot + lead..];
                     let from = &result[co * n..(co + 1) * n];
-                    let to = &mut row[p0..p0 + n];
+                    let to = &mut row[job.dst0 + p0..job.dst0 + p0 + n];
                     match bias {
                         Some(bias) => {
                             let b = bias[co];
@@ -546,27 +663,27 @@ fn tiled(
     }
 }
 
-/// The conv plus the sizes the im2col fill derives from it, computed once per call.
+/// The conv (or one job's part of it) plus the sizes the im2col fill derives from it.
 #[derive(Debug, Clone, Copy)]
 struct Geometry {
     p: Conv3dParams,
-    /// Elements of one input channel of one batch item (`T·H·W`).
+    /// Elements of one input channel of one batch item (`T·H·W` of the real input, whose
+    /// first `p.in_t` frames a head job reads).
     in_chan: usize,
-    out_t: usize,
     out_w: usize,
     /// Output pixels per frame (`Ho·Wo`).
     out_frame: usize,
 }
 
 impl Geometry {
-    fn new(p: &Conv3dParams) -> Self {
-        let [out_t, out_h, out_w] = p.out_dims();
-        let in_chan = p.in_t * p.in_h * p.in_w;
+    /// The geometry of `p` over an input of `in_t` frames per channel (`p.in_t` or more).
+    fn new(p: &Conv3dParams, in_t: usize) -> Self {
+        let [_, out_h, out_w] = p.out_dims();
+        let in_chan = in_t * p.in_h * p.in_w;
         let out_frame = out_h * out_w;
         Self {
             p: *p,
             in_chan,
-            out_t,
             out_w,
             out_frame,
         }
@@ -656,294 +773,4 @@ fn fill_segment(seg: &mut [f32], row: &[f32], padded_x0: usize, stride: usize, p
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::kernels::test_rng::random;
-
-    /// Splits a flat index into coordinates of `dims` (row-major).
-    fn unflatten<const N: usize>(mut i: usize, dims: [usize; N]) -> [usize; N] {
-        let mut out = [0; N];
-        for d in (0..N).rev() {
-            (out[d], i) = (i % dims[d], i / dims[d]);
-        }
-        out
-    }
-
-    /// Direct f64 convolution: a valid strided convolution over the explicitly padded
-    /// input (time in front, h and w on both sides), one output element at a time.
-    fn reference(p: &Conv3dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>) -> Vec<f64> {
-        let (ci_n, [kt, kh, kw], [st, sh, sw]) = (p.in_channels, p.kernel, p.stride);
-        let padded = |b: usize, c: usize, t: usize, y: usize, x_: usize| -> f64 {
-            let t = match t.checked_sub(p.pad_t_front) {
-                Some(t) => t,
-                None if p.time_pad == TimePad::Replicate => 0,
-                None => return 0.0,
-            };
-            match (y.checked_sub(p.pad_h), x_.checked_sub(p.pad_w)) {
-                (Some(y), Some(x_)) if y < p.in_h && x_ < p.in_w => {
-                    f64::from(x[(((b * ci_n + c) * p.in_t + t) * p.in_h + y) * p.in_w + x_])
-                }
-                _ => 0.0,
-            }
-        };
-        let [to, ho, wo] = p.out_dims();
-        let taps = [ci_n, kt, kh, kw];
-        (0..p.out_len())
-            .map(|i| {
-                let [b, co, t, y, x_] = unflatten(i, [p.batch, p.out_channels, to, ho, wo]);
-                let mut acc = bias.map_or(0.0, |bias| f64::from(bias[co]));
-                for j in 0..taps.iter().product() {
-                    let [c, dt, dy, dx] = unflatten(j, taps);
-                    let v = padded(b, c, t * st + dt, y * sh + dy, x_ * sw + dx);
-                    acc += f64::from(w[co * taps.iter().product::<usize>() + j]) * v;
-                }
-                acc
-            })
-            .collect()
-    }
-
-    /// Checks `got` against the reference within 1e-4 · (1 + max |ref|).
-    fn assert_close(got: &[f32], want: &[f64], what: &str) {
-        let max_ref = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-        let err = got
-            .iter()
-            .zip(want)
-            .fold(0f64, |m, (&g, &w)| m.max((f64::from(g) - w).abs()));
-        assert!(
-            err <= 1e-4 * (1.0 + max_ref),
-            "{what}: err {err}, max |ref| {max_ref}"
-        );
-    }
-
-    /// Runs conv3d with the given scratch target and checks it against the reference.
-    fn check(p: &Conv3dParams, with_bias: bool, target: usize) {
-        let input = random(p.in_len(), 1 + p.in_len() as u64);
-        let weight = random(p.weight_len(), 2 + p.weight_len() as u64);
-        let bias = random(p.out_channels, 3);
-        let bias = with_bias.then_some(bias.as_slice());
-        let mut out = vec![f32::NAN; p.out_len()];
-        let mut scratch =
-            vec![f32::NAN; scratch_len_for_target(p, target, parallel::num_threads())];
-        conv3d_with_target(p, &input, &weight, bias, &mut out, &mut scratch, target);
-        assert_close(
-            &out,
-            &reference(p, &input, &weight, bias),
-            &format!("{p:?} bias {with_bias}"),
-        );
-    }
-
-    /// A small conv: batch 2, 3 → 4 channels, 5 frames of 5×7.
-    fn small(kernel: [usize; 3], stride: [usize; 3], pad: [usize; 3], tp: TimePad) -> Conv3dParams {
-        let [pad_t_front, pad_h, pad_w] = pad;
-        Conv3dParams {
-            batch: 2,
-            in_channels: 3,
-            out_channels: 4,
-            in_t: 5,
-            in_h: 5,
-            in_w: 7,
-            kernel,
-            stride,
-            pad_t_front,
-            time_pad: tp,
-            pad_h,
-            pad_w,
-            compute: Compute::F32,
-        }
-    }
-
-    #[test]
-    fn amx_packed_im2col_gives_the_bytes_of_cols_then_gemm() {
-        if !cpu::selected().packs_bf16() {
-            eprintln!("skipped: no packed bf16 path (amx, avx512bf16) is selected here");
-            return;
-        }
-        // K = 3·27 = 81 (a K tail), 40 output channels (an M tail), tiles of odd widths.
-        for compute in [Compute::Bf16, Compute::NearF32] {
-            let p = Conv3dParams {
-                in_channels: 3,
-                out_channels: 40,
-                compute,
-                ..small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Replicate)
-            };
-            let input = random(p.in_len(), 5);
-            let weight = random(p.weight_len(), 6);
-            let geom = Geometry::new(&p);
-            let run = |amx: bool| {
-                let mut plan = Plan::new(&p, 700, 2);
-                assert!(plan.amx.is_some());
-                if !amx {
-                    let generic = Plan {
-                        amx: None,
-                        shared: 0,
-                        per_slot: (p.patch_len() + p.out_channels) * plan.tile
-                            + gemm_scratch_len(
-                                p.out_channels,
-                                plan.tile,
-                                p.patch_len(),
-                                compute,
-                                Threads::One,
-                            ),
-                        ..plan
-                    };
-                    plan = generic;
-                }
-                let mut out = vec![f32::NAN; p.out_len() / p.batch];
-                let mut scratch = vec![f32::NAN; plan.shared + plan.slots * plan.per_slot];
-                let src = &input[..p.in_len() / p.batch];
-                parallel::run(|| {
-                    tiled(&p, &geom, &plan, src, &weight, None, &mut out, &mut scratch)
-                });
-                out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-            };
-            assert_eq!(run(true), run(false), "{compute:?}");
-        }
-    }
-
-    #[test]
-    fn out_dims_follow_the_strided_padded_formula() {
-        let p = small([3, 3, 3], [2, 2, 1], [2, 1, 0], TimePad::Zeros);
-        assert_eq!(p.out_dims(), [3, 3, 5]);
-        assert_eq!(p.out_len(), 2 * 4 * 3 * 3 * 5);
-        assert_eq!(p.in_len(), 2 * 3 * 5 * 5 * 7);
-        assert_eq!(p.weight_len(), 4 * 3 * 27);
-    }
-
-    /// Checks a small conv with both time pads at the default scratch target.
-    fn check_small(kernel: [usize; 3], stride: [usize; 3], pad: [usize; 3], with_bias: bool) {
-        for time_pad in [TimePad::Zeros, TimePad::Replicate] {
-            let p = small(kernel, stride, pad, time_pad);
-            check(&p, with_bias, CONV_SCRATCH_TARGET);
-        }
-    }
-
-    #[test]
-    fn causal_3x3x3_conv_matches_reference_with_both_time_pads() {
-        check_small([3, 3, 3], [1, 1, 1], [2, 1, 1], true);
-        check_small([3, 3, 3], [1, 1, 1], [2, 1, 1], false);
-    }
-
-    #[test]
-    fn stride_two_in_each_axis_matches_reference() {
-        for stride in [[2, 1, 1], [1, 2, 1], [1, 1, 2], [2, 2, 2]] {
-            for pad in [[0, 0, 0], [2, 1, 1], [1, 0, 1]] {
-                check_small([3, 3, 3], stride, pad, true);
-            }
-        }
-    }
-
-    #[test]
-    fn kernel_shapes_of_the_vae_match_reference_with_and_without_padding() {
-        let kernels = [[1, 1, 1], [3, 1, 1], [1, 3, 3], [3, 3, 3], [2, 2, 3]];
-        for (kernel, pad) in kernels
-            .into_iter()
-            .flat_map(|k| [(k, [0, 0, 0]), (k, [2, 1, 1])])
-        {
-            check_small(kernel, [1, 1, 1], pad, true);
-            check_small(kernel, [2, 1, 2], pad, false);
-        }
-        check_small([3, 1, 1], [1, 1, 1], [2, 0, 0], true);
-        check_small([1, 3, 3], [1, 1, 1], [0, 1, 1], true);
-    }
-
-    #[test]
-    fn pointwise_conv_needs_no_im2col_scratch_and_matches_reference() {
-        let p = small([1, 1, 1], [1, 1, 1], [0, 0, 0], TimePad::Zeros);
-        let [to, ho, wo] = p.out_dims();
-        let packing = gemm_scratch_len(4, to * ho * wo, 3, p.compute, Threads::Pool);
-        assert_eq!(conv3d_scratch_len(&p), packing);
-        check(&p, true, 0);
-        check(&p, false, 0);
-    }
-
-    #[test]
-    fn tiles_smaller_than_the_image_match_reference() {
-        let p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Replicate);
-        let per_pixel = p.patch_len() + p.out_channels;
-        // Targets of 1 pixel (clamped to one 7-pixel row) up to 40 pixels: tiles that end
-        // mid-row, span rows and span frames.
-        for pixels in [1, 3, 9, 11, 40] {
-            check(&p, true, pixels * per_pixel);
-        }
-        let strided = small([3, 3, 3], [2, 2, 2], [2, 1, 1], TimePad::Zeros);
-        check(&strided, true, strided.patch_len() + strided.out_channels);
-    }
-
-    #[test]
-    fn scratch_stays_under_the_target_per_slot_for_large_images() {
-        let slots = parallel::num_threads();
-        let mut p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Zeros);
-        (p.in_channels, p.out_channels, p.in_t, p.in_h, p.in_w) = (96, 96, 5, 720, 1280);
-        // Beyond the im2col target, each slot holds only its GEMM's packing buffers.
-        let packing = |p: &Conv3dParams| {
-            let tile = Plan::new(p, CONV_SCRATCH_TARGET, slots).tile;
-            gemm_scratch_len(p.out_channels, tile, p.patch_len(), p.compute, Threads::One)
-        };
-        assert!(conv3d_scratch_len(&p) <= slots * (CONV_SCRATCH_TARGET + packing(&p)));
-        // A row that alone exceeds the target may take up to one row per slot (tiles
-        // are evened out over the slots, so slightly less with some thread counts).
-        (p.in_channels, p.in_h, p.in_w) = (384, 8, 4000);
-        let row = (p.patch_len() + p.out_channels) * 4000;
-        let len = conv3d_scratch_len(&p);
-        assert!(slots * CONV_SCRATCH_TARGET < len && len <= slots * (row + packing(&p)));
-    }
-
-    #[test]
-    fn conv3d_is_bitwise_deterministic() {
-        let mut p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Zeros);
-        (p.in_channels, p.out_channels, p.in_h, p.in_w) = (16, 24, 33, 47);
-        let (input, weight, bias) = (
-            random(p.in_len(), 5),
-            random(p.weight_len(), 6),
-            random(24, 7),
-        );
-        let run = || {
-            let mut out = vec![0f32; p.out_len()];
-            let mut scratch = vec![0f32; conv3d_scratch_len(&p)];
-            conv3d(&p, &input, &weight, Some(&bias), &mut out, &mut scratch);
-            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        };
-        assert_eq!(run(), run());
-    }
-
-    #[test]
-    fn conv2d_matches_reference_for_padding_and_stride() {
-        for (kernel, stride, pad) in [
-            ([3, 3], [1, 1], 1),
-            ([3, 3], [2, 2], 0),
-            ([1, 1], [1, 1], 0),
-        ] {
-            let p2 = Conv2dParams {
-                batch: 2,
-                in_channels: 5,
-                out_channels: 3,
-                in_h: 9,
-                in_w: 7,
-                kernel,
-                stride,
-                pad_h: pad,
-                pad_w: pad,
-                compute: Compute::F32,
-            };
-            let p = p2.to_3d();
-            assert_eq!(
-                (conv2d_scratch_len(&p2), p2.out_len()),
-                (conv3d_scratch_len(&p), p.out_len())
-            );
-            let (input, weight, bias) = (
-                random(p2.in_len(), 8),
-                random(p2.weight_len(), 9),
-                random(3, 10),
-            );
-            let mut out = vec![f32::NAN; p2.out_len()];
-            let mut scratch = vec![f32::NAN; conv2d_scratch_len(&p2)];
-            conv2d(&p2, &input, &weight, Some(&bias), &mut out, &mut scratch);
-            assert_close(
-                &out,
-                &reference(&p, &input, &weight, Some(&bias)),
-                &format!("{p2:?}"),
-            );
-        }
-    }
-}
+mod tests;
