@@ -1,14 +1,14 @@
 """diffusers' side of `headroom bench models`: the same DiT forward and VAE decode, timed.
 
     python tools/bench_diffusers_models.py --make DIR          # seeded 1.3B-shaped pipeline folder
-    python tools/bench_diffusers_models.py --model DIR --dtype f32|bf16 [--reps N] [--threads 2]
+    python tools/bench_diffusers_models.py --model DIR --dtype f32|bf16 [--reps N] [--threads 2] [--works dit,vae]
 
 The folder holds `transformer/` (WanTransformer3DModel, the Wan2.1-T2V-1.3B config) and `vae/`
 (AutoencoderKLWan, the Wan 2.1 config) with seeded random weights in f32 safetensors, so headroom
 (`headroom bench models --model DIR --reference "python tools/bench_diffusers_models.py"`) and
 diffusers run identical weights. Inputs are seeded the same way on both sides in shape only (the
 timing does not depend on the values). Prints one JSON line {"dit_forward_s", "vae_decode_s"}
-(best of --reps after one warm-up).
+(best of --reps after one warm-up; null for a network --works leaves out, which is not loaded).
 """
 
 import argparse
@@ -57,14 +57,19 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--width", type=int, default=416)
     ap.add_argument("--height", type=int, default=240)
+    ap.add_argument("--works", default="dit,vae", help="networks to time, comma-separated")
     args = ap.parse_args()
+    works = set(args.works.split(","))
     torch.set_num_threads(args.threads)
     if args.make:
         make(args.make)
         return
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    dit = WanTransformer3DModel.from_pretrained(os.path.join(args.model, "transformer"), torch_dtype=dtype).eval()
-    vae = AutoencoderKLWan.from_pretrained(os.path.join(args.model, "vae"), torch_dtype=dtype).eval()
+    dit = vae = None
+    if "dit" in works:
+        dit = WanTransformer3DModel.from_pretrained(os.path.join(args.model, "transformer"), torch_dtype=dtype).eval()
+    if "vae" in works:
+        vae = AutoencoderKLWan.from_pretrained(os.path.join(args.model, "vae"), torch_dtype=dtype).eval()
     h, w = args.height // 8, args.width // 8
     g = torch.Generator().manual_seed(1)
     latents = torch.randn(1, 16, 3, h, w, generator=g).to(dtype)
@@ -72,8 +77,8 @@ def main():
     z = torch.randn(1, 16, 3, h, w, generator=g).to(dtype)
     t = torch.tensor([999.0])
     with torch.inference_mode():
-        dit_s = best(args.reps, lambda: dit(latents, t, text, return_dict=False))
-        vae_s = best(args.reps, lambda: vae.decode(z, return_dict=False))
+        dit_s = best(args.reps, lambda: dit(latents, t, text, return_dict=False)) if dit else None
+        vae_s = best(args.reps, lambda: vae.decode(z, return_dict=False)) if vae else None
     print(json.dumps({"dit_forward_s": dit_s, "vae_decode_s": vae_s, "dtype": args.dtype, "threads": args.threads}))
 
 

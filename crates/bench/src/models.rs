@@ -72,8 +72,12 @@ fn best(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     Ok(best)
 }
 
-/// Times diffusers through the reference command.
-fn reference(config: &ModelBenchConfig, dtype: &str) -> Result<Option<(f64, f64)>> {
+/// Times diffusers through the reference command: (DiT forward, VAE decode) seconds,
+/// each `None` when that network was not asked for.
+fn reference(
+    config: &ModelBenchConfig,
+    dtype: &str,
+) -> Result<Option<(Option<f64>, Option<f64>)>> {
     let (Some(cmd), Some(model)) = (&config.reference, &config.model) else {
         return Ok(None);
     };
@@ -92,6 +96,11 @@ fn reference(config: &ModelBenchConfig, dtype: &str) -> Result<Option<(f64, f64)
             "--height",
             &config.height.to_string(),
         ])
+        .args(if config.works.is_empty() {
+            Vec::new()
+        } else {
+            vec!["--works".to_string(), config.works.join(",")]
+        })
         .output()
         .map_err(|e| invalid("reference", format!("cannot run {cmd:?}: {e}")))?;
     if !output.status.success() {
@@ -108,11 +117,19 @@ fn reference(config: &ModelBenchConfig, dtype: &str) -> Result<Option<(f64, f64)
     let v: serde_json::Value = line
         .and_then(|l| serde_json::from_str(l).ok())
         .ok_or_else(|| invalid("reference", format!("no JSON line in its output: {text}")))?;
-    let get = |k: &str| {
+    let runs = |w: &str| config.works.is_empty() || config.works.iter().any(|x| x == w);
+    let get = |work: &str, k: &str| {
+        if !runs(work) {
+            return Ok(None);
+        }
         v[k].as_f64()
+            .map(Some)
             .ok_or_else(|| invalid("reference", format!("its JSON has no number {k:?}")))
     };
-    Ok(Some((get("dit_forward_s")?, get("vae_decode_s")?)))
+    Ok(Some((
+        get("dit", "dit_forward_s")?,
+        get("vae", "vae_decode_s")?,
+    )))
 }
 
 /// Runs the model benchmark.
@@ -198,7 +215,7 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
                     );
                     Ok(())
                 },
-                reference.map(|r| r.0),
+                reference.and_then(|r| r.0),
             )?;
         }
         if let Some(vae) = &vae {
@@ -209,7 +226,7 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
                     drop(vae.decode(&z).map_err(|e| invalid("vae", e))?);
                     Ok(())
                 },
-                reference.map(|r| r.1),
+                reference.and_then(|r| r.1),
             )?;
         }
     }
