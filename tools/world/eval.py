@@ -11,7 +11,11 @@ keys, and reports:
 * for the steering scripts (all d, all a, all l, all j): the horizontal shift between
   consecutive frames by phase correlation (sub-pixel peak), in the generated video and
   in the truth; d/a and l/j must shift the picture in opposite directions, frame after
-  frame;
+  frame; and per latent frame (pixel frames 4f-4 -> 4f): the share of latent frames
+  whose shift has the truth's sign and the generated magnitude over the truth's (the
+  issue's bar: >= 80 % and >= 0.5);
+* the first decoded frame's PSNR against the image it was given (bar: >= 30 dB), and
+  how many flights fall below repeating the first frame (bar: none);
 * a PNG strip of a generated flight above the truth (frames 0, 8, 16, 24, 32).
 
     ~/.headroom-reference/bin/python tools/world/eval.py --headroom target/release/headroom \\
@@ -86,6 +90,18 @@ def shifts(video):
     return [horizontal_shift(video[i], video[i + 1]) for i in range(len(video) - 1)]
 
 
+def latent_shifts(video):
+    """Shift per latent frame: pixel frame 4f-4 to 4f (the four frames one key moves)."""
+    return [horizontal_shift(video[i], video[i + 4]) for i in range(0, len(video) - 4, 4)]
+
+
+def steering_bar(generated, truth):
+    """Share of latent frames with the truth's sign, and mean |generated| / mean |truth|."""
+    sign = float(np.mean([np.sign(g) == np.sign(t) for g, t in zip(generated, truth)]))
+    ratio = float(np.mean(np.abs(generated)) / max(np.mean(np.abs(truth)), 1e-9))
+    return dict(sign_share=sign, magnitude_ratio=ratio, passes=bool(sign >= 0.8 and ratio >= 0.5))
+
+
 def strip(rows, path):
     idx = [0, 8, 16, 24, 32]
     h, w = rows[0].shape[1:3]
@@ -107,7 +123,7 @@ def main():
     a = ap.parse_args()
     rng = np.random.default_rng(99)
     cases = [(HELD_OUT_SEED + i, held_out_script(rng)) for i in range(a.cases)]
-    results, gen_psnr, base_psnr, flight = [], [], [], None
+    results, gen_psnr, base_psnr, first_psnr, flight = [], [], [], [], None
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         for n, (seed, keys) in enumerate(cases):
@@ -115,10 +131,12 @@ def main():
             video = generate(a.headroom, a.model, seed, truth[0], keys, tmp)
             g = float(np.mean([psnr(video[i], truth[i]) for i in range(1, FRAMES)]))
             b = float(np.mean([psnr(truth[0], truth[i]) for i in range(1, FRAMES)]))
+            f0 = float(psnr(video[0], truth[0]))
             gen_psnr.append(g)
             base_psnr.append(b)
-            results.append(dict(seed=seed, actions=keys, psnr_db=g, baseline_db=b))
-            print(f"seed {seed} keys {keys}: {g:.2f} dB vs repeat-first {b:.2f} dB", flush=True)
+            first_psnr.append(f0)
+            results.append(dict(seed=seed, actions=keys, psnr_db=g, baseline_db=b, first_frame_db=f0))
+            print(f"seed {seed} keys {keys}: {g:.2f} dB vs repeat-first {b:.2f} dB, frame 0 {f0:.2f} dB", flush=True)
             if flight is None:
                 flight = (video, truth)
         steer = {}
@@ -127,11 +145,16 @@ def main():
             truth = render.render(seed, keys, FRAMES)
             video = generate(a.headroom, a.model, seed, truth[0], keys, tmp)
             sg, st = shifts(video), shifts(truth)
+            lg, lt = latent_shifts(video), latent_shifts(truth)
+            bar = steering_bar(lg, lt)
             steer[name] = dict(seed=seed, generated_mean_px=float(np.mean(sg)),
                                truth_mean_px=float(np.mean(st)),
                                generated=[round(x, 3) for x in sg],
-                               truth=[round(x, 3) for x in st])
-            print(f"{keys}: mean shift generated {np.mean(sg):+.3f} px/frame, truth {np.mean(st):+.3f}", flush=True)
+                               truth=[round(x, 3) for x in st],
+                               per_latent_frame=dict(generated=[round(x, 3) for x in lg],
+                                                     truth=[round(x, 3) for x in lt], **bar))
+            print(f"{keys}: mean shift generated {np.mean(sg):+.3f} px/frame, truth {np.mean(st):+.3f}; "
+                  f"per latent frame sign {bar['sign_share']:.2f}, magnitude {bar['magnitude_ratio']:.2f}", flush=True)
     def opposite(p, q):
         sp, sq = np.sign(steer[p]["generated_mean_px"]), np.sign(steer[q]["generated_mean_px"])
         # Frame by frame: the fraction of consecutive pairs whose shift has the sign of
@@ -146,6 +169,9 @@ def main():
         cases=len(cases), frames=FRAMES,
         psnr_db=float(np.mean(gen_psnr)), baseline_repeat_first_db=float(np.mean(base_psnr)),
         gain_db=float(np.mean(gen_psnr) - np.mean(base_psnr)),
+        flights_below_baseline=int(sum(g < b for g, b in zip(gen_psnr, base_psnr))),
+        first_frame_db=float(np.mean(first_psnr)), first_frame_min_db=float(np.min(first_psnr)),
+        steering_passes={k: v["per_latent_frame"]["passes"] for k, v in steer.items()},
         strafe_d_vs_a=opposite("d", "a"), yaw_l_vs_j=opposite("l", "j"),
         steering=steer, per_case=results)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("steering", "per_case")}, indent=1))
