@@ -6,6 +6,7 @@ Stages (each resumable, each writing under ``--work``):
 
   data     render ``--clips`` training clips (seeds 0..N-1, random key scripts, 33
            frames); every clip is also used mirrored left-right with a<->d, j<->l
+  data-held  ``--held-clips`` more (seeds 400 and up) with one key held for the flight
   vae      reconstruction (L1 + L2) + KL on random crops of 9-frame windows
   vae-long the same on whole 33-frame clips at full size (the causal caches over the
            whole horizon), for a time budget
@@ -109,9 +110,39 @@ def stage_data(work, clips):
     np.savez(path, videos=videos, scripts=np.array(scripts))
 
 
+def held_script(rng, n=LATENT):
+    """One key set held for the whole flight (what a player does most, and what the
+    steering bar measures), sometimes switching to another once."""
+    first = rng.choice(list("wasdjlik"))
+    if rng.random() < 0.7:
+        return first * n
+    cut = int(rng.integers(3, n - 2))
+    return first * cut + rng.choice(list("wasdjlik")) * (n - cut)
+
+
+def stage_data_held(work, clips):
+    """Clips of held keys (seeds 400 and up, after the mixed-script clips' seeds)."""
+    path = work / "held.npz"
+    if path.exists() or clips == 0:
+        return
+    rng = np.random.default_rng(5678)
+    jobs = [(400 + i, held_script(rng)) for i in range(clips)]
+    videos = np.zeros((clips, FRAMES, H, W, 3), np.uint8)
+    with multiprocessing.Pool(2) as pool:
+        for i, v in enumerate(pool.imap(_render_clip, jobs, chunksize=4)):
+            videos[i] = v
+    np.savez(path, videos=videos, scripts=np.array([s for _, s in jobs]))
+
+
 def load_clips(work):
+    """The mixed-script clips, then the held-key ones where `data-held` rendered them."""
     d = np.load(work / "clips.npz")
-    return d["videos"], [str(s) for s in d["scripts"]]
+    videos, scripts = d["videos"], [str(s) for s in d["scripts"]]
+    if (work / "held.npz").exists():
+        e = np.load(work / "held.npz")
+        videos = np.concatenate([videos, e["videos"]])
+        scripts += [str(s) for s in e["scripts"]]
+    return videos, scripts
 
 
 def to_video(frames):
@@ -396,7 +427,7 @@ def dit_forward(model, adapter, latents, timesteps, rays, mask):
                  return_dict=False)[0]
 
 
-def stage_dit(work, steps, batch, minutes, resume=False):
+def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0):
     out = work / "dit.pt"
     if out.exists() and not resume:
         return
@@ -418,7 +449,11 @@ def stage_dit(work, steps, batch, minutes, resume=False):
     params = list({id(p): p for p in [*model.parameters(), *adapter.parameters()]}.values())
     log(f"dit: {sum(p.numel() for p in params) / 1e6:.2f} M parameters, {len(lat)} clips")
     max_lr = 4e-4
-    opt = torch.optim.AdamW(params, lr=max_lr, weight_decay=0.01, betas=(0.9, 0.99))
+    # The camera adapter's own parameters may learn faster than the network it steers.
+    camera = {id(p) for p in adapter.parameters()}
+    groups = [dict(params=[p for p in params if id(p) not in camera], mult=1.0),
+              dict(params=[p for p in params if id(p) in camera], mult=camera_lr_mult)]
+    opt = torch.optim.AdamW(groups, lr=max_lr, weight_decay=0.01, betas=(0.9, 0.99))
 
     def lr_at(step, elapsed):
         # Linear warm-up, then a cosine to zero over the step budget or, when a time
@@ -433,7 +468,7 @@ def stage_dit(work, steps, batch, minutes, resume=False):
     curve, t0 = [], time.time()
     for step in range(steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, time.time() - t0)
+            g["lr"] = lr_at(step, time.time() - t0) * g["mult"]
         idx = torch.randint(len(lat), (batch,), generator=gen)
         x0 = lat[idx]
         c = torch.cat([msk.expand(batch, -1, -1, -1, -1), cond[idx]], 1)
@@ -512,7 +547,7 @@ def stage_export(work, folder):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stage", default="all", choices=["all", "data", "vae", "vae-long", "encode", "dit", "export"])
+    ap.add_argument("--stage", default="all", choices=["all", "data", "data-held", "vae", "vae-long", "encode", "dit", "export"])
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/world-train"))
     ap.add_argument("--out", type=pathlib.Path,
                     default=pathlib.Path(__file__).resolve().parents[2] / "models" / "world")
@@ -531,13 +566,18 @@ def main():
     ap.add_argument("--vae-res-blocks", type=int, default=1)
     ap.add_argument("--encode-clips", type=int, default=0, help="encode only the first N clips")
     ap.add_argument("--dit-resume", action="store_true", help="train the saved DiT further")
+    ap.add_argument("--camera-lr-mult", type=float, default=1.0,
+                    help="the camera adapter's learning rate over the network's")
+    ap.add_argument("--held-clips", type=int, default=0,
+                    help="extra clips of held keys (stage data-held), seeds 400 and up")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     configure(a.vae_z_dim, a.vae_base_dim, a.vae_res_blocks)
     diffusers.utils.logging.set_verbosity_error()
     a.work.mkdir(parents=True, exist_ok=True)
-    stages = ["data", "vae", "vae-long", "encode", "dit", "export"] if a.stage == "all" else [a.stage]
+    stages = (["data", "data-held", "vae", "vae-long", "encode", "dit", "export"]
+              if a.stage == "all" else [a.stage])
     for s in stages:
         log(f"stage {s}")
         if s == "data":
@@ -549,7 +589,10 @@ def main():
         elif s == "encode":
             stage_encode(a.work, a.encode_clips)
         elif s == "dit":
-            stage_dit(a.work, a.dit_steps, a.dit_batch, a.dit_minutes, a.dit_resume)
+            stage_dit(a.work, a.dit_steps, a.dit_batch, a.dit_minutes, a.dit_resume,
+                      a.camera_lr_mult)
+        elif s == "data-held":
+            stage_data_held(a.work, a.held_clips)
         else:
             stage_export(a.work, a.out)
 
