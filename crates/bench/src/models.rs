@@ -74,10 +74,7 @@ fn best(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 
 /// Times diffusers through the reference command: (DiT forward, VAE decode) seconds,
 /// each `None` when that network was not asked for.
-fn reference(
-    config: &ModelBenchConfig,
-    dtype: &str,
-) -> Result<Option<(Option<f64>, Option<f64>)>> {
+fn reference(config: &ModelBenchConfig, dtype: &str) -> Result<Option<(Option<f64>, Option<f64>)>> {
     let (Some(cmd), Some(model)) = (&config.reference, &config.model) else {
         return Ok(None);
     };

@@ -1,6 +1,5 @@
 //! SiLU over f32 slices without libm, built on the branch-free [`fast_exp`], so the loops
-//! auto-vectorise; they are compiled for AVX-512 and AVX2 as well as the baseline and
-//! picked at run time. The tanh-GELU is [`super::gelu`]'s (re-exported here). Every
+//! auto-vectorise; they run through [`super::simd`]'s builds for the selected path. The tanh-GELU is [`super::gelu`]'s (re-exported here). Every
 //! version performs the same IEEE operations in the same order (Rust never fuses a
 //! multiply and an add on its own), so the bits do not depend on the CPU path, only the
 //! speed does.
@@ -15,41 +14,7 @@ pub fn silu(x: f32) -> f32 {
 
 pub use super::gelu::{gelu_tanh, gelu_tanh_into};
 
-#[inline(always)]
-fn map_impl(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d = f(s);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn map_avx512(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
-    map_impl(dst, src, f);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn map_avx2(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
-    map_impl(dst, src, f);
-}
-
-/// `dst[i] = f(src[i])` over the shorter of the two, at the widest SIMD the CPU has.
-#[inline]
-pub fn map(dst: &mut [f32], src: &[f32], f: impl Fn(f32) -> f32) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F, checked at run time just above.
-            return unsafe { map_avx512(dst, src, f) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked at run time just above.
-            return unsafe { map_avx2(dst, src, f) };
-        }
-    }
-    map_impl(dst, src, f);
-}
+pub use super::simd::{map, map_in_place};
 
 /// An activation a producer can apply to its output as it writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,42 +45,6 @@ pub fn bias_activation_rows(
     }
 }
 
-#[inline(always)]
-fn map_in_place_impl(buf: &mut [f32], f: impl Fn(f32) -> f32) {
-    for x in buf.iter_mut() {
-        *x = f(*x);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn map_in_place_avx512(buf: &mut [f32], f: impl Fn(f32) -> f32) {
-    map_in_place_impl(buf, f);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn map_in_place_avx2(buf: &mut [f32], f: impl Fn(f32) -> f32) {
-    map_in_place_impl(buf, f);
-}
-
-/// `buf[i] = f(buf[i])` at the widest SIMD the CPU has (the bits of [`map`]).
-#[inline]
-pub fn map_in_place(buf: &mut [f32], f: impl Fn(f32) -> f32) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F, checked at run time just above.
-            return unsafe { map_in_place_avx512(buf, f) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2, checked at run time just above.
-            return unsafe { map_in_place_avx2(buf, f) };
-        }
-    }
-    map_in_place_impl(buf, f);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,18 +65,5 @@ mod tests {
         assert!(worst_gelu < 2e-6, "gelu {worst_gelu}");
         assert!(silu(-1e4).abs() < 1e-30);
         assert_eq!(gelu_tanh(1e4), 1e4);
-    }
-
-    #[test]
-    fn every_simd_path_gives_the_baseline_bits() {
-        let src: Vec<f32> = (0..1037).map(|i| (i as f32 - 500.0) * 0.037).collect();
-        let mut base = vec![0.0; src.len()];
-        map_impl(&mut base, &src, gelu_tanh);
-        let mut fast = vec![0.0; src.len()];
-        map(&mut fast, &src, gelu_tanh);
-        assert_eq!(
-            base.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            fast.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-        );
     }
 }

@@ -10,6 +10,7 @@ pub mod gelu;
 pub mod gemm;
 pub mod resample;
 pub mod rope;
+pub mod simd;
 pub mod softmax;
 #[cfg(test)]
 mod test_rng;

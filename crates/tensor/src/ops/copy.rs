@@ -4,6 +4,7 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::dtype::{DType, Element};
+use crate::kernels::simd;
 use crate::layout::Layout;
 use crate::tensor::Tensor;
 
@@ -55,7 +56,7 @@ fn copy_typed<S: Element, D: Element>(src: &Tensor, out: &mut Tensor) {
         crate::parallel::run(|| {
             dst.par_chunks_mut(CHUNK)
                 .zip(input.par_chunks(CHUNK))
-                .for_each(|(d, s)| d.iter_mut().zip(s).for_each(|(d, &s)| *d = convert(s)));
+                .for_each(|(d, s)| simd::map(d, s, convert::<S, D>));
         });
         return;
     }
@@ -72,8 +73,7 @@ fn copy_typed<S: Element, D: Element>(src: &Tensor, out: &mut Tensor) {
                     if stride == 1 {
                         // Contiguous rows (a narrow, a permute that keeps the last axis):
                         // one slice each, which the compiler vectorises.
-                        let src = &data[base..base + row.len()];
-                        row.iter_mut().zip(src).for_each(|(d, &s)| *d = convert(s));
+                        simd::map(row, &data[base..base + row.len()], convert::<S, D>);
                     } else {
                         for (j, d) in row.iter_mut().enumerate() {
                             *d = convert(data[base + j * stride]);

@@ -7,7 +7,7 @@ use crate::cuda::dispatch;
 use crate::cuda::launch::Launcher;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::kernels::activation;
+use crate::kernels::{activation, simd};
 use crate::layout::broadcast_shapes;
 use crate::tensor::Tensor;
 
@@ -57,9 +57,13 @@ pub fn binary(
                         let (ba, bb) = (la.row_start(index), lb.row_start(index));
                         if sa == 1 && sb == 1 {
                             let (ra, rb) = (&da[ba..ba + inner], &db[bb..bb + inner]);
-                            for ((o, &x), &y) in row.iter_mut().zip(ra).zip(rb) {
-                                *o = f(x, y);
-                            }
+                            simd::zip_map(row, ra, rb, &f);
+                        } else if sa == 1 && sb == 0 {
+                            let y = db[bb];
+                            simd::map(row, &da[ba..ba + inner], |x| f(x, y));
+                        } else if sa == 0 && sb == 1 {
+                            let x = da[ba];
+                            simd::map(row, &db[bb..bb + inner], |y| f(x, y));
                         } else {
                             for (j, o) in row.iter_mut().enumerate() {
                                 *o = f(da[ba + j * sa], db[bb + j * sb]);

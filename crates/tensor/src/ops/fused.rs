@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::kernels::simd;
 use crate::layout::Layout;
 use crate::tensor::Tensor;
 
@@ -86,9 +87,9 @@ impl Tensor {
         }
         let out = rows_with_two(OP, self, shift, scale, n, |o, x, shift, scale| {
             let (mean, inv) = super::norm::mean_inv_std(x, eps);
-            for (((o, &v), &s), &c) in o.iter_mut().zip(x).zip(shift).zip(scale) {
-                *o = (v - mean) * inv * (c + 1.0) + s;
-            }
+            simd::zip3_map(o, x, shift, scale, |v, s, c| {
+                (v - mean) * inv * (c + 1.0) + s
+            });
         })?;
         out.to_dtype(self.dtype())
     }
@@ -106,9 +107,7 @@ impl Tensor {
             return out.to_dtype(promote(promote(self.dtype(), a.dtype()), b.dtype()));
         }
         let out = rows_with_two("add_mul", self, a, b, n, |o, x, a, b| {
-            for (((o, &v), &p), &q) in o.iter_mut().zip(x).zip(a).zip(b) {
-                *o = v + p * q;
-            }
+            simd::zip3_map(o, x, a, b, |v, p, q| v + p * q);
         })?;
         let promote = super::elementwise::promote;
         out.to_dtype(promote(promote(self.dtype(), a.dtype()), b.dtype()))

@@ -6,6 +6,7 @@ use rayon::prelude::*;
 use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::kernels::simd;
 use crate::tensor::Tensor;
 
 fn check_param(op: &'static str, p: Option<&Tensor>, len: usize) -> Result<Option<Tensor>> {
@@ -86,15 +87,13 @@ impl Tensor {
                     .zip(src.par_chunks(n))
                     .for_each(|(o, x)| {
                         let (mean, inv) = mean_inv_std(x, eps);
-                        for (j, (o, &v)) in o.iter_mut().zip(x).enumerate() {
-                            let mut y = (v - mean) * inv;
-                            if let Some(w) = w {
-                                y *= w[j];
+                        match (w, b) {
+                            (Some(w), Some(b)) => {
+                                simd::zip3_map(o, x, w, b, |v, w, b| (v - mean) * inv * w + b)
                             }
-                            if let Some(b) = b {
-                                y += b[j];
-                            }
-                            *o = y;
+                            (Some(w), None) => simd::zip_map(o, x, w, |v, w| (v - mean) * inv * w),
+                            (None, Some(b)) => simd::zip_map(o, x, b, |v, b| (v - mean) * inv + b),
+                            (None, None) => simd::map(o, x, |v| (v - mean) * inv),
                         }
                     });
             });
@@ -120,12 +119,8 @@ impl Tensor {
                         let ms = lane_sum(x, |v| v * v) / n as f64;
                         let inv = (1.0 / (ms + f64::from(eps)).sqrt()) as f32;
                         match w {
-                            Some(w) => {
-                                for ((o, &v), &w) in o.iter_mut().zip(x).zip(w) {
-                                    *o = v * inv * w;
-                                }
-                            }
-                            None => o.iter_mut().zip(x).for_each(|(o, &v)| *o = v * inv),
+                            Some(w) => simd::zip_map(o, x, w, |v, w| v * inv * w),
+                            None => simd::map(o, x, |v| v * inv),
                         }
                     });
             });
