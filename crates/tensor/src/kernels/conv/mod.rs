@@ -24,6 +24,11 @@
 //!
 //! A 1×1×1 conv with stride 1 and no padding needs no im2col: a batch item's input
 //! already is `cols`, so it runs as one pool-wide GEMM per batch item with no scratch.
+//!
+//! Zero time padding is not multiplied: each output frame whose kernel reaches into it
+//! runs as its own GEMM over its real taps (the weights' last time taps, gathered once
+//! into scratch), and the frames past it as one GEMM over the full kernel (`Job`). A
+//! causal 3-frame kernel over a stream's first frame does a third of the work.
 
 use rayon::prelude::*;
 
