@@ -82,6 +82,22 @@ def key_script(rng, n=LATENT):
     return "".join(out)
 
 
+class RunClock:
+    """Seconds of training run: wall time, except that a gap longer than `cap` between two
+    readings (the process stopped with SIGSTOP while benchmarks ran, or the machine
+    slept) counts as `cap`, so a time budget and a schedule that follows it are spent on
+    steps, not on pauses."""
+
+    def __init__(self, spent=0.0, cap=60.0):
+        self.spent, self.cap, self.last = spent, cap, time.time()
+
+    def __call__(self):
+        now = time.time()
+        self.spent += min(now - self.last, self.cap)
+        self.last = now
+        return self.spent
+
+
 def log(msg):
     print(time.strftime("%H:%M:%S"), msg, flush=True)
 
@@ -222,11 +238,11 @@ def stage_vae(work, steps, minutes=0.0, edge=0.0):
         rng = np.random.default_rng(step)
         log(f"vae: resumed at step {step} ({spent / 60:.1f} min spent)")
     budget = 60 * minutes
-    t0 = time.time() - spent
-    last_eval = time.time()
+    clock = RunClock(spent)
+    last_eval = clock()
 
     def frac():
-        return min(1.0, (time.time() - t0) / budget) if minutes else step / steps
+        return min(1.0, clock() / budget) if minutes else step / steps
 
     while (frac() < 1.0) if minutes else step < steps:
         f = frac()
@@ -253,20 +269,20 @@ def stage_vae(work, steps, minutes=0.0, edge=0.0):
         curve.append(dict(step=step, rec=rec.item(), kl=kl.item(), psnr=psnr, long=f >= 0.75))
         if step % 25 == 0:
             log(f"vae {step}: rec {rec.item():.4f} kl {kl.item():.3f} psnr {psnr:.2f} dB "
-                f"lr {opt.param_groups[0]['lr']:.2e} ({time.time() - t0:.0f} s)")
+                f"lr {opt.param_groups[0]['lr']:.2e} ({clock():.0f} s)")
         step += 1
         if minutes and step % 100 == 0:
-            if time.time() - last_eval > 600:
+            if clock() - last_eval > 600:
                 whole, first = vae_psnr(vae.eval(), held)
                 vae.train()
-                evals.append(dict(step=step, minutes=round((time.time() - t0) / 60, 1),
+                evals.append(dict(step=step, minutes=round(clock() / 60, 1),
                                   heldout_psnr=whole, heldout_first_frame_psnr=first))
                 log(f"vae {step}: held-out PSNR {whole:.2f} dB, frame 0 {first:.2f} dB")
-                last_eval = time.time()
+                last_eval = clock()
             torch.save(dict(state=vae.state_dict(), opt=opt.state_dict(), curve=curve, step=step,
-                            spent=time.time() - t0, evals=evals), ckpt)
+                            spent=clock(), evals=evals), ckpt)
     whole, first = vae_psnr(vae.eval(), held)
-    evals.append(dict(step=step, minutes=round((time.time() - t0) / 60, 1),
+    evals.append(dict(step=step, minutes=round(clock() / 60, 1),
                       heldout_psnr=whole, heldout_first_frame_psnr=first))
     log(f"vae done at step {step}: held-out PSNR {whole:.2f} dB, frame 0 {first:.2f} dB")
     torch.save(dict(state=vae.state_dict(), curve=curve, evals=evals, config=VAE_CFG), out)
@@ -285,9 +301,9 @@ def stage_vae_long(work, minutes):
     max_lr = 4e-4
     opt = torch.optim.AdamW(vae.parameters(), lr=max_lr, weight_decay=0.0)
     rng = np.random.default_rng(1)
-    curve, t0, step = [], time.time(), 0
-    while time.time() - t0 < 60 * minutes:
-        frac = (time.time() - t0) / (60 * minutes)
+    curve, clock, step = [], RunClock(), 0
+    while clock() < 60 * minutes:
+        frac = clock() / (60 * minutes)
         for g in opt.param_groups:
             g["lr"] = max_lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * frac))
         c = rng.integers(len(videos))
@@ -297,7 +313,7 @@ def stage_vae_long(work, minutes):
         psnr = 10 * math.log10(4.0 / max(((y - x) ** 2).mean().item(), 1e-10))
         curve.append(dict(step=step, rec=rec.item(), kl=kl.item(), psnr=psnr, long=True))
         if step % 10 == 0:
-            log(f"vae-long {step}: rec {rec.item():.4f} psnr {psnr:.2f} dB ({time.time() - t0:.0f} s)")
+            log(f"vae-long {step}: rec {rec.item():.4f} psnr {psnr:.2f} dB ({clock():.0f} s)")
         step += 1
     torch.save(dict(state=vae.state_dict(), curve=ck["curve"] + curve), out)
 
@@ -465,10 +481,10 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0):
 
     mask = teacher_mask()
     gen = torch.Generator().manual_seed(7)
-    curve, t0 = [], time.time()
+    curve, clock = [], RunClock()
     for step in range(steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, time.time() - t0) * g["mult"]
+            g["lr"] = lr_at(step, clock()) * g["mult"]
         idx = torch.randint(len(lat), (batch,), generator=gen)
         x0 = lat[idx]
         c = torch.cat([msk.expand(batch, -1, -1, -1, -1), cond[idx]], 1)
@@ -503,11 +519,11 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0):
         per_sigma = [err.detach().view(batch, -1, BLOCK).mean(2)[k == i].mean().item()
                      if (k == i).any() else None for i in range(4)]
         curve.append(dict(step=step, loss=loss.item(), per_step=per_sigma,
-                          lr=opt.param_groups[0]["lr"], seconds=round(time.time() - t0, 1)))
+                          lr=opt.param_groups[0]["lr"], seconds=round(clock(), 1)))
         if step % 20 == 0:
             log(f"dit {step}/{steps}: x0 mse {loss.item():.4f} per DMD step "
-                f"{[None if p is None else round(p, 4) for p in per_sigma]} ({time.time() - t0:.0f} s)")
-        if minutes and time.time() - t0 > 60 * minutes:
+                f"{[None if p is None else round(p, 4) for p in per_sigma]} ({clock():.0f} s)")
+        if minutes and clock() > 60 * minutes:
             log(f"dit: time budget reached at step {step}")
             break
     done = before["steps"]
