@@ -1,5 +1,6 @@
 //! SiLU over f32 slices without libm, built on the branch-free [`fast_exp`], so the loops
-//! auto-vectorise; they run through [`super::simd`]'s builds for the selected path. The tanh-GELU is [`super::gelu`]'s (re-exported here). Every
+//! auto-vectorise; they run through [`super::simd`]'s builds for the selected path. The
+//! tanh-GELU is [`super::gelu`]'s (re-exported here). Every
 //! version performs the same IEEE operations in the same order (Rust never fuses a
 //! multiply and an add on its own), so the bits do not depend on the CPU path, only the
 //! speed does.
@@ -13,8 +14,6 @@ pub fn silu(x: f32) -> f32 {
 }
 
 pub use super::gelu::{gelu_tanh, gelu_tanh_into};
-
-pub use super::simd::{map, map_in_place};
 
 /// An activation a producer can apply to its output as it writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,7 +39,7 @@ pub fn bias_activation_rows(
     super::gelu::bias_gelu_rows(data, ldc, h, w, bias, gelu);
     if activation == Some(Activation::Silu) {
         for r in 0..h {
-            map_in_place(&mut data[r * ldc..r * ldc + w], silu);
+            super::simd::map_in_place(&mut data[r * ldc..r * ldc + w], silu);
         }
     }
 }

@@ -72,7 +72,7 @@ fn copy_typed<S: Element, D: Element>(src: &Tensor, out: &mut Tensor) {
                     let base = layout.row_start(task * rows_per_task + r);
                     if stride == 1 {
                         // Contiguous rows (a narrow, a permute that keeps the last axis):
-                        // one slice each, which the compiler vectorises.
+                        // one slice each, through the path's SIMD build.
                         simd::map(row, &data[base..base + row.len()], convert::<S, D>);
                     } else {
                         for (j, d) in row.iter_mut().enumerate() {

@@ -76,7 +76,7 @@ pub fn binary(
     out.to_dtype(dtype)
 }
 
-/// Applies `f` to every element (SIMD-dispatched through [`activation::map`], the same
+/// Applies `f` to every element (SIMD-dispatched through [`simd::map`], the same
 /// bits on every path); float dtypes are kept. On a GPU the elementwise kernel named `op`
 /// runs.
 pub fn unary(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32 + Sync) -> Result<Tensor> {
@@ -90,7 +90,7 @@ fn unary_on(
     f: impl Fn(f32) -> f32 + Sync,
     gpu: impl FnOnce(&dyn Launcher, &Tensor, &Tensor) -> Result<()>,
 ) -> Result<Tensor> {
-    unary_slices(op, x, |d, s| activation::map(d, s, &f), gpu)
+    unary_slices(op, x, |d, s| simd::map(d, s, &f), gpu)
 }
 
 /// [`unary_on`] with the host side as a kernel over slices, `kernel(dst, src)`.

@@ -340,6 +340,13 @@ struct Job {
     dst0: usize,
 }
 
+impl Job {
+    /// Whether the job runs on gathered taps (a head frame with some real taps).
+    fn gathers(&self) -> bool {
+        self.skip > 0 && !self.bias_only
+    }
+}
+
 /// The jobs of a non-pointwise conv, head frames first.
 fn jobs(p: &Conv3dParams) -> Vec<Job> {
     let [to, ho, wo] = p.out_dims();
@@ -386,7 +393,7 @@ fn jobs(p: &Conv3dParams) -> Vec<Job> {
 /// f32 elements the head jobs' weights (their taps gathered) take in front of the tiles.
 fn head_weight_len(jobs: &[Job]) -> usize {
     jobs.iter()
-        .filter(|j| j.skip > 0 && !j.bias_only)
+        .filter(|j| j.gathers())
         .map(|j| j.params.weight_len())
         .max()
         .unwrap_or(0)
@@ -461,30 +468,36 @@ fn conv3d_with_target(
     let [to, ho, wo] = p.out_dims();
     let in_batch = p.in_channels * p.in_t * p.in_h * p.in_w;
     let out_batch = p.out_channels * to * ho * wo;
-    let jobs = if p.is_pointwise() {
-        Vec::new()
-    } else {
-        jobs(p)
-    };
+    if p.is_pointwise() {
+        parallel::run(|| {
+            for b in 0..p.batch {
+                let src = &input[b * in_batch..(b + 1) * in_batch];
+                let dst = &mut out[b * out_batch..(b + 1) * out_batch];
+                pointwise(p, src, weight, bias, dst, scratch);
+            }
+        });
+        return;
+    }
+    let jobs = jobs(p);
     let (head_weights, scratch) = scratch.split_at_mut(head_weight_len(&jobs));
     parallel::run(|| {
-        for b in 0..p.batch {
-            let src = &input[b * in_batch..(b + 1) * in_batch];
-            let dst = &mut out[b * out_batch..(b + 1) * out_batch];
-            if p.is_pointwise() {
-                pointwise(p, src, weight, bias, dst, scratch);
-                continue;
-            }
-            for job in &jobs {
-                let geom = Geometry::new(&job.params, p.in_t);
-                let plan = Plan::new(&job.params, job.count, target, slots);
+        // Job by job, so a head job's taps are gathered once for every batch item.
+        for job in &jobs {
+            let geom = Geometry::new(&job.params, p.in_t);
+            let plan = Plan::new(&job.params, job.count, target, slots);
+            let taps: &[f32] = if job.gathers() {
+                let taps = &mut head_weights[..job.params.weight_len()];
+                gather_taps(weight, p, job.skip, taps);
+                taps
+            } else {
+                weight
+            };
+            for b in 0..p.batch {
+                let src = &input[b * in_batch..(b + 1) * in_batch];
+                let dst = &mut out[b * out_batch..(b + 1) * out_batch];
                 if job.bias_only {
                     fill_rows(dst, p.out_channels, job.dst0, job.count, bias);
-                } else if job.skip == 0 {
-                    tiled(&geom, &plan, job, src, weight, bias, dst, scratch);
                 } else {
-                    let taps = &mut head_weights[..job.params.weight_len()];
-                    gather_taps(weight, p, job.skip, taps);
                     tiled(&geom, &plan, job, src, taps, bias, dst, scratch);
                 }
             }
