@@ -29,6 +29,11 @@
 //! runs as its own GEMM over its real taps (the weights' last time taps, gathered once
 //! into scratch), and the frames past it as one GEMM over the full kernel (`Job`). A
 //! causal 3-frame kernel over a stream's first frame does a third of the work.
+//!
+//! A bf16 conv with stride 1 on the AVX512-BF16 path skips im2col altogether: its input
+//! is packed once per band of output rows as VNNI pair planes, and the GEMM reads every
+//! tap's shifted B from them in place (`planes`; 1.44× the im2col path's GFLOP/s on the
+//! VAE's 96-channel full-size conv).
 
 use rayon::prelude::*;
 
@@ -310,6 +315,9 @@ fn scratch_len_for_target(p: &Conv3dParams, target: usize, slots: usize) -> usiz
         let tiles = jobs
             .iter()
             .map(|job| {
+                if planes::eligible(job) {
+                    return planes::scratch_len(job, target, slots);
+                }
                 let plan = Plan::new(&job.params, job.count, target, slots);
                 plan.shared + slots * plan.per_slot
             })
@@ -492,11 +500,14 @@ fn conv3d_with_target(
             } else {
                 weight
             };
+            let direct = planes::eligible(job);
             for b in 0..p.batch {
                 let src = &input[b * in_batch..(b + 1) * in_batch];
                 let dst = &mut out[b * out_batch..(b + 1) * out_batch];
                 if job.bias_only {
                     fill_rows(dst, p.out_channels, job.dst0, job.count, bias);
+                } else if direct {
+                    planes::run(&geom, job, src, taps, bias, dst, scratch, target, slots);
                 } else {
                     tiled(&geom, &plan, job, src, taps, bias, dst, scratch);
                 }
@@ -790,5 +801,6 @@ fn fill_segment(seg: &mut [f32], row: &[f32], padded_x0: usize, stride: usize, p
     }
 }
 
+mod planes;
 #[cfg(test)]
 mod tests;

@@ -273,6 +273,24 @@ fn b_tile(b: &Operand<'_>, k: usize, n: usize, k0: usize, n0: usize, part: Part,
     }
 }
 
+/// One row of VNNI pair words, `out[x] = bf16(even[x]) | bf16(odd[x]) << 16`, rounded
+/// as the packers round (`odd` absent: zeros), for kernels that read pair planes in place.
+/// Panics if a slice is shorter than `out`.
+pub fn pair_row(even: &[f32], odd: Option<&[f32]>, out: &mut [u32]) {
+    let n = out.len();
+    let (even, odd) = (&even[..n], odd.map(|o| &o[..n]));
+    let mut done = 0;
+    if super::features().avx512 {
+        done = n / 16 * 16;
+        // SAFETY: AVX-512 is present; the first `done` values of every slice exist.
+        unsafe { avx512::pair_words(&even[..done], odd.map(|o| &o[..done]), &mut out[..done]) };
+    }
+    for x in done..n {
+        let hi = odd.map_or(0, |o| u32::from(bf16_bits(o[x])));
+        out[x] = u32::from(bf16_bits(even[x])) | hi << 16;
+    }
+}
+
 /// The packers' bf16 rounding of 32 f32 lanes (AVX-512), for kernels that write packed
 /// operands themselves.
 #[cfg(target_arch = "x86_64")]
@@ -312,6 +330,29 @@ mod avx512 {
         let r = _mm512_and_si512(r, _mm512_set1_epi32(0xffff_0000_u32 as i32));
         let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
         _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0_0000))
+    }
+
+    /// [`super::pair_row`] over whole groups of 16 values.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW present; `even` (and `odd`) hold `out.len()` values, a multiple of 16.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn pair_words(even: &[f32], odd: Option<&[f32]>, out: &mut [u32]) {
+        assert!(out.len().is_multiple_of(16) && even.len() >= out.len());
+        assert!(odd.is_none_or(|o| o.len() >= out.len()));
+        for (g, dst) in out.chunks_exact_mut(16).enumerate() {
+            // SAFETY: 16 values from 16·g are inside `even` and `odd` (asserted) and
+            // `dst` holds 16 words.
+            unsafe {
+                let e = split16(_mm512_loadu_ps(even.as_ptr().add(16 * g)), Part::Hi);
+                let o = match odd {
+                    Some(o) => split16(_mm512_loadu_ps(o.as_ptr().add(16 * g)), Part::Hi),
+                    None => _mm512_setzero_si512(),
+                };
+                let word = _mm512_or_si512(_mm512_srli_epi32::<16>(e), o);
+                _mm512_storeu_si512(dst.as_mut_ptr().cast(), word);
+            }
+        }
     }
 
     /// 32 consecutive values of row `row` from column `k0`, as one 64-byte register of
@@ -608,6 +649,9 @@ mod avx512 {
         _: Part,
         _: &mut [u16],
     ) {
+        unreachable!("AVX-512 is never detected off x86_64")
+    }
+    pub(super) unsafe fn pair_words(_: &[f32], _: Option<&[f32]>, _: &mut [u32]) {
         unreachable!("AVX-512 is never detected off x86_64")
     }
 }

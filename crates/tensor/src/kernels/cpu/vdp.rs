@@ -36,22 +36,129 @@ pub unsafe fn kernel(
     steps: usize,
     load: bool,
 ) {
+    let src = Packed { b, pf };
     for band in 0..32 / BAND {
         // SAFETY: the caller's contract; band rows lie inside the block.
-        unsafe { band_kernel(a, b, pf, c, ldc_bytes, steps, load, band * BAND) };
+        unsafe { band_kernel(a, &src, c, ldc_bytes, steps, load, band * BAND) };
     }
+}
+
+/// [`kernel`] with B read in place from VNNI pair planes (a direct convolution's input,
+/// see `conv::planes`): k-step `s`'s pair row `p` (16 columns × 2 k values) starts at
+/// `b + offsets[s] + p · pair_stride` and its second 16 columns 32 values further on.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX512_BF16; `a` points at `steps` packed k-steps; for every
+/// `s < steps` (`offsets` holds them) and `p < 16`, the 64 values at
+/// `b + offsets[s] + p · pair_stride` are readable; the 32 rows of 128 bytes at `c` are
+/// writable; `steps ≥ 1`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub unsafe fn kernel_planes(
+    a: *const u16,
+    b: *const u16,
+    offsets: &[isize],
+    pair_stride: usize,
+    c: *mut f32,
+    ldc_bytes: usize,
+    load: bool,
+) {
+    let src = Planes {
+        b,
+        offsets: offsets.as_ptr(),
+        pair_stride,
+    };
+    for band in 0..32 / BAND {
+        // SAFETY: the caller's contract; band rows lie inside the block.
+        unsafe { band_kernel(a, &src, c, ldc_bytes, offsets.len(), load, band * BAND) };
+    }
+}
+
+/// Where the kernel finds each k-step's B pair rows.
+trait BSource {
+    /// Pair row `p` of k-step `s` (its first 16 columns; the next 16 follow at +`HALF`).
+    ///
+    /// # Safety
+    /// `s` is a k-step of the call and `p < 16`.
+    unsafe fn pair(&self, s: usize, p: usize) -> *const u16;
+    /// `u16` values from a pair row's first 16 columns to its second 16.
+    fn half(&self) -> usize;
+    /// Prefetches ahead of k-step `s` (once per k-step, from the first band).
+    ///
+    /// # Safety
+    /// Any address may be prefetched; `s` is a k-step of the call.
+    unsafe fn prefetch(&self, s: usize);
+}
+
+/// Packed B panels ([`super::pack`]): 1,024 values a k-step, the halves 512 apart.
+struct Packed {
+    b: *const u16,
+    pf: *const u16,
+}
+
+impl BSource for Packed {
+    #[inline(always)]
+    unsafe fn pair(&self, s: usize, p: usize) -> *const u16 {
+        // SAFETY: inside the caller's `steps` packed k-steps.
+        unsafe { self.b.add(s * 1024 + p * 32) }
+    }
+
+    #[inline(always)]
+    fn half(&self) -> usize {
+        512
+    }
+
+    #[inline(always)]
+    unsafe fn prefetch(&self, s: usize) {
+        use std::arch::x86_64::*;
+        // SAFETY: a prefetch never faults.
+        unsafe {
+            let p = self.pf.wrapping_add(s * 128).cast::<i8>();
+            _mm_prefetch::<_MM_HINT_T0>(p);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128));
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(192));
+        }
+    }
+}
+
+/// VNNI pair planes read in place, one offset per k-step.
+struct Planes {
+    b: *const u16,
+    offsets: *const isize,
+    pair_stride: usize,
+}
+
+impl BSource for Planes {
+    #[inline(always)]
+    unsafe fn pair(&self, s: usize, p: usize) -> *const u16 {
+        // SAFETY: `offsets` holds every k-step of the call; the result is inside the
+        // planes by the caller's contract.
+        unsafe {
+            self.b
+                .offset(*self.offsets.add(s))
+                .add(p * self.pair_stride)
+        }
+    }
+
+    #[inline(always)]
+    fn half(&self) -> usize {
+        32
+    }
+
+    #[inline(always)]
+    unsafe fn prefetch(&self, _: usize) {}
 }
 
 /// Rows `r0..r0 + BAND` of [`kernel`]'s block.
 ///
 /// # Safety
-/// As for [`kernel`]; `r0 + BAND ≤ 32` and `r0` is a multiple of [`BAND`].
+/// As for [`kernel`] (or [`kernel_planes`], by `src`); `r0 + BAND ≤ 32` and `r0` is a
+/// multiple of [`BAND`].
 #[target_feature(enable = "avx512f,avx512bf16")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn band_kernel(
+unsafe fn band_kernel<S: BSource>(
     a: *const u16,
-    b: *const u16,
-    pf: *const u16,
+    src: &S,
     c: *mut f32,
     ldc_bytes: usize,
     steps: usize,
@@ -61,7 +168,7 @@ unsafe fn band_kernel(
     use std::arch::x86_64::*;
     // SAFETY: every pointer below stays inside the caller's buffers: C rows r0..r0 + 8
     // (columns 0..32), A rows r0..r0 + 8 of each k-step (half r0 / 16, row r0 % 16 on),
-    // B's two halves of each k-step.
+    // B's two halves of each k-step's pair rows (`src`).
     unsafe {
         let row = |r: usize| c.cast::<u8>().add((r0 + r) * ldc_bytes).cast::<f32>();
         let mut acc = [[_mm512_setzero_ps(); 2]; BAND];
@@ -73,20 +180,16 @@ unsafe fn band_kernel(
         }
         // A rows of this band within a k-step: half r0 / 16 (1,024 bytes each), row r0 % 16.
         let a_band = a.add((r0 / 16) * 512 + (r0 % 16) * 32);
+        let half = src.half();
         for s in 0..steps {
             let ap = a_band.add(s * 1024);
-            let bp = b.add(s * 1024);
             if r0 == 0 {
-                let p = pf.add(s * 128).cast::<i8>();
-                _mm_prefetch::<_MM_HINT_T0>(p);
-                _mm_prefetch::<_MM_HINT_T0>(p.add(64));
-                _mm_prefetch::<_MM_HINT_T0>(p.add(128));
-                _mm_prefetch::<_MM_HINT_T0>(p.add(192));
+                src.prefetch(s);
             }
             for p in 0..16 {
-                let b0: __m512bh = std::mem::transmute(_mm512_loadu_ps(bp.add(p * 32).cast()));
-                let b1: __m512bh =
-                    std::mem::transmute(_mm512_loadu_ps(bp.add(512 + p * 32).cast()));
+                let bp = src.pair(s, p);
+                let b0: __m512bh = std::mem::transmute(_mm512_loadu_ps(bp.cast()));
+                let b1: __m512bh = std::mem::transmute(_mm512_loadu_ps(bp.add(half).cast()));
                 for (r, pair) in acc.iter_mut().enumerate() {
                     let bits = ap.add(r * 32 + p * 2).cast::<i32>().read_unaligned();
                     let x: __m512bh = std::mem::transmute(_mm512_set1_epi32(bits));
