@@ -1,19 +1,20 @@
-//! bf16 convolution without im2col on the AVX512-BF16 path: the GEMM reads its B operand
-//! in place from VNNI *pair planes* of the input.
+//! Convolution without im2col: the GEMM reads its B operand in place from *planes* of
+//! the input, in bf16 on the AVX512-BF16 path and in exact f32 wherever AVX-512F is.
 //!
 //! For stride 1, the value under tap `(dt, dy, dx)` for output pixel `(t, y, x)` is the
 //! input at `(t + dt, y + dy, x + dx)` of the padded input: every tap's B matrix is the
-//! same padded input, shifted. So the input is packed once per band of output rows (every
-//! pair of channels interleaved as bf16 words, the spatial padding written as zeros, one
-//! plane per channel pair) and the `vdpbf16ps` kernel reads each k-step's 16 pair rows
-//! from the planes at that k-step's shift ([`vdp::kernel_planes`]). im2col wrote and
-//! packed 27 values per input value for a 3×3×3 kernel; this packs about
+//! same padded input, shifted. So the input is packed once per band of output rows, one
+//! plane per channel (f32) or per pair of channels (bf16, the two interleaved as VNNI
+//! words), the spatial padding written as zeros, and the micro-kernel reads each k's B
+//! row (each k-step's 16 pair rows in bf16) from the planes at that k's shift
+//! ([`fma::kernel_planes`], [`vdp::kernel_planes`]). im2col wrote (and the GEMM then
+//! packed) 27 values per input value for a 3×3×3 kernel; this writes about
 //! `kt · (1 + (kh − 1) / rows)`.
 //!
 //! Output pixels run over the padded width: column `v = r · Wp + x` of band row `r`. The
 //! `Wp − Wo` columns past each row's end are computed and dropped (2 of 106 at 104
-//! wide). K runs tap-major, `k = tap · Cin' + ci` (`Cin'` is `Cin` rounded up to a
-//! k-step, the extra channels zero planes), so the weights are reordered as they are
+//! wide). K runs tap-major, `k = tap · Cin' + ci` (in bf16 `Cin'` is `Cin` rounded up to
+//! a k-step, the extra channels zero planes), so the weights are reordered as they are
 //! packed. Every output element sums its taps in one fixed order, whatever the band or
 //! the thread, so the bytes depend on neither; they differ from im2col's `(ci, tap)`
 //! order by rounding only.
@@ -25,7 +26,7 @@ use crate::kernels::cpu::amx::Kernel;
 use crate::kernels::cpu::pack::{
     as_u16, pack_a, pair_row, Operand, Part, KSTEP_LEN, PANEL, TILE_K,
 };
-use crate::kernels::cpu::{self, vdp};
+use crate::kernels::cpu::{self, fma, vdp, CpuPath};
 use crate::kernels::gemm::{Compute, MatRef};
 
 /// Bytes of packed A one K range covers, kept in L2 while every column panel passes it.
@@ -36,27 +37,55 @@ const A_RANGE_BYTES: usize = 512 << 10;
 /// shapes: 16 ran 1.05–1.15× faster than 8 or 32, 64 slower than 8.
 const KC: usize = 16;
 
-/// Whether `job` runs on pair planes: bf16 compute on the AVX512-BF16 kernel, stride 1,
-/// and no tap of the job's output frames in the causal time padding.
-pub(super) fn eligible(job: &Job) -> bool {
+/// k values per f32 kernel call (the f32 analogue of [`KC`]: 256 B rows of 128 bytes).
+const KC_F32: usize = 256;
+
+/// What the planes hold and the kernel computes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// bf16 pairs of channels, `vdpbf16ps` (the AVX512-BF16 path).
+    Bf16,
+    /// One f32 channel a plane, exact f32 fused multiply-adds (AVX-512F).
+    F32,
+}
+
+/// How `job` runs on planes, or `None` when it runs on im2col tiles: stride 1, no tap of
+/// the job's output frames in the causal time padding, and bf16 compute on the
+/// AVX512-BF16 kernel or f32 compute on a path with AVX-512F.
+fn mode(job: &Job) -> Option<Mode> {
     let p = &job.params;
     let [_, ho, wo] = p.out_dims();
-    !job.bias_only
-        && p.compute == Compute::Bf16
-        && p.stride == [1, 1, 1]
-        && ho * wo > 0
-        && job.first / (ho * wo) >= p.pad_t_front
-        && Kernel::of(cpu::selected()) == Some(Kernel::Vdp)
+    if job.bias_only
+        || p.stride != [1, 1, 1]
+        || ho * wo == 0
+        || job.first / (ho * wo) < p.pad_t_front
+    {
+        return None;
+    }
+    let path = cpu::selected();
+    match p.compute {
+        Compute::Bf16 => (Kernel::of(path) == Some(Kernel::Vdp)).then_some(Mode::Bf16),
+        Compute::F32 => matches!(path, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Amx)
+            .then_some(Mode::F32),
+        Compute::NearF32 => None,
+    }
+}
+
+/// Whether `job` runs on planes (see [`mode`]).
+pub(super) fn eligible(job: &Job) -> bool {
+    mode(job).is_some()
 }
 
 /// The sizes of one job's planes, bands and buffers.
 #[derive(Debug, Clone, Copy)]
 struct Layout {
-    /// Input channels rounded up to a k-step.
+    mode: Mode,
+    /// Input channels, in bf16 rounded up to a k-step.
     cin_pad: usize,
     /// Kernel extent `(kt, kh, kw)`.
     kernel: [usize; 3],
-    /// Packed k-steps of K (`taps · cin_pad / 32`).
+    /// Kernel steps over K: packed k-steps of 32 in bf16 (`taps · cin_pad / 32`), single
+    /// k values in f32 (`taps · cin`).
     steps: usize,
     /// Output channels rounded up to a panel.
     cout_pad: usize,
@@ -68,13 +97,21 @@ struct Layout {
 
 impl Layout {
     /// The layout of `job` with bands as tall as `target` f32 elements of planes and C allow.
-    fn new(job: &Job, target: usize) -> Self {
+    fn new(job: &Job, mode: Mode, target: usize) -> Self {
         let p = &job.params;
-        let cin_pad = p.in_channels.next_multiple_of(TILE_K);
+        let taps = p.kernel.iter().product::<usize>();
+        let (cin_pad, steps) = match mode {
+            Mode::Bf16 => {
+                let cin_pad = p.in_channels.next_multiple_of(TILE_K);
+                (cin_pad, taps * cin_pad / TILE_K)
+            }
+            Mode::F32 => (p.in_channels, taps * p.in_channels),
+        };
         let mut l = Self {
+            mode,
             cin_pad,
             kernel: p.kernel,
-            steps: p.kernel.iter().product::<usize>() * cin_pad / TILE_K,
+            steps,
             cout_pad: p.out_channels.next_multiple_of(PANEL),
             wp: p.in_w + 2 * p.pad_w,
             rows: 1,
@@ -94,10 +131,10 @@ impl Layout {
         rows + self.kernel[1] - 1
     }
 
-    /// `u32` words between two pair planes for bands of `rows` rows: every frame's rows,
-    /// then slack for a last column panel's reads, rounded to an odd multiple of 64 bytes
-    /// so that the 16 planes one k-step reads fall in 16 different L1 sets.
-    fn pair_stride(&self, rows: usize) -> usize {
+    /// Words (a bf16 pair or an f32) between two planes for bands of `rows` rows: every
+    /// frame's rows, then slack for a last column panel's reads, rounded to an odd
+    /// multiple of 64 bytes so that the planes one k-step reads fall in different L1 sets.
+    fn plane_stride(&self, rows: usize) -> usize {
         let [kt, _, kw] = self.kernel;
         let len = kt * self.plane_rows(rows) * self.wp + kw + PANEL;
         len.next_multiple_of(32) + 16
@@ -108,48 +145,66 @@ impl Layout {
         (rows * self.wp).next_multiple_of(PANEL)
     }
 
-    /// Channel pairs (planes).
-    fn pairs(&self) -> usize {
-        self.cin_pad / 2
+    /// Planes: channel pairs in bf16, channels in f32.
+    fn planes(&self) -> usize {
+        match self.mode {
+            Mode::Bf16 => self.cin_pad / 2,
+            Mode::F32 => self.cin_pad,
+        }
     }
 
     /// f32 elements of a band's planes, then its C, for bands of `rows` rows.
     fn band_len(&self, rows: usize) -> usize {
-        self.pairs() * self.pair_stride(rows) + self.cout_pad * self.cols(rows)
+        self.planes() * self.plane_stride(rows) + self.cout_pad * self.cols(rows)
     }
 
-    /// `u16` length of the reordered weights packed as A panels.
+    /// f32 elements of the reordered weights packed as A panels.
     fn packed_a_len(&self) -> usize {
-        self.cout_pad / PANEL * self.steps * KSTEP_LEN
+        match self.mode {
+            Mode::Bf16 => (self.cout_pad / PANEL * self.steps * KSTEP_LEN).div_ceil(2),
+            Mode::F32 => self.cout_pad * self.steps,
+        }
     }
 
-    /// f32 elements of one panel's reordered weight rows.
+    /// f32 elements of one panel's reordered weight rows (bf16; f32 packs directly).
     fn reorder_len(&self) -> usize {
-        PANEL * self.steps * TILE_K
+        match self.mode {
+            Mode::Bf16 => PANEL * self.steps * TILE_K,
+            Mode::F32 => 0,
+        }
     }
 
-    /// `u16` offset of k-step `s` in a band of `rows` rows: its 16 channel pairs' planes,
+    /// Offset of kernel step `s` in a band of `rows` rows, in the kernel's units (`u16`
+    /// in bf16, f32 in f32): its planes (16 channel pairs in bf16, one channel in f32)
     /// at the shift of its tap.
     fn step_offset(&self, s: usize, rows: usize) -> isize {
         let [_, kh, kw] = self.kernel;
-        let per_tap = self.cin_pad / TILE_K;
+        let (per_tap, plane0) = match self.mode {
+            Mode::Bf16 => (self.cin_pad / TILE_K, 16),
+            Mode::F32 => (self.cin_pad, 1),
+        };
         let (tap, block) = (s / per_tap, s % per_tap);
         let (dt, dy, dx) = (tap / (kh * kw), (tap / kw) % kh, tap % kw);
-        let words =
-            block * 16 * self.pair_stride(rows) + (dt * self.plane_rows(rows) + dy) * self.wp + dx;
-        (2 * words) as isize
+        let words = block * plane0 * self.plane_stride(rows)
+            + (dt * self.plane_rows(rows) + dy) * self.wp
+            + dx;
+        match self.mode {
+            Mode::Bf16 => (2 * words) as isize,
+            Mode::F32 => words as isize,
+        }
     }
 }
 
-/// f32 elements of scratch a job on pair planes needs with `slots` threads.
+/// f32 elements of scratch a job on planes needs with `slots` threads (0 off planes).
 pub(super) fn scratch_len(job: &Job, target: usize, slots: usize) -> usize {
-    let l = Layout::new(job, target);
-    let band = l.band_len(l.rows);
-    l.packed_a_len().div_ceil(2) + band.max(slots * l.reorder_len())
+    let Some(mode) = mode(job) else { return 0 };
+    let l = Layout::new(job, mode, target);
+    l.packed_a_len() + l.band_len(l.rows).max(slots * l.reorder_len())
 }
 
 /// `job` over one batch item's input `src` into `dst` (`[Cout, P]`), with `scratch` of
 /// [`scratch_len`] elements; `weight` is `[Cout, Cin, kt, kh, kw]` (the job's taps).
+/// Panics unless the job is [`eligible`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     geom: &Geometry,
@@ -163,9 +218,8 @@ pub(super) fn run(
     slots: usize,
 ) {
     let p = &job.params;
-    let l = Layout::new(job, target);
-    let (packed, rest) = scratch.split_at_mut(l.packed_a_len().div_ceil(2));
-    let packed = &mut as_u16(packed)[..l.packed_a_len()];
+    let l = Layout::new(job, mode(job).expect("a job on planes"), target);
+    let (packed, rest) = scratch.split_at_mut(l.packed_a_len());
     pack_weights(
         &l,
         p.in_channels,
@@ -183,10 +237,10 @@ pub(super) fn run(
         let t = job.first / frame + f;
         for y0 in (0..ho).step_by(l.rows) {
             let rows = l.rows.min(ho - y0);
-            let (planes, c) = rest.split_at_mut(l.pairs() * l.pair_stride(rows));
+            let (planes, c) = rest.split_at_mut(l.planes() * l.plane_stride(rows));
             let c = &mut c[..l.cout_pad * l.cols(rows)];
             fill_planes(geom, &l, src, t, y0, rows, planes);
-            multiply(&l, rows, packed, as_u16(planes), c, slots);
+            multiply(&l, rows, packed, planes, c, slots);
             // Scatter the band's valid columns into `dst` rows, with the bias.
             let c = &*c;
             let out0 = job.dst0 + f * frame + y0 * wo;
@@ -214,48 +268,69 @@ pub(super) fn run(
     }
 }
 
-/// The weights reordered tap-major (`k = tap · cin_pad + ci`, zero past `Cin`) and packed
-/// as A panels, a panel per slot at a time through `temp`.
+/// The weights reordered tap-major (`k = tap · cin_pad + ci`, zero past `Cin`) as A
+/// panels: in bf16 packed through `temp` a panel per slot at a time, in f32 as
+/// `[panel][k][32]` rows.
 fn pack_weights(
     l: &Layout,
     cin: usize,
     cout: usize,
     weight: &[f32],
-    packed: &mut [u16],
+    packed: &mut [f32],
     temp: &mut [f32],
     slots: usize,
 ) {
     let taps = l.kernel.iter().product::<usize>();
-    let k = l.steps * TILE_K;
-    let panel_len = l.steps * KSTEP_LEN;
-    for (g, group) in packed.chunks_mut(slots * panel_len).enumerate() {
-        group
-            .par_chunks_mut(panel_len)
-            .zip(temp.par_chunks_mut(l.reorder_len()))
-            .enumerate()
-            .for_each(|(i, (out, temp))| {
-                let r0 = (g * slots + i) * PANEL;
-                let h = PANEL.min(cout.saturating_sub(r0));
-                let temp = &mut temp[..h * k];
-                temp.fill(0.0);
-                for r in 0..h {
-                    let w = &weight[(r0 + r) * cin * taps..(r0 + r + 1) * cin * taps];
-                    let t = &mut temp[r * k..(r + 1) * k];
-                    for (ci, taps_of) in w.chunks_exact(taps).enumerate() {
-                        for (tap, &v) in taps_of.iter().enumerate() {
-                            t[tap * l.cin_pad + ci] = v;
+    let row = |co: usize| &weight[co * cin * taps..(co + 1) * cin * taps];
+    match l.mode {
+        Mode::F32 => {
+            // Panel rows past Cout stay zero.
+            packed
+                .par_chunks_mut(l.steps * PANEL)
+                .enumerate()
+                .for_each(|(ib, panel)| {
+                    panel.fill(0.0);
+                    for r in 0..PANEL.min(cout - ib * PANEL) {
+                        for (ci, taps_of) in row(ib * PANEL + r).chunks_exact(taps).enumerate() {
+                            for (tap, &v) in taps_of.iter().enumerate() {
+                                panel[(tap * cin + ci) * PANEL + r] = v;
+                            }
                         }
                     }
-                }
-                let a = Operand::F32(MatRef::row_major(temp, 0, k));
-                pack_a(&a, 0, h, k, &[Part::Hi], out);
-            });
+                });
+        }
+        Mode::Bf16 => {
+            let k = l.steps * TILE_K;
+            let panel_len = l.steps * KSTEP_LEN;
+            let packed = &mut as_u16(packed)[..l.cout_pad / PANEL * panel_len];
+            for (g, group) in packed.chunks_mut(slots * panel_len).enumerate() {
+                group
+                    .par_chunks_mut(panel_len)
+                    .zip(temp.par_chunks_mut(l.reorder_len()))
+                    .enumerate()
+                    .for_each(|(i, (out, temp))| {
+                        let r0 = (g * slots + i) * PANEL;
+                        let h = PANEL.min(cout - r0);
+                        let temp = &mut temp[..h * k];
+                        temp.fill(0.0);
+                        for (r, t) in temp.chunks_exact_mut(k).enumerate() {
+                            for (ci, taps_of) in row(r0 + r).chunks_exact(taps).enumerate() {
+                                for (tap, &v) in taps_of.iter().enumerate() {
+                                    t[tap * l.cin_pad + ci] = v;
+                                }
+                            }
+                        }
+                        let a = Operand::F32(MatRef::row_major(temp, 0, k));
+                        pack_a(&a, 0, h, k, &[Part::Hi], out);
+                    });
+            }
+        }
     }
 }
 
-/// The pair planes of output frame `t`'s rows `y0..y0 + rows`: plane `q` holds channels
-/// `2q` and `2q + 1` over input frames `t − pad_t_front + dt` and padded rows
-/// `y0 + r`, every row `Wp` words wide, zero in the padding and the slack.
+/// The planes of output frame `t`'s rows `y0..y0 + rows`: plane `q` holds channel `q`
+/// (f32) or channels `2q` and `2q + 1` (bf16 words) over input frames
+/// `t − pad_t_front + dt` and padded rows `y0 + r`, zero in the padding and the slack.
 #[allow(clippy::too_many_arguments)]
 fn fill_planes(
     g: &Geometry,
@@ -269,37 +344,48 @@ fn fill_planes(
     let p = &g.p;
     let (kt, prow) = (l.kernel[0], l.plane_rows(rows));
     let (w, pw) = (p.in_w, p.pad_w);
-    let stride = l.pair_stride(rows);
     let channel = |c: usize| (c < p.in_channels).then(|| &src[c * g.in_chan..(c + 1) * g.in_chan]);
     planes
-        .par_chunks_mut(stride)
+        .par_chunks_mut(l.plane_stride(rows))
         .enumerate()
         .for_each(|(q, plane)| {
-            // f32 scratch seen as u32 words: the same bytes.
-            let plane = as_u32(plane);
-            let (even, odd) = (channel(2 * q), channel(2 * q + 1));
+            let (first, second) = match l.mode {
+                Mode::Bf16 => (channel(2 * q), channel(2 * q + 1)),
+                Mode::F32 => (channel(q), None),
+            };
             for dt in 0..kt {
                 let ti = t + dt - p.pad_t_front;
                 for r in 0..prow {
                     let out = &mut plane[(dt * prow + r) * l.wp..(dt * prow + r + 1) * l.wp];
                     let yi = (y0 + r).checked_sub(p.pad_h).filter(|&yi| yi < p.in_h);
-                    match (yi, even) {
-                        (Some(yi), Some(even)) => {
-                            let at = (ti * p.in_h + yi) * w;
-                            out[..pw].fill(0);
-                            out[pw + w..].fill(0);
-                            pair_row(
-                                &even[at..at + w],
-                                odd.map(|o| &o[at..at + w]),
-                                &mut out[pw..pw + w],
-                            );
-                        }
-                        _ => out.fill(0),
+                    let Some((yi, first)) = yi.zip(first) else {
+                        out.fill(0.0);
+                        continue;
+                    };
+                    let at = (ti * p.in_h + yi) * w;
+                    out[..pw].fill(0.0);
+                    out[pw + w..].fill(0.0);
+                    let out = &mut out[pw..pw + w];
+                    match l.mode {
+                        Mode::F32 => out.copy_from_slice(&first[at..at + w]),
+                        // f32 scratch seen as u32 words: the same bytes.
+                        Mode::Bf16 => pair_row(
+                            &first[at..at + w],
+                            second.map(|o| &o[at..at + w]),
+                            as_u32(out),
+                        ),
                     }
                 }
             }
-            plane[kt * prow * l.wp..].fill(0);
+            plane[kt * prow * l.wp..].fill(0.0);
         });
+}
+
+/// An f32 buffer seen as twice as many `u16` values.
+fn u16_view(buf: &[f32]) -> &[u16] {
+    // SAFETY: u16 is smaller and no more aligned than f32, and every bit pattern is a
+    // valid u16; the new slice covers exactly the same bytes and borrows `buf`.
+    unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u16>(), buf.len() * 2) }
 }
 
 /// An f32 buffer seen as `u32` words.
@@ -311,23 +397,43 @@ fn as_u32(buf: &mut [f32]) -> &mut [u32] {
 
 /// `C = A · B` for one band: `c` is panel-major (`[cols / 32][cout_pad][32]`), so each
 /// thread owns whole column panels. K runs in ranges whose packed A stays in L2 while
-/// the thread's panels pass it, then in blocks of [`KC`] k-steps over every row panel.
-fn multiply(l: &Layout, rows: usize, packed: &[u16], planes: &[u16], c: &mut [f32], slots: usize) {
+/// the thread's panels pass it, then in kernel calls of [`KC`] k-steps (bf16) or
+/// [`KC_F32`] k values (f32) over every row panel.
+fn multiply(
+    l: &Layout,
+    rows: usize,
+    packed: &[f32],
+    planes: &mut [f32],
+    c: &mut [f32],
+    slots: usize,
+) {
     let offsets: Vec<isize> = (0..l.steps).map(|s| l.step_offset(s, rows)).collect();
-    let pair_stride = 2 * l.pair_stride(rows);
     let row_panels = l.cout_pad / PANEL;
     let block = l.cout_pad * PANEL;
     let panels = l.cols(rows) / PANEL;
     let per_thread = panels.div_ceil(slots).max(1);
-    let range = (A_RANGE_BYTES / (row_panels * KSTEP_LEN * 2))
+    // Packed A per kernel step and row panel (bytes), and kernel steps per call.
+    let (step_bytes, kc) = match l.mode {
+        Mode::Bf16 => (2 * KSTEP_LEN, KC),
+        Mode::F32 => (4 * PANEL, KC_F32),
+    };
+    let range = (A_RANGE_BYTES / (row_panels * step_bytes))
         .max(1)
-        .next_multiple_of(KC);
-    // The planes' last read (a last panel's last k-step, pair 15, second half).
-    let last = offsets.iter().max().copied().unwrap_or(0) as usize
-        + 15 * pair_stride
-        + 2 * (panels * PANEL);
+        .next_multiple_of(kc);
+    // The planes' last read, in f32 words: the largest offset's last plane row (pair 15
+    // in bf16) of the last column panel.
+    let max_offset = offsets.iter().max().copied().unwrap_or(0) as usize;
+    let last = match l.mode {
+        Mode::Bf16 => max_offset.div_ceil(2) + 15 * l.plane_stride(rows) + panels * PANEL,
+        Mode::F32 => max_offset + panels * PANEL,
+    };
     assert!(last <= planes.len(), "conv planes too short");
-    assert!(packed.len() >= row_panels * l.steps * KSTEP_LEN);
+    assert!(packed.len() >= l.packed_a_len());
+    let planes_u16 = u16_view(planes);
+    let (packed_u16, pair_stride) = match l.mode {
+        Mode::Bf16 => (u16_view(packed), 2 * l.plane_stride(rows)),
+        Mode::F32 => (&[][..], 0),
+    };
     c.par_chunks_mut(per_thread * block)
         .enumerate()
         .for_each(|(i, mine)| {
@@ -336,26 +442,35 @@ fn multiply(l: &Layout, rows: usize, packed: &[u16], planes: &[u16], c: &mut [f3
                 let k1 = (k0 + range).min(l.steps);
                 for (j, cblock) in mine.chunks_exact_mut(block).enumerate() {
                     let v0 = (first + j) * PANEL;
-                    for s0 in (k0..k1).step_by(KC) {
-                        let s1 = (s0 + KC).min(k1);
+                    for s0 in (k0..k1).step_by(kc) {
+                        let s1 = (s0 + kc).min(k1);
                         for rp in 0..row_panels {
-                            let a = &packed[(rp * l.steps + s0) * KSTEP_LEN..];
                             let cb = &mut cblock[rp * PANEL * PANEL..(rp + 1) * PANEL * PANEL];
-                            // SAFETY: AVX512_BF16 is present (the Vdp kernel is selected,
-                            // `eligible`); A holds k-steps s0..s1 of row panel rp
-                            // (asserted length); every planes read is below `last`
-                            // (asserted), whose offsets are non-negative; `cb` is this
-                            // block's 32 rows of 32 f32.
+                            // SAFETY: the kernel's instructions are present (`mode`: the
+                            // Vdp kernel for bf16, an AVX-512 path for f32); A holds steps
+                            // s0..s1 of row panel rp (asserted length); every planes read
+                            // is below `last` (asserted) and offsets are non-negative;
+                            // `cb` is this block's 32 rows of 32 f32.
                             unsafe {
-                                vdp::kernel_planes(
-                                    a.as_ptr(),
-                                    planes.as_ptr().add(2 * v0),
-                                    &offsets[s0..s1],
-                                    pair_stride,
-                                    cb.as_mut_ptr(),
-                                    PANEL * 4,
-                                    s0 > 0,
-                                )
+                                match l.mode {
+                                    Mode::Bf16 => vdp::kernel_planes(
+                                        packed_u16[(rp * l.steps + s0) * KSTEP_LEN..].as_ptr(),
+                                        planes_u16.as_ptr().add(2 * v0),
+                                        &offsets[s0..s1],
+                                        pair_stride,
+                                        cb.as_mut_ptr(),
+                                        PANEL * 4,
+                                        s0 > 0,
+                                    ),
+                                    Mode::F32 => fma::kernel_planes(
+                                        packed[(rp * l.steps + s0) * PANEL..].as_ptr(),
+                                        planes.as_ptr().add(v0),
+                                        &offsets[s0..s1],
+                                        cb.as_mut_ptr(),
+                                        PANEL * 4,
+                                        s0 > 0,
+                                    ),
+                                }
                             };
                         }
                     }

@@ -19,6 +19,7 @@
 //! differently and agree within the tolerances the tests hold.
 
 pub mod amx;
+pub mod fma;
 pub mod pack;
 pub mod peak;
 pub mod scalar;

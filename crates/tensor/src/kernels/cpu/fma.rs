@@ -1,0 +1,75 @@
+//! The AVX-512F f32 micro-kernel of the direct convolution (`conv::planes`): one 32 × 32
+//! block of C from an f32 A panel (`[k][32]`, a row of 32 output channels per k) and B
+//! rows of 32 columns read in place from f32 planes, one offset per k. The block is
+//! computed in four bands of [`BAND`] rows: 16 accumulators (8 rows × 2 column halves)
+//! stay in registers over every k of the call, fed by two B loads and eight A broadcasts
+//! per k. Each element is one chain of fused multiply-adds in k order, so the bytes do
+//! not depend on the blocking or the thread. x86-64 only.
+
+/// Rows of C one pass keeps in registers (× 32 columns).
+const BAND: usize = 8;
+
+/// C (32 × 32 f32 at `c`, rows `ldc_bytes` apart) `(load ? C : 0) +=` A · B over the
+/// `offsets.len()` values of k: A row `k` is the 32 f32 at `a + 32k`, B row `k` the 32 f32
+/// at `b + offsets[k]`.
+///
+/// # Safety
+/// The CPU has AVX-512F; `a` holds `32 · offsets.len()` f32; for every k the 32 f32 at
+/// `b + offsets[k]` are readable; the 32 rows of 128 bytes at `c` are writable.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn kernel_planes(
+    a: *const f32,
+    b: *const f32,
+    offsets: &[isize],
+    c: *mut f32,
+    ldc_bytes: usize,
+    load: bool,
+) {
+    for band in 0..32 / BAND {
+        // SAFETY: the caller's contract; band rows lie inside the block.
+        unsafe { band_kernel(a, b, offsets, c, ldc_bytes, load, band * BAND) };
+    }
+}
+
+/// Rows `r0..r0 + BAND` of [`kernel_planes`]' block.
+///
+/// # Safety
+/// As for [`kernel_planes`]; `r0 + BAND ≤ 32`.
+#[target_feature(enable = "avx512f")]
+unsafe fn band_kernel(
+    a: *const f32,
+    b: *const f32,
+    offsets: &[isize],
+    c: *mut f32,
+    ldc_bytes: usize,
+    load: bool,
+    r0: usize,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: every pointer stays inside the caller's buffers: C rows r0..r0 + 8 (columns
+    // 0..32), A row k's values r0..r0 + 8, B row k's 32 values.
+    unsafe {
+        let row = |r: usize| c.cast::<u8>().add((r0 + r) * ldc_bytes).cast::<f32>();
+        let mut acc = [[_mm512_setzero_ps(); 2]; BAND];
+        if load {
+            for (r, pair) in acc.iter_mut().enumerate() {
+                pair[0] = _mm512_loadu_ps(row(r));
+                pair[1] = _mm512_loadu_ps(row(r).add(16));
+            }
+        }
+        for (k, &off) in offsets.iter().enumerate() {
+            let bp = b.offset(off);
+            let (b0, b1) = (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)));
+            let ap = a.add(k * 32 + r0);
+            for (r, pair) in acc.iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*ap.add(r));
+                pair[0] = _mm512_fmadd_ps(x, b0, pair[0]);
+                pair[1] = _mm512_fmadd_ps(x, b1, pair[1]);
+            }
+        }
+        for (r, pair) in acc.iter().enumerate() {
+            _mm512_storeu_ps(row(r), pair[0]);
+            _mm512_storeu_ps(row(r).add(16), pair[1]);
+        }
+    }
+}
