@@ -309,7 +309,10 @@ fn conv3d_row(
     let (secs, ref_secs, scratch) = compare(device, reps, out_bytes, &mut reference, || {
         Ok(x.conv3d(&weight, Some(&bias), Conv3dOptions::causal([1, 1, 1]))?)
     })?;
-    let flops = 2.0 * (channels * channels * 27 * pixels) as f64;
+    // The work a causal conv must do: frame t's taps on the two zero frames in front
+    // (t < 2) multiply zeros, and the kernel skips them.
+    let taps: usize = (0..frames).map(|t| 9 * (t + 1).min(3)).sum();
+    let flops = 2.0 * (channels * channels * taps * h * w) as f64;
     let name = format!("conv3d {channels}->{channels} 3x3x3 {frames}x{h}x{w}");
     Ok(row(name, flops, secs, &reference, ref_secs, scratch))
 }
