@@ -49,14 +49,7 @@ unsafe fn band_kernel(
     // SAFETY: every pointer stays inside the caller's buffers: C rows r0..r0 + 8 (columns
     // 0..32), A row k's values r0..r0 + 8, B row k's 32 values.
     unsafe {
-        let row = |r: usize| c.cast::<u8>().add((r0 + r) * ldc_bytes).cast::<f32>();
-        let mut acc = [[_mm512_setzero_ps(); 2]; BAND];
-        if load {
-            for (r, pair) in acc.iter_mut().enumerate() {
-                pair[0] = _mm512_loadu_ps(row(r));
-                pair[1] = _mm512_loadu_ps(row(r).add(16));
-            }
-        }
+        let mut acc = load_band::<BAND>(c, ldc_bytes, r0, load);
         for (k, &off) in offsets.iter().enumerate() {
             let bp = b.offset(off);
             let (b0, b1) = (_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)));
@@ -67,9 +60,57 @@ unsafe fn band_kernel(
                 pair[1] = _mm512_fmadd_ps(x, b1, pair[1]);
             }
         }
-        for (r, pair) in acc.iter().enumerate() {
-            _mm512_storeu_ps(row(r), pair[0]);
-            _mm512_storeu_ps(row(r).add(16), pair[1]);
+        store_band(&acc, c, ldc_bytes, r0);
+    }
+}
+
+/// Rows `r0..r0 + N` (32 f32 each, `ldc_bytes` apart from `c`) as accumulators: loaded
+/// when `load`, else zero.
+///
+/// # Safety
+/// AVX-512F present; when `load`, the rows are readable.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn load_band<const N: usize>(
+    c: *const f32,
+    ldc_bytes: usize,
+    r0: usize,
+    load: bool,
+) -> [[std::arch::x86_64::__m512; 2]; N] {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); 2]; N];
+    if load {
+        for (r, pair) in acc.iter_mut().enumerate() {
+            // SAFETY: the caller's rows are readable.
+            unsafe {
+                let row = c.cast::<u8>().add((r0 + r) * ldc_bytes).cast::<f32>();
+                pair[0] = _mm512_loadu_ps(row);
+                pair[1] = _mm512_loadu_ps(row.add(16));
+            }
+        }
+    }
+    acc
+}
+
+/// The accumulators of [`load_band`] stored back into their rows.
+///
+/// # Safety
+/// AVX-512F present; the rows are writable.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn store_band<const N: usize>(
+    acc: &[[std::arch::x86_64::__m512; 2]; N],
+    c: *mut f32,
+    ldc_bytes: usize,
+    r0: usize,
+) {
+    use std::arch::x86_64::*;
+    for (r, pair) in acc.iter().enumerate() {
+        // SAFETY: the caller's rows are writable.
+        unsafe {
+            let row = c.cast::<u8>().add((r0 + r) * ldc_bytes).cast::<f32>();
+            _mm512_storeu_ps(row, pair[0]);
+            _mm512_storeu_ps(row.add(16), pair[1]);
         }
     }
 }

@@ -170,14 +170,7 @@ unsafe fn band_kernel<S: BSource>(
     // (columns 0..32), A rows r0..r0 + 8 of each k-step (half r0 / 16, row r0 % 16 on),
     // B's two halves of each k-step's pair rows (`src`).
     unsafe {
-        let row = |r: usize| c.cast::<u8>().add((r0 + r) * ldc_bytes).cast::<f32>();
-        let mut acc = [[_mm512_setzero_ps(); 2]; BAND];
-        if load {
-            for (r, pair) in acc.iter_mut().enumerate() {
-                pair[0] = _mm512_loadu_ps(row(r));
-                pair[1] = _mm512_loadu_ps(row(r).add(16));
-            }
-        }
+        let mut acc = super::fma::load_band::<BAND>(c, ldc_bytes, r0, load);
         // A rows of this band within a k-step: half r0 / 16 (1,024 bytes each), row r0 % 16.
         let a_band = a.add((r0 / 16) * 512 + (r0 % 16) * 32);
         let half = src.half();
@@ -198,9 +191,6 @@ unsafe fn band_kernel<S: BSource>(
                 }
             }
         }
-        for (r, pair) in acc.iter().enumerate() {
-            _mm512_storeu_ps(row(r), pair[0]);
-            _mm512_storeu_ps(row(r).add(16), pair[1]);
-        }
+        super::fma::store_band(&acc, c, ldc_bytes, r0);
     }
 }
