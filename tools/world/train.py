@@ -83,17 +83,17 @@ def key_script(rng, n=LATENT):
 
 
 class RunClock:
-    """Seconds of training run: wall time, except that a gap longer than `cap` between two
-    readings (the process stopped with SIGSTOP while benchmarks ran, or the machine
-    slept) counts as `cap`, so a time budget and a schedule that follows it are spent on
-    steps, not on pauses."""
+    """Seconds of training run: this process's CPU time over the threads torch runs on, so
+    a time budget and a schedule that follows it are spent on steps, not on pauses (a
+    SIGSTOP while benchmarks run) nor on waiting for cores other work holds (a build or
+    CI beside it at nice 19 starved it for half an hour once, and wall time counted it)."""
 
-    def __init__(self, spent=0.0, cap=60.0):
-        self.spent, self.cap, self.last = spent, cap, time.time()
+    def __init__(self, spent=0.0):
+        self.spent, self.last = spent, time.process_time()
 
     def __call__(self):
-        now = time.time()
-        self.spent += min(now - self.last, self.cap)
+        now = time.process_time()
+        self.spent += (now - self.last) / max(1, torch.get_num_threads())
         self.last = now
         return self.spent
 
