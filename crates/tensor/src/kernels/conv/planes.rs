@@ -440,38 +440,64 @@ fn multiply(
             let first = i * per_thread;
             for k0 in (0..l.steps).step_by(range) {
                 let k1 = (k0 + range).min(l.steps);
-                for (j, cblock) in mine.chunks_exact_mut(block).enumerate() {
-                    let v0 = (first + j) * PANEL;
+                // Column panels two at a time: f32 runs both in one 64-column kernel.
+                for (j, pair) in mine.chunks_mut(2 * block).enumerate() {
+                    let v0 = (first + 2 * j) * PANEL;
+                    let wide = l.mode == Mode::F32 && pair.len() == 2 * block;
                     for s0 in (k0..k1).step_by(kc) {
                         let s1 = (s0 + kc).min(k1);
                         for rp in 0..row_panels {
-                            let cb = &mut cblock[rp * PANEL * PANEL..(rp + 1) * PANEL * PANEL];
-                            // SAFETY: the kernel's instructions are present (`mode`: the
-                            // Vdp kernel for bf16, an AVX-512 path for f32); A holds steps
-                            // s0..s1 of row panel rp (asserted length); every planes read
-                            // is below `last` (asserted) and offsets are non-negative;
-                            // `cb` is this block's 32 rows of 32 f32.
-                            unsafe {
-                                match l.mode {
-                                    Mode::Bf16 => vdp::kernel_planes(
-                                        packed_u16[(rp * l.steps + s0) * KSTEP_LEN..].as_ptr(),
-                                        planes_u16.as_ptr().add(2 * v0),
-                                        &offsets[s0..s1],
-                                        pair_stride,
-                                        cb.as_mut_ptr(),
-                                        PANEL * 4,
-                                        s0 > 0,
-                                    ),
-                                    Mode::F32 => fma::kernel_planes(
+                            let rows_of = rp * PANEL * PANEL..(rp + 1) * PANEL * PANEL;
+                            if wide {
+                                let (left, right) = pair.split_at_mut(block);
+                                // SAFETY: an AVX-512 path (`mode`); A holds k values s0..s1
+                                // of row panel rp (asserted length); every planes read,
+                                // 64 f32 from v0, is below `last` (asserted); both blocks
+                                // are this pair's 32 rows of 32 f32.
+                                unsafe {
+                                    fma::kernel_planes_wide(
                                         packed[(rp * l.steps + s0) * PANEL..].as_ptr(),
                                         planes.as_ptr().add(v0),
                                         &offsets[s0..s1],
-                                        cb.as_mut_ptr(),
+                                        left[rows_of.clone()].as_mut_ptr(),
+                                        right[rows_of].as_mut_ptr(),
                                         PANEL * 4,
                                         s0 > 0,
-                                    ),
-                                }
-                            };
+                                    )
+                                };
+                                continue;
+                            }
+                            for (h, cblock) in pair.chunks_exact_mut(block).enumerate() {
+                                let v = v0 + h * PANEL;
+                                let cb = &mut cblock[rows_of.clone()];
+                                // SAFETY: the kernel's instructions are present (`mode`:
+                                // the Vdp kernel for bf16, an AVX-512 path for f32); A
+                                // holds steps s0..s1 of row panel rp (asserted length);
+                                // every planes read is below `last` (asserted) and
+                                // offsets are non-negative; `cb` is this block's 32 rows
+                                // of 32 f32.
+                                unsafe {
+                                    match l.mode {
+                                        Mode::Bf16 => vdp::kernel_planes(
+                                            packed_u16[(rp * l.steps + s0) * KSTEP_LEN..].as_ptr(),
+                                            planes_u16.as_ptr().add(2 * v),
+                                            &offsets[s0..s1],
+                                            pair_stride,
+                                            cb.as_mut_ptr(),
+                                            PANEL * 4,
+                                            s0 > 0,
+                                        ),
+                                        Mode::F32 => fma::kernel_planes(
+                                            packed[(rp * l.steps + s0) * PANEL..].as_ptr(),
+                                            planes.as_ptr().add(v),
+                                            &offsets[s0..s1],
+                                            cb.as_mut_ptr(),
+                                            PANEL * 4,
+                                            s0 > 0,
+                                        ),
+                                    }
+                                };
+                            }
                         }
                     }
                 }

@@ -114,3 +114,70 @@ pub(super) unsafe fn store_band<const N: usize>(
         }
     }
 }
+
+/// [`kernel_planes`] over 64 columns: C is two 32 × 32 blocks (`c0`, then `c1` for
+/// columns 32..64), B row `k` the 64 f32 at `b + offsets[k]`. Bands of four rows × four
+/// column quarters halve the broadcasts per multiply-add.
+///
+/// # Safety
+/// As for [`kernel_planes`], with 64 readable f32 per B row and both blocks writable.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn kernel_planes_wide(
+    a: *const f32,
+    b: *const f32,
+    offsets: &[isize],
+    c0: *mut f32,
+    c1: *mut f32,
+    ldc_bytes: usize,
+    load: bool,
+) {
+    for band in 0..32 / WIDE_BAND {
+        // SAFETY: the caller's contract; band rows lie inside both blocks.
+        unsafe { wide_band(a, b, offsets, [c0, c1], ldc_bytes, load, band * WIDE_BAND) };
+    }
+}
+
+/// Rows of C one pass of [`kernel_planes_wide`] keeps in registers (× 64 columns).
+const WIDE_BAND: usize = 4;
+
+/// Rows `r0..r0 + WIDE_BAND` of [`kernel_planes_wide`]' two blocks.
+///
+/// # Safety
+/// As for [`kernel_planes_wide`]; `r0 + WIDE_BAND ≤ 32`.
+#[target_feature(enable = "avx512f")]
+unsafe fn wide_band(
+    a: *const f32,
+    b: *const f32,
+    offsets: &[isize],
+    c: [*mut f32; 2],
+    ldc_bytes: usize,
+    load: bool,
+    r0: usize,
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: every pointer stays inside the caller's buffers: each block's rows r0..r0 + 4,
+    // A row k's values r0..r0 + 4, B row k's 64 values.
+    unsafe {
+        let mut left = load_band::<WIDE_BAND>(c[0], ldc_bytes, r0, load);
+        let mut right = load_band::<WIDE_BAND>(c[1], ldc_bytes, r0, load);
+        for (k, &off) in offsets.iter().enumerate() {
+            let bp = b.offset(off);
+            let bv = [
+                _mm512_loadu_ps(bp),
+                _mm512_loadu_ps(bp.add(16)),
+                _mm512_loadu_ps(bp.add(32)),
+                _mm512_loadu_ps(bp.add(48)),
+            ];
+            let ap = a.add(k * 32 + r0);
+            for r in 0..WIDE_BAND {
+                let x = _mm512_set1_ps(*ap.add(r));
+                left[r][0] = _mm512_fmadd_ps(x, bv[0], left[r][0]);
+                left[r][1] = _mm512_fmadd_ps(x, bv[1], left[r][1]);
+                right[r][0] = _mm512_fmadd_ps(x, bv[2], right[r][0]);
+                right[r][1] = _mm512_fmadd_ps(x, bv[3], right[r][1]);
+            }
+        }
+        store_band(&left, c[0], ldc_bytes, r0);
+        store_band(&right, c[1], ldc_bytes, r0);
+    }
+}
