@@ -500,14 +500,15 @@ fn conv3d_with_target(
             } else {
                 weight
             };
-            let direct = planes::eligible(job);
+            if planes::eligible(job) {
+                planes::run(&geom, job, input, taps, bias, out, scratch, target, slots);
+                continue;
+            }
             for b in 0..p.batch {
                 let src = &input[b * in_batch..(b + 1) * in_batch];
                 let dst = &mut out[b * out_batch..(b + 1) * out_batch];
                 if job.bias_only {
                     fill_rows(dst, p.out_channels, job.dst0, job.count, bias);
-                } else if direct {
-                    planes::run(&geom, job, src, taps, bias, dst, scratch, target, slots);
                 } else {
                     tiled(&geom, &plan, job, src, taps, bias, dst, scratch);
                 }

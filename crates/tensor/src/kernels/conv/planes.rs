@@ -202,17 +202,18 @@ pub(super) fn scratch_len(job: &Job, target: usize, slots: usize) -> usize {
     l.packed_a_len() + l.band_len(l.rows).max(slots * l.reorder_len())
 }
 
-/// `job` over one batch item's input `src` into `dst` (`[Cout, P]`), with `scratch` of
-/// [`scratch_len`] elements; `weight` is `[Cout, Cin, kt, kh, kw]` (the job's taps).
+/// `job` over every batch item of `input` into `out` (`[B, Cout, P]`), the weights packed
+/// once for all of them, with `scratch` of [`scratch_len`] elements; `weight` is
+/// `[Cout, Cin, kt, kh, kw]` (the job's taps).
 /// Panics unless the job is [`eligible`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     geom: &Geometry,
     job: &Job,
-    src: &[f32],
+    input: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
-    dst: &mut [f32],
+    out: &mut [f32],
     scratch: &mut [f32],
     target: usize,
     slots: usize,
@@ -232,38 +233,44 @@ pub(super) fn run(
     let packed = &*packed;
     let [_, ho, wo] = p.out_dims();
     let frame = ho * wo;
-    let row_len = dst.len() / p.out_channels;
-    for f in 0..job.count / frame {
-        let t = job.first / frame + f;
-        for y0 in (0..ho).step_by(l.rows) {
-            let rows = l.rows.min(ho - y0);
-            let (planes, c) = rest.split_at_mut(l.planes() * l.plane_stride(rows));
-            let c = &mut c[..l.cout_pad * l.cols(rows)];
-            fill_planes(geom, &l, src, t, y0, rows, planes);
-            multiply(&l, rows, packed, planes, c, slots);
-            // Scatter the band's valid columns into `dst` rows, with the bias.
-            let c = &*c;
-            let out0 = job.dst0 + f * frame + y0 * wo;
-            dst.par_chunks_mut(row_len)
-                .enumerate()
-                .for_each(|(co, row)| {
-                    let b = bias.map_or(0.0, |b| b[co]);
-                    for r in 0..rows {
-                        let out = &mut row[out0 + r * wo..out0 + (r + 1) * wo];
-                        let mut x = 0;
-                        while x < wo {
-                            let v = r * l.wp + x;
-                            let (panel, j) = (v / PANEL, v % PANEL);
-                            let n = (PANEL - j).min(wo - x);
-                            let from = &c[(panel * l.cout_pad + co) * PANEL + j..][..n];
-                            out[x..x + n]
-                                .iter_mut()
-                                .zip(from)
-                                .for_each(|(d, &v)| *d = v + b);
-                            x += n;
+    let (in_batch, out_batch) = (input.len() / p.batch, out.len() / p.batch);
+    let row_len = out_batch / p.out_channels;
+    // The weights are packed once above; the batch items share them.
+    for b in 0..p.batch {
+        let src = &input[b * in_batch..(b + 1) * in_batch];
+        let dst = &mut out[b * out_batch..(b + 1) * out_batch];
+        for f in 0..job.count / frame {
+            let t = job.first / frame + f;
+            for y0 in (0..ho).step_by(l.rows) {
+                let rows = l.rows.min(ho - y0);
+                let (planes, c) = rest.split_at_mut(l.planes() * l.plane_stride(rows));
+                let c = &mut c[..l.cout_pad * l.cols(rows)];
+                fill_planes(geom, &l, src, t, y0, rows, planes);
+                multiply(&l, rows, packed, planes, c, slots);
+                // Scatter the band's valid columns into `dst` rows, with the bias.
+                let c = &*c;
+                let out0 = job.dst0 + f * frame + y0 * wo;
+                dst.par_chunks_mut(row_len)
+                    .enumerate()
+                    .for_each(|(co, row)| {
+                        let b = bias.map_or(0.0, |b| b[co]);
+                        for r in 0..rows {
+                            let out = &mut row[out0 + r * wo..out0 + (r + 1) * wo];
+                            let mut x = 0;
+                            while x < wo {
+                                let v = r * l.wp + x;
+                                let (panel, j) = (v / PANEL, v % PANEL);
+                                let n = (PANEL - j).min(wo - x);
+                                let from = &c[(panel * l.cout_pad + co) * PANEL + j..][..n];
+                                out[x..x + n]
+                                    .iter_mut()
+                                    .zip(from)
+                                    .for_each(|(d, &v)| *d = v + b);
+                                x += n;
+                            }
                         }
-                    }
-                });
+                    });
+            }
         }
     }
 }
