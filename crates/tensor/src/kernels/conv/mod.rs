@@ -298,7 +298,8 @@ impl Plan {
     }
 }
 
-fn scratch_len_for_target(p: &Conv3dParams, target: usize, slots: usize) -> usize {
+fn scratch_len_for_route(p: &Conv3dParams, route: Route, slots: usize) -> usize {
+    let target = route.target;
     if p.out_len() == 0 {
         0
     } else if p.is_pointwise() {
@@ -311,7 +312,7 @@ fn scratch_len_for_target(p: &Conv3dParams, target: usize, slots: usize) -> usiz
             Threads::Pool,
         )
     } else {
-        let jobs = jobs(p);
+        let jobs = jobs(p, route.f32_planes);
         let tiles = jobs
             .iter()
             .map(|job| {
@@ -346,6 +347,8 @@ struct Job {
     first: usize,
     count: usize,
     dst0: usize,
+    /// Exact f32 compute may run on planes ([`f32_on_planes`]).
+    f32_planes: bool,
 }
 
 impl Job {
@@ -355,8 +358,53 @@ impl Job {
     }
 }
 
-/// The jobs of a non-pointwise conv, head frames first.
-fn jobs(p: &Conv3dParams) -> Vec<Job> {
+/// The environment variable that picks where exact f32 stride-1 convs run on AVX-512
+/// paths: `planes` (the direct f32 kernel, [`planes`]) or `im2col` (columns through the
+/// routed GEMM). Unset, [`f32_on_planes`] picks by CPU.
+pub const CONV_F32_ENV: &str = "HEADROOM_CONV_F32";
+
+/// Whether exact f32 stride-1 convs run on planes: as `HEADROOM_CONV_F32` says, else on
+/// AMD CPUs only. Measured with `conv_probe f32` at the VAE's shapes: on AMD EPYC (Zen 4)
+/// planes ran 1.5-1.7x im2col's speed; on an Intel Xeon with AMX they ran 0.56-0.89x
+/// (split-line loads of shifted B rows cost the Intel cores more than the im2col copy).
+/// Read once, so a process never mixes the two (their bytes differ by rounding).
+pub fn f32_on_planes() -> bool {
+    static CHOICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| match std::env::var(CONV_F32_ENV) {
+        Ok(v) if v.trim().eq_ignore_ascii_case("planes") => true,
+        Ok(v) if v.trim().eq_ignore_ascii_case("im2col") => false,
+        Ok(v) if !v.trim().is_empty() => {
+            let amd = cpu::vendor_is_amd();
+            eprintln!(
+                "warning: {CONV_F32_ENV}={v:?} is not planes or im2col; using {}",
+                if amd { "planes" } else { "im2col" }
+            );
+            amd
+        }
+        _ => cpu::vendor_is_amd(),
+    })
+}
+
+/// How one conv call is cut and routed.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    /// Scratch target of its im2col tiles and plane bands, in f32 elements.
+    target: usize,
+    /// Exact f32 stride-1 jobs may run on planes.
+    f32_planes: bool,
+}
+
+impl Default for Route {
+    fn default() -> Self {
+        Route {
+            target: CONV_SCRATCH_TARGET,
+            f32_planes: f32_on_planes(),
+        }
+    }
+}
+
+/// The jobs of a non-pointwise conv, head frames first; `f32_planes` as in [`Route`].
+fn jobs(p: &Conv3dParams, f32_planes: bool) -> Vec<Job> {
     let [to, ho, wo] = p.out_dims();
     let frame = ho * wo;
     let (kt, st, pad) = (p.kernel[0], p.stride[0], p.pad_t_front);
@@ -382,6 +430,7 @@ fn jobs(p: &Conv3dParams) -> Vec<Job> {
                 first: 0,
                 count: frame,
                 dst0: t * frame,
+                f32_planes,
             }
         })
         .collect();
@@ -393,6 +442,7 @@ fn jobs(p: &Conv3dParams) -> Vec<Job> {
             first: heads * frame,
             count: (to - heads) * frame,
             dst0: heads * frame,
+            f32_planes,
         });
     }
     jobs
@@ -409,7 +459,7 @@ fn head_weight_len(jobs: &[Job]) -> usize {
 
 /// f32 elements of scratch [`conv3d`] needs for `p` (depends on the thread count).
 pub fn conv3d_scratch_len(p: &Conv3dParams) -> usize {
-    scratch_len_for_target(p, CONV_SCRATCH_TARGET, parallel::num_threads())
+    scratch_len_for_route(p, Route::default(), parallel::num_threads())
 }
 
 /// f32 elements of scratch [`conv2d`] needs for `p` (depends on the thread count).
@@ -429,7 +479,7 @@ pub fn conv3d(
     out: &mut [f32],
     scratch: &mut [f32],
 ) {
-    conv3d_with_target(p, input, weight, bias, out, scratch, CONV_SCRATCH_TARGET);
+    conv3d_routed(p, input, weight, bias, out, scratch, Route::default());
 }
 
 /// 2-D convolution into `out`, using `scratch` of at least [`conv2d_scratch_len`] floats.
@@ -448,16 +498,18 @@ pub fn conv2d(
     conv3d(&p.to_3d(), input, weight, bias, out, scratch);
 }
 
-/// [`conv3d`] with an explicit scratch target, so tests can force many small tiles.
-fn conv3d_with_target(
+/// [`conv3d`] on an explicit [`Route`], so tests can force many small tiles and either
+/// f32 kernel.
+fn conv3d_routed(
     p: &Conv3dParams,
     input: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
     out: &mut [f32],
     scratch: &mut [f32],
-    target: usize,
+    route: Route,
 ) {
+    let target = route.target;
     p.debug_validate();
     assert_eq!(input.len(), p.in_len(), "conv3d: input length");
     assert_eq!(weight.len(), p.weight_len(), "conv3d: weight length");
@@ -467,7 +519,7 @@ fn conv3d_with_target(
     }
     let slots = parallel::num_threads();
     assert!(
-        scratch.len() >= scratch_len_for_target(p, target, slots),
+        scratch.len() >= scratch_len_for_route(p, route, slots),
         "conv3d: scratch too short"
     );
     if out.is_empty() {
@@ -486,7 +538,7 @@ fn conv3d_with_target(
         });
         return;
     }
-    let jobs = jobs(p);
+    let jobs = jobs(p, route.f32_planes);
     let (head_weights, scratch) = scratch.split_at_mut(head_weight_len(&jobs));
     parallel::run(|| {
         // Job by job, so a head job's taps are gathered once for every batch item.

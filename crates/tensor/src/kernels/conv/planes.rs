@@ -51,7 +51,8 @@ enum Mode {
 
 /// How `job` runs on planes, or `None` when it runs on im2col tiles: stride 1, no tap of
 /// the job's output frames in the causal time padding, and bf16 compute on the
-/// AVX512-BF16 kernel or f32 compute on a path with AVX-512F.
+/// AVX512-BF16 kernel or f32 compute on a path with AVX-512F where the job allows it
+/// (`Job::f32_planes`).
 fn mode(job: &Job) -> Option<Mode> {
     let p = &job.params;
     let [_, ho, wo] = p.out_dims();
@@ -65,8 +66,9 @@ fn mode(job: &Job) -> Option<Mode> {
     let path = cpu::selected();
     match p.compute {
         Compute::Bf16 => (Kernel::of(path) == Some(Kernel::Vdp)).then_some(Mode::Bf16),
-        Compute::F32 => matches!(path, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Amx)
-            .then_some(Mode::F32),
+        Compute::F32 => (job.f32_planes
+            && matches!(path, CpuPath::Avx512 | CpuPath::Avx512Bf16 | CpuPath::Amx))
+        .then_some(Mode::F32),
         Compute::NearF32 => None,
     }
 }

@@ -59,20 +59,25 @@ fn assert_close(got: &[f32], want: &[f64], what: &str) {
     );
 }
 
-/// Runs conv3d with the given scratch target and checks it against the reference.
+/// Runs conv3d with the given scratch target on both f32 routes (planes where the path
+/// has them, and im2col) and checks each against the reference.
 fn check(p: &Conv3dParams, with_bias: bool, target: usize) {
     let input = random(p.in_len(), 1 + p.in_len() as u64);
     let weight = random(p.weight_len(), 2 + p.weight_len() as u64);
     let bias = random(p.out_channels, 3);
     let bias = with_bias.then_some(bias.as_slice());
-    let mut out = vec![f32::NAN; p.out_len()];
-    let mut scratch = vec![f32::NAN; scratch_len_for_target(p, target, parallel::num_threads())];
-    conv3d_with_target(p, &input, &weight, bias, &mut out, &mut scratch, target);
-    assert_close(
-        &out,
-        &reference(p, &input, &weight, bias),
-        &format!("{p:?} bias {with_bias}"),
-    );
+    let want = reference(p, &input, &weight, bias);
+    for f32_planes in [false, true] {
+        let mut out = vec![f32::NAN; p.out_len()];
+        let route = Route { target, f32_planes };
+        let mut scratch = vec![f32::NAN; scratch_len_for_route(p, route, parallel::num_threads())];
+        conv3d_routed(p, &input, &weight, bias, &mut out, &mut scratch, route);
+        assert_close(
+            &out,
+            &want,
+            &format!("{p:?} bias {with_bias} f32 planes {f32_planes}"),
+        );
+    }
 }
 
 /// A small conv: batch 2, 3 → 4 channels, 5 frames of 5×7.
@@ -120,6 +125,7 @@ fn amx_packed_im2col_gives_the_bytes_of_cols_then_gemm() {
             first: 0,
             count: to * ho * wo,
             dst0: 0,
+            f32_planes: false,
         };
         let run = |amx: bool| {
             let mut plan = Plan::new(&p, job.count, 700, 2);
@@ -166,7 +172,7 @@ fn frames_on_zero_time_padding_run_as_their_own_jobs_without_the_zero_taps() {
     // kt = 3 over 2 zero frames: frame 0 keeps tap 2, frame 1 taps 1..3, the rest all.
     let p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Zeros);
     let frame = 5 * 7;
-    let got: Vec<_> = jobs(&p)
+    let got: Vec<_> = jobs(&p, f32_on_planes())
         .iter()
         .map(|j| {
             (
@@ -190,11 +196,14 @@ fn frames_on_zero_time_padding_run_as_their_own_jobs_without_the_zero_taps() {
     );
     // A 1-frame kernel over 2 zero frames: those frames are the bias alone.
     let p = small([1, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Zeros);
-    let heads: Vec<_> = jobs(&p).iter().map(|j| (j.bias_only, j.dst0)).collect();
+    let heads: Vec<_> = jobs(&p, f32_on_planes())
+        .iter()
+        .map(|j| (j.bias_only, j.dst0))
+        .collect();
     assert_eq!(heads, [(true, 0), (true, frame), (false, 2 * frame)]);
     // Replicated frames are real values: one job.
     let p = small([3, 3, 3], [1, 1, 1], [2, 1, 1], TimePad::Replicate);
-    assert_eq!(jobs(&p).len(), 1);
+    assert_eq!(jobs(&p, f32_on_planes()).len(), 1);
     // The gathered taps are the weight's last time taps.
     let p = small([3, 1, 2], [1, 1, 1], [2, 0, 0], TimePad::Zeros);
     let weight: Vec<f32> = (0..p.weight_len()).map(|i| i as f32).collect();
@@ -284,14 +293,14 @@ fn scratch_stays_under_the_target_per_slot_for_large_images() {
         let tile = Plan::new(p, to * ho * wo, CONV_SCRATCH_TARGET, slots).tile;
         gemm_scratch_len(p.out_channels, tile, p.patch_len(), p.compute, Threads::One)
     };
-    let taps = head_weight_len(&jobs(&p));
+    let taps = head_weight_len(&jobs(&p, f32_on_planes()));
     assert_eq!(taps, p.weight_len() * 2 / 3);
     assert!(conv3d_scratch_len(&p) <= taps + slots * (CONV_SCRATCH_TARGET + packing(&p)));
     // A row that alone exceeds the target may take up to one row per slot (tiles
     // are evened out over the slots, so slightly less with some thread counts).
     (p.in_channels, p.in_h, p.in_w) = (384, 8, 4000);
     let row = (p.patch_len() + p.out_channels) * 4000;
-    let len = conv3d_scratch_len(&p) - head_weight_len(&jobs(&p));
+    let len = conv3d_scratch_len(&p) - head_weight_len(&jobs(&p, f32_on_planes()));
     assert!(slots * CONV_SCRATCH_TARGET < len && len <= slots * (row + packing(&p)));
 }
 
@@ -374,7 +383,8 @@ fn planes_match_the_reference_for_every_band_height() {
         ] {
             let mut p = small(kernel, [1, 1, 1], pad, TimePad::Zeros);
             (p.in_channels, p.out_channels, p.in_w, p.compute) = (cin, cout, w, compute);
-            if !jobs(&p).iter().any(planes::eligible) {
+            // Planes for f32 too, whatever this CPU's default route (`f32_on_planes`).
+            if !jobs(&p, true).iter().any(planes::eligible) {
                 eprintln!("skipped {compute:?}: no planes kernel on this path");
                 continue;
             }
@@ -390,15 +400,19 @@ fn planes_match_the_reference_for_every_band_height() {
             for target in [1, 2_000, 40_000, CONV_SCRATCH_TARGET] {
                 let mut out = vec![f32::NAN; p.out_len()];
                 let slots = parallel::num_threads();
-                let mut scratch = vec![f32::NAN; scratch_len_for_target(&p, target, slots)];
-                conv3d_with_target(
+                let route = Route {
+                    target,
+                    f32_planes: true,
+                };
+                let mut scratch = vec![f32::NAN; scratch_len_for_route(&p, route, slots)];
+                conv3d_routed(
                     &p,
                     &input,
                     &weight,
                     Some(&bias),
                     &mut out,
                     &mut scratch,
-                    target,
+                    route,
                 );
                 assert_close(&out, &want, &format!("{p:?} target {target}"));
                 bytes.push(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>());

@@ -173,6 +173,28 @@ fn detect() -> CpuFeatures {
     CpuFeatures::default()
 }
 
+/// Whether CPUID's vendor string is AMD's (`AuthenticAMD`), for kernel choices measured
+/// to differ between the vendors' cores.
+pub fn vendor_is_amd() -> bool {
+    static AMD: OnceLock<bool> = OnceLock::new();
+    *AMD.get_or_init(vendor_amd)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn vendor_amd() -> bool {
+    let r = std::arch::x86_64::__cpuid(0);
+    let mut id = [0u8; 12];
+    for (i, word) in [r.ebx, r.edx, r.ecx].into_iter().enumerate() {
+        id[4 * i..4 * i + 4].copy_from_slice(&word.to_le_bytes());
+    }
+    &id == b"AuthenticAMD"
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn vendor_amd() -> bool {
+    false
+}
+
 /// The CPU's model as its brand string says (CPUID leaves 0x8000_0002..4), for the
 /// header of every speed figure; `"unknown CPU"` where it has none.
 pub fn model_name() -> String {
