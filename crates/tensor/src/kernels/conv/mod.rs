@@ -370,18 +370,18 @@ pub const CONV_F32_ENV: &str = "HEADROOM_CONV_F32";
 /// Read once, so a process never mixes the two (their bytes differ by rounding).
 pub fn f32_on_planes() -> bool {
     static CHOICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *CHOICE.get_or_init(|| match std::env::var(CONV_F32_ENV) {
-        Ok(v) if v.trim().eq_ignore_ascii_case("planes") => true,
-        Ok(v) if v.trim().eq_ignore_ascii_case("im2col") => false,
-        Ok(v) if !v.trim().is_empty() => {
-            let amd = cpu::vendor_is_amd();
-            eprintln!(
-                "warning: {CONV_F32_ENV}={v:?} is not planes or im2col; using {}",
-                if amd { "planes" } else { "im2col" }
-            );
-            amd
+    *CHOICE.get_or_init(|| {
+        let by_cpu = cpu::vendor_is_amd();
+        match std::env::var(CONV_F32_ENV) {
+            Ok(v) if v.trim().eq_ignore_ascii_case("planes") => true,
+            Ok(v) if v.trim().eq_ignore_ascii_case("im2col") => false,
+            Ok(v) if !v.trim().is_empty() => {
+                let name = if by_cpu { "planes" } else { "im2col" };
+                eprintln!("warning: {CONV_F32_ENV}={v:?} is not planes or im2col; using {name}");
+                by_cpu
+            }
+            _ => by_cpu,
         }
-        _ => cpu::vendor_is_amd(),
     })
 }
 
