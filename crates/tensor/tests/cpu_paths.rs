@@ -259,6 +259,38 @@ fn a_packed_linear_weight_gives_the_bits_of_the_plain_one() {
                 apart.to_vec::<f32>().expect("values"),
                 "{rows}x{inp}x{out} {dtype:?}: fused bias + GELU"
             );
+            // Rounded to bf16 block by block (or after, past one K block): the bits of
+            // rounding the f32 result, and what a next bf16 product reads from either.
+            let rounded = x
+                .linear_packed_as(
+                    &packed,
+                    Some(&bias),
+                    Some(Activation::GeluTanh),
+                    DType::BF16,
+                )
+                .expect("bf16 result");
+            assert_eq!(rounded.dtype(), DType::BF16);
+            let want = fused.to_dtype(DType::BF16).expect("round");
+            let words = |t: &Tensor| {
+                t.to_vec::<half::bf16>()
+                    .expect("bf16")
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                words(&rounded),
+                words(&want),
+                "{rows}x{inp}x{out} {dtype:?}: bf16 result"
+            );
+            let plain = x.linear_packed(&packed, None).expect("plain");
+            let plain16 = x
+                .linear_packed_as(&packed, None, None, DType::BF16)
+                .expect("bf16 plain");
+            assert_eq!(
+                words(&plain16),
+                words(&plain.to_dtype(DType::BF16).expect("round"))
+            );
             for b in [None, Some(&bias)] {
                 let plain = x
                     .linear(&w, b)

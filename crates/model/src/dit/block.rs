@@ -386,7 +386,9 @@ impl Block {
         let a = per_segment(&h, &lens, |x, i, _| {
             modulate(x, &m[i][3], &m[i][4], self.eps)
         })?;
-        let hidden = self.ffn_in.forward_gelu_tanh(&a)?;
+        let hidden = self
+            .ffn_in
+            .forward_gelu_tanh_into(&a, Some(&self.ffn_out))?;
         let f = shard::col_split_forward(shard, &self.ffn_out, &hidden)?;
         let h = per_segment(&h, &lens, |x, i, start| {
             Ok(x.add_mul(&f.narrow(1, start, lens[i])?, &m[i][5])?)

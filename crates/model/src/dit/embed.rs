@@ -144,10 +144,22 @@ impl Linear {
     /// `gelu_tanh(x · Wᵀ + b)`, fused into the product where the weight is packed (the
     /// same bits either way) and into cuBLASLt's epilogue on a GPU.
     pub fn forward_gelu_tanh(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_gelu_tanh_into(x, None)
+    }
+
+    /// [`Linear::forward_gelu_tanh`] for a result that only `next` reads: where both
+    /// weights are packed, `next` rounds its input to bf16 anyway, so the result is
+    /// rounded while each block is in cache and stored in half the bytes (the same bits
+    /// of `next`'s output).
+    pub fn forward_gelu_tanh_into(&self, x: &Tensor, next: Option<&Linear>) -> Result<Tensor> {
         Ok(match &self.weight {
             LinearWeight::Plain(w) => x.linear_gelu_tanh(w, &self.bias)?,
             LinearWeight::Packed(w) => {
-                x.linear_packed_then(w, Some(&self.bias), Some(Activation::GeluTanh))?
+                let dtype = match next.map(|n| &n.weight) {
+                    Some(LinearWeight::Packed(_)) => DType::BF16,
+                    _ => DType::F32,
+                };
+                x.linear_packed_as(w, Some(&self.bias), Some(Activation::GeluTanh), dtype)?
             }
         })
     }

@@ -193,7 +193,7 @@ fn entry_is_trivial(
     m: usize,
     n: usize,
     k: usize,
-    dst: &mut Dst<'_>,
+    dst: Option<&mut Dst<'_>>,
     accumulate: bool,
     alpha: f32,
 ) -> bool {
@@ -208,6 +208,10 @@ fn entry_is_trivial(
     if m == 0 || n == 0 {
         return true;
     }
+    let Some(dst) = dst else {
+        // Blocks to a sink: no matrix to bound or clear, and K is never 0 there.
+        return false;
+    };
     assert!(
         dst.offset + (m - 1) * dst.ldc + n <= dst.data.len(),
         "gemm destination out of bounds"
@@ -249,13 +253,12 @@ pub fn gemm(
         k,
         a,
         BSource::Pack(b),
-        dst,
+        Out::Dst(dst, None),
         accumulate,
         alpha,
         precision,
         threads,
         scratch,
-        None,
     );
 }
 
@@ -294,14 +297,66 @@ pub fn gemm_prepacked_b(
         k,
         a,
         BSource::Packed(b_packed),
-        dst,
+        Out::Dst(dst, epilogue),
         accumulate,
         alpha,
         precision,
         threads,
         scratch,
-        epilogue,
     );
+}
+
+/// Whether [`gemm_prepacked_blocks`] can take a K of `k`: the whole of it one A block and
+/// one K block of the current kernel, so each block of C is finished in one pass.
+pub fn blocks_fit(k: usize, precision: Precision) -> bool {
+    let pa = precision.parts().0.len();
+    k > 0 && kb_for(k, pa) >= k
+}
+
+/// [`gemm_prepacked_b`] with no output matrix: every finished block of `A · B` goes to
+/// `sink` from a per-thread buffer, which writes it where (and in what type) it wants, so
+/// a product that is rounded or reduced afterwards never stores its f32 values. The
+/// blocks hold the bits [`gemm_prepacked_b`] would store. K must pass [`blocks_fit`]
+/// (panics otherwise: an internal bug, never input).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_prepacked_blocks(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &Operand<'_>,
+    b_packed: &[u16],
+    precision: Precision,
+    threads: usize,
+    scratch: &mut [u16],
+    sink: &Epilogue<'_>,
+) {
+    assert!(blocks_fit(k, precision), "K of {k} does not fit one block");
+    assert!(
+        b_packed.len() >= packed_b_len(n, k, precision),
+        "packed B too short"
+    );
+    gemm_from(
+        Kernel::current(),
+        m,
+        n,
+        k,
+        a,
+        BSource::Packed(b_packed),
+        Out::Blocks(sink),
+        false,
+        1.0,
+        precision,
+        threads,
+        scratch,
+    );
+}
+
+/// Where [`gemm_from`] puts C.
+enum Out<'a, 'e> {
+    /// Stored in a matrix, each finished block then passed to the epilogue there.
+    Dst(Dst<'a>, Option<&'e Epilogue<'e>>),
+    /// Summed in a per-thread panel buffer and passed to the sink; never stored.
+    Blocks(&'e Epilogue<'e>),
 }
 
 /// Where [`gemm_from`] finds B.
@@ -320,15 +375,18 @@ fn gemm_from(
     k: usize,
     a: &Operand<'_>,
     b: BSource<'_>,
-    mut dst: Dst<'_>,
+    out: Out<'_, '_>,
     accumulate: bool,
     alpha: f32,
     precision: Precision,
     threads: usize,
     scratch: &mut [u16],
-    epilogue: Option<&Epilogue<'_>>,
 ) {
-    if entry_is_trivial(kernel, m, n, k, &mut dst, accumulate, alpha) {
+    let (mut dst, epilogue, sink) = match out {
+        Out::Dst(dst, epilogue) => (Some(dst), epilogue, None),
+        Out::Blocks(sink) => (None, None, Some(sink)),
+    };
+    if entry_is_trivial(kernel, m, n, k, dst.as_mut(), accumulate, alpha) {
         return;
     }
     let threads = threads.max(1);
@@ -351,9 +409,14 @@ fn gemm_from(
     );
     let (b_buf, rest) = scratch.split_at_mut(b_len);
     let m_panels = m.div_ceil(PANEL);
-    let ldc = dst.ldc;
-    let out = SendPtr(dst.data[dst.offset..].as_mut_ptr());
-    let out_len = dst.data.len() - dst.offset;
+    let (out, out_len, ldc) = match dst {
+        Some(d) => (
+            SendPtr(d.data[d.offset..].as_mut_ptr()),
+            d.data.len() - d.offset,
+            d.ldc,
+        ),
+        None => (SendPtr(std::ptr::null_mut()), 0, 0),
+    };
     let out = &out;
     let shape = Shape {
         kernel,
@@ -363,6 +426,7 @@ fn gemm_from(
         ldc,
         alpha,
         epilogue,
+        sink,
     };
     // Thread `t`'s share of the rows against the packed B panels `panels`.
     let job = |t: usize, a_buf: &mut [u16], packed_b: &[u16], panels: std::ops::Range<usize>| {
@@ -380,6 +444,8 @@ fn gemm_from(
         // SAFETY: the kernel's instructions were checked above; a tile configuration
         // is this thread's own.
         let _tiles = unsafe { kernel.configure() };
+        // C of one B panel against the thread's A block when the blocks go to a sink.
+        let mut panel = sink.map(|_| Box::new(CPanel([0.0; MC * PANEL])));
         for r0 in rows.clone().step_by(block_rows) {
             let mc = block_rows.min(rows.end - r0);
             for k0 in (0..k).step_by(kb) {
@@ -405,6 +471,7 @@ fn gemm_from(
                         panels.clone(),
                         out.0,
                         out_len,
+                        panel.as_mut().map(|p| &mut p.0[..]),
                     )
                 };
             }
@@ -470,7 +537,13 @@ struct Shape<'e> {
     alpha: f32,
     /// Runs on every finished block.
     epilogue: Option<&'e Epilogue<'e>>,
+    /// Takes every finished block instead of the output (see [`Out::Blocks`]).
+    sink: Option<&'e Epilogue<'e>>,
 }
+
+/// A thread's C for one B panel against its A block ([`MC`] × 32 f32), tile-aligned.
+#[repr(C, align(64))]
+struct CPanel([f32; MC * PANEL]);
 
 /// The K range one [`multiply`] call sums, in packed k-steps (k-steps × parts).
 struct Span {
@@ -503,9 +576,11 @@ unsafe fn multiply(
     panels: std::ops::Range<usize>,
     out: *mut f32,
     out_len: usize,
+    mut c_panel: Option<&mut [f32]>,
 ) {
     let count = panels.len();
     let kc = g.kernel.kc();
+    debug_assert!(c_panel.as_ref().is_none_or(|p| p.len() >= mc * PANEL));
     for (i, jb) in panels.enumerate() {
         for s0 in (0..span.steps).step_by(kc) {
             let steps = kc.min(span.steps - s0);
@@ -528,6 +603,29 @@ unsafe fn multiply(
                 let (row, col) = (r0 + ib * PANEL, jb * PANEL);
                 let (h, w) = (PANEL.min(g.m - row), PANEL.min(g.n - col));
                 let scale = (last && g.alpha != 1.0).then_some(g.alpha);
+                if let (Some(c_panel), Some(sink)) = (c_panel.as_deref_mut(), g.sink) {
+                    // The whole 32 × 32 block in the panel buffer (A and B are zero past
+                    // the matrix), handed to the sink once K is done.
+                    let c = &mut c_panel[ib * PANEL * PANEL..(ib + 1) * PANEL * PANEL];
+                    // SAFETY: `ap`/`bp` hold `steps` packed k-steps; `c` is 32 rows of
+                    // 32 f32, 64-byte aligned (the buffer is, and blocks are 4 KiB).
+                    unsafe {
+                        run_kernel(
+                            g.kernel,
+                            ap.as_ptr(),
+                            bp.as_ptr(),
+                            pf,
+                            c.as_mut_ptr(),
+                            PANEL * 4,
+                            steps,
+                            load,
+                        )
+                    };
+                    if last {
+                        finish(c, PANEL, row, col, h, w, scale, Some(sink));
+                    }
+                    continue;
+                }
                 let epilogue = if last { g.epilogue } else { None };
                 // SAFETY: `ap`/`bp` hold `steps` packed k-steps; the h × w block at
                 // (row, col) is inside the output and this thread's (caller).
@@ -569,7 +667,7 @@ pub fn gemm_packed(
     precision: Precision,
 ) {
     let kernel = Kernel::current();
-    if entry_is_trivial(kernel, m, n, k, &mut dst, accumulate, alpha) {
+    if entry_is_trivial(kernel, m, n, k, Some(&mut dst), accumulate, alpha) {
         return;
     }
     assert!(
@@ -589,6 +687,7 @@ pub fn gemm_packed(
         ldc: dst.ldc,
         alpha,
         epilogue: None,
+        sink: None,
     };
     let span = Span {
         b_step0: 0,
@@ -614,6 +713,7 @@ pub fn gemm_packed(
             0..n.div_ceil(PANEL),
             out,
             out_len,
+            None,
         )
     };
 }

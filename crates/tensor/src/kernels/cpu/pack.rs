@@ -291,6 +291,22 @@ pub fn pair_row(even: &[f32], odd: Option<&[f32]>, out: &mut [u32]) {
     }
 }
 
+/// `out[x] = bf16(src[x])`, rounded as the packers round, so a bf16 tensor made of these
+/// packs to the words its f32 source would. Panics if `src` is shorter than `out`.
+pub fn round_row(src: &[f32], out: &mut [u16]) {
+    let n = out.len();
+    let src = &src[..n];
+    let mut done = 0;
+    if super::features().avx512 {
+        done = n / 32 * 32;
+        // SAFETY: AVX-512 is present; the first `done` values of both slices exist.
+        unsafe { avx512::round_words(&src[..done], &mut out[..done]) };
+    }
+    for x in done..n {
+        out[x] = bf16_bits(src[x]);
+    }
+}
+
 /// The packers' bf16 rounding of 32 f32 lanes (AVX-512), for kernels that write packed
 /// operands themselves.
 #[cfg(target_arch = "x86_64")]
@@ -330,6 +346,23 @@ mod avx512 {
         let r = _mm512_and_si512(r, _mm512_set1_epi32(0xffff_0000_u32 as i32));
         let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
         _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0_0000))
+    }
+
+    /// [`super::round_row`] over whole groups of 32 values.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW present; `src` holds `out.len()` values, a multiple of 32.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn round_words(src: &[f32], out: &mut [u16]) {
+        assert!(out.len().is_multiple_of(32) && src.len() >= out.len());
+        for (g, dst) in out.chunks_exact_mut(32).enumerate() {
+            // SAFETY: 32 values from 32·g are inside `src` (asserted); `dst` holds 32.
+            unsafe {
+                let p = src.as_ptr().add(32 * g);
+                let w = bf16_words(_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+                _mm512_storeu_si512(dst.as_mut_ptr().cast(), w);
+            }
+        }
     }
 
     /// [`super::pair_row`] over whole groups of 16 values.
@@ -654,6 +687,9 @@ mod avx512 {
     pub(super) unsafe fn pair_words(_: &[f32], _: Option<&[f32]>, _: &mut [u32]) {
         unreachable!("AVX-512 is never detected off x86_64")
     }
+    pub(super) unsafe fn round_words(_: &[f32], _: &mut [u16]) {
+        unreachable!("AVX-512 is never detected off x86_64")
+    }
 }
 
 #[cfg(test)]
@@ -690,6 +726,18 @@ mod tests {
         let hi = f32::from_bits(u32::from(split(x, Part::Hi)) << 16);
         let lo = f32::from_bits(u32::from(split(x, Part::Lo)) << 16);
         assert!(((hi + lo) - x).abs() < x * 2e-5, "hi + lo is near x");
+    }
+
+    #[test]
+    fn rounded_rows_hold_the_packers_words() {
+        let mut src = values(77, 5);
+        src[3] = f32::NAN;
+        src[40] = f32::from_bits(0x3f80_8000);
+        src[70] = f32::INFINITY;
+        let mut out = vec![0u16; 77];
+        round_row(&src, &mut out);
+        let want: Vec<u16> = src.iter().map(|&x| bf16_bits(x)).collect();
+        assert_eq!(out, want);
     }
 
     fn pack_both(op: &Operand<'_>, k: usize, n: usize, parts: &[Part]) -> Vec<u16> {
