@@ -224,9 +224,22 @@ pub struct Block {
     eps: f32,
 }
 
-/// `LN(x)·(1 + scale) + shift` with a no-affine LayerNorm.
-fn modulate(x: &Tensor, shift: &Tensor, scale: &Tensor, eps: f32) -> Result<Tensor> {
-    Ok(x.layer_norm_modulate(shift, scale, eps)?)
+/// `LN(x)·(1 + scale) + shift` with a no-affine LayerNorm, for the products of `readers`
+/// only: in bf16 where all of them round their input to bf16 anyway (the same bits of
+/// theirs, half the bytes), else in `x`'s dtype.
+fn modulate(
+    x: &Tensor,
+    shift: &Tensor,
+    scale: &Tensor,
+    eps: f32,
+    readers: &[&Linear],
+) -> Result<Tensor> {
+    let dtype = if readers.iter().all(|l| l.reads_bf16()) {
+        DType::BF16
+    } else {
+        x.dtype()
+    };
+    Ok(x.layer_norm_modulate_as(shift, scale, eps, dtype)?)
 }
 
 impl Block {
@@ -324,8 +337,9 @@ impl Block {
             .iter()
             .map(|s| self.modulation(s.tproj))
             .collect::<Result<_>>()?;
+        let qkv = [&self.attn1.to_q, &self.attn1.to_k, &self.attn1.to_v];
         let a = per_segment(h, &lens, |x, i, _| {
-            modulate(x, &m[i][0], &m[i][1], self.eps)
+            modulate(x, &m[i][0], &m[i][1], self.eps, &qkv)
         })?;
         let stacked = self.attn1.key_values(&a, Some(rope), shard, true)?;
         // Each segment's own keys/values (one segment: all of them, which after the
@@ -384,7 +398,7 @@ impl Block {
                 .attend(&a, None, &texts, &lens, Mask::None, shard, false)?,
         )?;
         let a = per_segment(&h, &lens, |x, i, _| {
-            modulate(x, &m[i][3], &m[i][4], self.eps)
+            modulate(x, &m[i][3], &m[i][4], self.eps, &[&self.ffn_in])
         })?;
         let hidden = self
             .ffn_in

@@ -131,6 +131,12 @@ impl Linear {
         )
     }
 
+    /// Whether the products round their input to bf16 (a packed weight): an input made
+    /// in bf16 gives them the same bits.
+    pub fn reads_bf16(&self) -> bool {
+        matches!(self.weight, LinearWeight::Packed(_))
+    }
+
     /// `x · Wᵀ + b`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.product(x, Some(&self.bias))
@@ -155,8 +161,8 @@ impl Linear {
         Ok(match &self.weight {
             LinearWeight::Plain(w) => x.linear_gelu_tanh(w, &self.bias)?,
             LinearWeight::Packed(w) => {
-                let dtype = match next.map(|n| &n.weight) {
-                    Some(LinearWeight::Packed(_)) => DType::BF16,
+                let dtype = match next {
+                    Some(n) if n.reads_bf16() => DType::BF16,
                     _ => DType::F32,
                 };
                 x.linear_packed_as(w, Some(&self.bias), Some(Activation::GeluTanh), dtype)?

@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::kernels::cpu::pack::round_row;
 use crate::kernels::simd;
 use crate::layout::Layout;
 use crate::tensor::Tensor;
@@ -32,38 +33,74 @@ fn broadcast_operand(op: &'static str, t: &Tensor, shape: &[usize]) -> Result<(T
 }
 
 /// `f(out_row, x_row, a_row, b_row)` for every row of `x` (contiguous f32, rows of `n`)
-/// into a new f32 tensor, with `a` and `b` broadcast to `x`'s shape (`op` names errors).
+/// into a new tensor of `dtype` (f32, or bf16: each f32 row rounded to nearest even as
+/// it is made), with `a` and `b` broadcast to `x`'s shape (`op` names errors).
+#[allow(clippy::too_many_arguments)]
 fn rows_with_two(
     op: &'static str,
     x: &Tensor,
     a: &Tensor,
     b: &Tensor,
     n: usize,
+    dtype: DType,
     f: impl Fn(&mut [f32], &[f32], &[f32], &[f32]) + Sync,
 ) -> Result<Tensor> {
     let shape = x.shape().to_vec();
     let (ta, la) = broadcast_operand(op, a, &shape)?;
     let (tb, lb) = broadcast_operand(op, b, &shape)?;
     let input = super::float_f32(op, x)?.to_f32_contiguous()?;
-    let mut out = Tensor::empty(&shape, DType::F32, x.device())?;
-    if let (Some(src), Some(da), Some(db), Some(dst)) = (
+    let mut out = Tensor::empty(&shape, dtype, x.device())?;
+    let (Some(src), Some(da), Some(db)) = (
         input.as_slice::<f32>(),
         ta.storage_as::<f32>(),
         tb.storage_as::<f32>(),
-        out.data_mut::<f32>(),
-    ) {
-        crate::parallel::run(|| {
-            dst.par_chunks_mut(n * ROWS_PER_TASK)
-                .zip(src.par_chunks(n * ROWS_PER_TASK))
-                .enumerate()
-                .for_each(|(task, (o, x))| {
-                    for (r, (o, x)) in o.chunks_mut(n).zip(x.chunks(n)).enumerate() {
-                        let row = task * ROWS_PER_TASK + r;
-                        let (ba, bb) = (la.row_start(row), lb.row_start(row));
-                        f(o, x, &da[ba..ba + n], &db[bb..bb + n]);
-                    }
-                });
-        });
+    ) else {
+        return Ok(out);
+    };
+    let row = |task: usize, r: usize, o: &mut [f32], x: &[f32]| {
+        let row = task * ROWS_PER_TASK + r;
+        let (ba, bb) = (la.row_start(row), lb.row_start(row));
+        f(o, x, &da[ba..ba + n], &db[bb..bb + n]);
+    };
+    let chunk = n * ROWS_PER_TASK;
+    match dtype {
+        DType::BF16 => {
+            let Some(dst) = out.data_mut::<half::bf16>() else {
+                return Ok(out);
+            };
+            // SAFETY: bf16 is a transparent u16 (same size, alignment and validity); the
+            // slice borrows `dst` exclusively.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u16>(), dst.len())
+            };
+            crate::parallel::run(|| {
+                dst.par_chunks_mut(chunk)
+                    .zip(src.par_chunks(chunk))
+                    .enumerate()
+                    .for_each(|(task, (o, x))| {
+                        let mut line = vec![0f32; n];
+                        for (r, (o, x)) in o.chunks_mut(n).zip(x.chunks(n)).enumerate() {
+                            row(task, r, &mut line, x);
+                            round_row(&line, o);
+                        }
+                    });
+            });
+        }
+        _ => {
+            let Some(dst) = out.data_mut::<f32>() else {
+                return Ok(out);
+            };
+            crate::parallel::run(|| {
+                dst.par_chunks_mut(chunk)
+                    .zip(src.par_chunks(chunk))
+                    .enumerate()
+                    .for_each(|(task, (o, x))| {
+                        for (r, (o, x)) in o.chunks_mut(n).zip(x.chunks(n)).enumerate() {
+                            row(task, r, o, x);
+                        }
+                    });
+            });
+        }
     }
     Ok(out)
 }
@@ -72,6 +109,19 @@ impl Tensor {
     /// `layer_norm(self) · (1 + scale) + shift` over the last axis (no affine weights),
     /// `shift` and `scale` broadcast to `self`'s shape: adaLN modulation in one pass.
     pub fn layer_norm_modulate(&self, shift: &Tensor, scale: &Tensor, eps: f32) -> Result<Tensor> {
+        self.layer_norm_modulate_as(shift, scale, eps, self.dtype())
+    }
+
+    /// [`Tensor::layer_norm_modulate`] with the result in `dtype`, computed in f32 and
+    /// rounded once per value. For a result that only bf16 products read, bf16 gives
+    /// them the bits they would round to themselves, in half the bytes.
+    pub fn layer_norm_modulate_as(
+        &self,
+        shift: &Tensor,
+        scale: &Tensor,
+        eps: f32,
+        dtype: DType,
+    ) -> Result<Tensor> {
         const OP: &str = "layer_norm_modulate";
         let n = super::norm::last_axis(OP, self)?;
         if self.device().launcher().is_some() {
@@ -81,17 +131,20 @@ impl Tensor {
             // In f32 throughout, rounded once at the end as the fused pass does.
             let normed = self.to_dtype(DType::F32)?.layer_norm(None, None, eps)?;
             let out = normed.mul(&scale.to_dtype(DType::F32)?.add_scalar(1.0)?)?;
-            return out
-                .add(&shift.to_dtype(DType::F32)?)?
-                .to_dtype(self.dtype());
+            return out.add(&shift.to_dtype(DType::F32)?)?.to_dtype(dtype);
         }
-        let out = rows_with_two(OP, self, shift, scale, n, |o, x, shift, scale| {
+        let direct = if dtype == DType::BF16 {
+            DType::BF16
+        } else {
+            DType::F32
+        };
+        let out = rows_with_two(OP, self, shift, scale, n, direct, |o, x, shift, scale| {
             let (mean, inv) = super::norm::mean_inv_std(x, eps);
             simd::zip3_map(o, x, shift, scale, |v, s, c| {
                 (v - mean) * inv * (c + 1.0) + s
             });
         })?;
-        out.to_dtype(self.dtype())
+        out.to_dtype(dtype)
     }
 
     /// `self + a · b`, `a` and `b` broadcast to `self`'s shape: a gated residual in one
@@ -106,7 +159,7 @@ impl Tensor {
             let promote = super::elementwise::promote;
             return out.to_dtype(promote(promote(self.dtype(), a.dtype()), b.dtype()));
         }
-        let out = rows_with_two("add_mul", self, a, b, n, |o, x, a, b| {
+        let out = rows_with_two("add_mul", self, a, b, n, DType::F32, |o, x, a, b| {
             simd::zip3_map(o, x, a, b, |v, p, q| v + p * q);
         })?;
         let promote = super::elementwise::promote;
@@ -158,6 +211,20 @@ mod tests {
                 .add(&shift)
                 .unwrap();
             assert_eq!(bits(&fused), bits(&chain));
+            let rounded = x
+                .layer_norm_modulate_as(&shift, &scale, 1e-6, DType::BF16)
+                .unwrap();
+            let words = |t: &Tensor| -> Vec<u16> {
+                t.to_vec::<half::bf16>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            assert_eq!(
+                words(&rounded),
+                words(&fused.to_dtype(DType::BF16).unwrap())
+            );
             let gated = x.add_mul(&shift, &scale).unwrap();
             assert_eq!(
                 bits(&gated),
