@@ -388,7 +388,15 @@ impl Block {
             h = injection.apply(&h, cam)?;
         }
         let a = match &self.norm2 {
-            Some((w, b)) => h.layer_norm(Some(w), Some(b), self.eps)?,
+            // Only the cross-attention's query product reads it.
+            Some((w, b)) => {
+                let dtype = if self.attn2.to_q.reads_bf16() {
+                    DType::BF16
+                } else {
+                    h.dtype()
+                };
+                h.layer_norm_as(Some(w), Some(b), self.eps, dtype)?
+            }
             None => h.clone(),
         };
         let texts: Vec<&KeyValues> = segments.iter().map(|s| s.text).collect();

@@ -231,6 +231,23 @@ mod tests {
                 bits(&x.add(&shift.mul(&scale).unwrap()).unwrap())
             );
         }
+        // A layer norm made in bf16: the bits of rounding the f32 one.
+        let words = |t: &Tensor| -> Vec<u16> {
+            t.to_vec::<half::bf16>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        let (w, b) = (t(&[24], 6), t(&[24], 7));
+        for (w, b) in [(Some(&w), Some(&b)), (None, None), (Some(&w), None)] {
+            let f32_norm = x.layer_norm(w, b, 1e-6).unwrap();
+            let made = x.layer_norm_as(w, b, 1e-6, DType::BF16).unwrap();
+            assert_eq!(
+                words(&made),
+                words(&f32_norm.to_dtype(DType::BF16).unwrap())
+            );
+        }
         let bf = x.to_dtype(DType::BF16).unwrap();
         assert_eq!(bf.add_mul(&bf, &bf).unwrap().dtype(), DType::BF16);
         assert!(x

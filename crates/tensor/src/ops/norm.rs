@@ -6,8 +6,12 @@ use rayon::prelude::*;
 use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::kernels::cpu::pack::round_row;
 use crate::kernels::simd;
 use crate::tensor::Tensor;
+
+/// Rows per parallel task of a norm made in bf16 (each task reuses one f32 line).
+const ROWS_PER_TASK: usize = 16;
 
 fn check_param(op: &'static str, p: Option<&Tensor>, len: usize) -> Result<Option<Tensor>> {
     match p {
@@ -71,34 +75,70 @@ impl Tensor {
         bias: Option<&Tensor>,
         eps: f32,
     ) -> Result<Tensor> {
+        self.layer_norm_as(weight, bias, eps, self.dtype())
+    }
+
+    /// [`Tensor::layer_norm`] with the result in `dtype`, computed in f32 and rounded
+    /// once per value (bf16 on the host: each row rounded to nearest even as it is made,
+    /// the bits a bf16 product reading it would round to itself).
+    pub fn layer_norm_as(
+        &self,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f32,
+        dtype: DType,
+    ) -> Result<Tensor> {
         let n = last_axis("layer_norm", self)?;
-        let w = check_param("layer_norm", weight, n)?;
-        let b = check_param("layer_norm", bias, n)?;
+        let wt = check_param("layer_norm", weight, n)?;
+        let bt = check_param("layer_norm", bias, n)?;
         let input = self.to_f32_contiguous()?;
-        let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
+        let host_bf16 = dtype == DType::BF16 && self.device().launcher().is_none();
+        let made = if host_bf16 { DType::BF16 } else { DType::F32 };
+        let mut out = Tensor::empty(self.shape(), made, self.device())?;
+        let w = wt.as_ref().and_then(|t| t.as_slice::<f32>());
+        let b = bt.as_ref().and_then(|t| t.as_slice::<f32>());
+        let row = move |o: &mut [f32], x: &[f32]| {
+            let (mean, inv) = mean_inv_std(x, eps);
+            match (w, b) {
+                (Some(w), Some(b)) => {
+                    simd::zip3_map(o, x, w, b, |v, w, b| (v - mean) * inv * w + b)
+                }
+                (Some(w), None) => simd::zip_map(o, x, w, |v, w| (v - mean) * inv * w),
+                (None, Some(b)) => simd::zip_map(o, x, b, |v, b| (v - mean) * inv + b),
+                (None, None) => simd::map(o, x, |v| (v - mean) * inv),
+            }
+        };
         if let Some(l) = self.device().launcher() {
-            let params = [w.as_ref(), b.as_ref()];
+            let params = [wt.as_ref(), bt.as_ref()];
             dispatch::row_norm(l.as_ref(), "layer_norm_f32", &input, &params, &out, n, eps)?;
+        } else if host_bf16 {
+            if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<half::bf16>())
+            {
+                // SAFETY: bf16 is a transparent u16 (same size, alignment and validity);
+                // the slice borrows `dst` exclusively.
+                let dst = unsafe {
+                    std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u16>(), dst.len())
+                };
+                crate::parallel::run(|| {
+                    dst.par_chunks_mut(n * ROWS_PER_TASK)
+                        .zip(src.par_chunks(n * ROWS_PER_TASK))
+                        .for_each(|(o, x)| {
+                            let mut line = vec![0f32; n];
+                            for (o, x) in o.chunks_mut(n).zip(x.chunks(n)) {
+                                row(&mut line, x);
+                                round_row(&line, o);
+                            }
+                        });
+                });
+            }
         } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
-            let w = w.as_ref().and_then(|t| t.as_slice::<f32>());
-            let b = b.as_ref().and_then(|t| t.as_slice::<f32>());
             crate::parallel::run(|| {
                 dst.par_chunks_mut(n)
                     .zip(src.par_chunks(n))
-                    .for_each(|(o, x)| {
-                        let (mean, inv) = mean_inv_std(x, eps);
-                        match (w, b) {
-                            (Some(w), Some(b)) => {
-                                simd::zip3_map(o, x, w, b, |v, w, b| (v - mean) * inv * w + b)
-                            }
-                            (Some(w), None) => simd::zip_map(o, x, w, |v, w| (v - mean) * inv * w),
-                            (None, Some(b)) => simd::zip_map(o, x, b, |v, b| (v - mean) * inv + b),
-                            (None, None) => simd::map(o, x, |v| (v - mean) * inv),
-                        }
-                    });
+                    .for_each(|(o, x)| row(o, x));
             });
         }
-        out.to_dtype(self.dtype())
+        out.to_dtype(dtype)
     }
 
     /// RMS norm over the last axis: `x / √(mean(x²) + eps) · weight`.
