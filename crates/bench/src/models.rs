@@ -35,6 +35,9 @@ pub struct ModelBenchConfig {
     pub reference: Option<String>,
     /// Works to run: `dit`, `vae` (both when empty).
     pub works: Vec<String>,
+    /// After the timed runs, one more run of each work with the ops recorded
+    /// ([`headroom_tensor::profile`]): time, calls and bytes per op kind.
+    pub profile: bool,
 }
 
 /// One work item in one mode.
@@ -52,6 +55,59 @@ pub struct ModelRow {
     pub reference_seconds: Option<f64>,
     /// `reference_seconds / seconds`: how many times faster headroom is.
     pub speedup: Option<f64>,
+    /// Per op kind, from one extra recorded run (with `profile`), most time first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub profile: Vec<OpRow>,
+    /// Wall seconds of the recorded run (0 without `profile`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub profile_seconds: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
+}
+
+/// One op kind of a recorded run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpRow {
+    /// The op kind (`conv3d`, `linear`, `attention`, `add`, …; `outside ops` for the
+    /// run's time in none of them).
+    pub op: String,
+    /// Calls from the model (ops inside ops count as their caller).
+    pub calls: u64,
+    /// Wall seconds in them.
+    pub seconds: f64,
+    /// Bytes of their operands and results.
+    pub bytes: u64,
+}
+
+/// `f` once with the ops recorded: (the rows, most time first, and the run's seconds).
+fn recorded(f: &mut dyn FnMut() -> Result<()>) -> Result<(Vec<OpRow>, f64)> {
+    headroom_tensor::profile::take();
+    headroom_tensor::profile::set_enabled(true);
+    let start = Instant::now();
+    let done = f();
+    let wall = start.elapsed().as_secs_f64();
+    headroom_tensor::profile::set_enabled(false);
+    done?;
+    let mut rows: Vec<OpRow> = headroom_tensor::profile::take()
+        .into_iter()
+        .map(|(op, s)| OpRow {
+            op: op.to_string(),
+            calls: s.calls,
+            seconds: s.seconds,
+            bytes: s.bytes,
+        })
+        .collect();
+    let in_ops: f64 = rows.iter().map(|r| r.seconds).sum();
+    rows.push(OpRow {
+        op: "outside ops".to_string(),
+        calls: 0,
+        seconds: (wall - in_ops).max(0.0),
+        bytes: 0,
+    });
+    rows.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    Ok((rows, wall))
 }
 
 fn invalid(field: &'static str, rule: impl std::fmt::Display) -> BenchError {
@@ -185,9 +241,14 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
         let mut measure =
             |work: &str, f: &mut dyn FnMut() -> Result<()>, reference: Option<f64>| {
                 platform.reset_peak_stats();
-                let seconds = best(config.reps, f)?;
+                let seconds = best(config.reps, &mut *f)?;
                 let allocated_peak_bytes =
                     platform.memory_stats().allocated_bytes.all().peak.max(0) as u64;
+                let (profile, profile_seconds) = if config.profile {
+                    recorded(f)?
+                } else {
+                    (Vec::new(), 0.0)
+                };
                 rows.push(ModelRow {
                     work: work.to_string(),
                     mode: mode.clone(),
@@ -195,6 +256,8 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
                     allocated_peak_bytes,
                     reference_seconds: reference,
                     speedup: reference.map(|r| r / seconds),
+                    profile,
+                    profile_seconds,
                 });
                 Ok::<_, BenchError>(())
             };
@@ -250,5 +313,69 @@ pub fn markdown(rows: &[ModelRow]) -> String {
             headroom_mem::format_bytes(r.allocated_peak_bytes),
         ));
     }
+    for r in rows.iter().filter(|r| !r.profile.is_empty()) {
+        s.push_str(&format!(
+            "\n{} {}, per op kind (one more run, {:.2} s, recorded):\n\n| op | calls | s | share | GB moved | GB/s |\n|---|---|---|---|---|---|\n",
+            r.work, r.mode, r.profile_seconds
+        ));
+        for op in &r.profile {
+            let gb = op.bytes as f64 / 1e9;
+            let rate = if op.seconds > 0.0 && op.bytes > 0 {
+                format!("{:.1}", gb / op.seconds)
+            } else {
+                "—".to_string()
+            };
+            s.push_str(&format!(
+                "| {} | {} | {:.3} | {:.1} % | {:.2} | {} |\n",
+                op.op,
+                op.calls,
+                op.seconds,
+                100.0 * op.seconds / r.profile_seconds.max(f64::MIN_POSITIVE),
+                gb,
+                rate
+            ));
+        }
+    }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_run_gives_rows_per_op_and_a_table() {
+        let device = Device::cpu().unwrap();
+        let x = Tensor::randn(&[64, 96], 1, 0, DType::F32, &device).unwrap();
+        let w = Tensor::randn(&[32, 96], 2, 0, DType::F32, &device).unwrap();
+        let (rows, wall) = recorded(&mut || {
+            let y = x.linear(&w, None)?.silu()?;
+            drop(y.add(&y)?);
+            Ok(())
+        })
+        .unwrap();
+        let find = |op: &str| rows.iter().find(|r| r.op == op);
+        let linear = find("linear").expect("a linear row");
+        assert!(linear.calls >= 1 && linear.bytes >= ((64 + 32) * 96 + 64 * 32) * 4);
+        assert!(find("silu").is_some() && find("add").is_some());
+        assert!(find("outside ops").is_some());
+        let in_rows: f64 = rows.iter().map(|r| r.seconds).sum();
+        // The rows partition the run: the ops' own time plus the time outside them.
+        assert!(in_rows >= wall * 0.999, "{in_rows} of {wall}");
+        assert!(rows.windows(2).all(|p| p[0].seconds >= p[1].seconds));
+        let table = markdown(&[ModelRow {
+            work: "dit forward".into(),
+            mode: "f32".into(),
+            seconds: wall,
+            allocated_peak_bytes: 0,
+            reference_seconds: None,
+            speedup: None,
+            profile: rows,
+            profile_seconds: wall,
+        }]);
+        assert!(
+            table.contains("per op kind") && table.contains("| linear |"),
+            "{table}"
+        );
+    }
 }

@@ -66,6 +66,10 @@ struct ModelsArgs {
     /// Works to run, comma-separated: dit, vae (default: both).
     #[arg(long, value_delimiter = ',')]
     works: Vec<String>,
+    /// After the timed runs, one more run of each work with every op recorded: wall
+    /// time, calls and bytes moved per op kind (conv3d, linear, attention, norms, …).
+    #[arg(long)]
+    profile: bool,
 }
 
 #[derive(Debug, Args)]
@@ -605,6 +609,7 @@ fn models(args: ModelsArgs) -> Result<()> {
         height: args.height,
         reference: args.reference,
         works: args.works,
+        profile: args.profile,
     };
     let rows = headroom_bench::run_model_bench(&config)?;
     if args.json {

@@ -13,6 +13,7 @@ pub mod kernels;
 pub mod layout;
 pub mod ops;
 pub mod parallel;
+pub mod profile;
 pub mod storage;
 pub mod tensor;
 

@@ -396,16 +396,18 @@ impl Tensor {
 
     /// A dense copy of the elements, converted to `dtype`.
     pub fn copy_as(&self, dtype: DType) -> Result<Self> {
-        let mut out = Self::empty(self.shape(), dtype, &self.device)?;
-        if let Some(l) = self.device.launcher() {
-            crate::cuda::dispatch::copy_into(l.as_ref(), self, &out)?;
-            return Ok(out);
-        }
-        if self.device.is_meta() {
-            return Ok(out);
-        }
-        crate::ops::copy::copy_into(self, &mut out);
-        Ok(out)
+        crate::profile::op("copy", &[self], || {
+            let mut out = Self::empty(self.shape(), dtype, &self.device)?;
+            if let Some(l) = self.device.launcher() {
+                crate::cuda::dispatch::copy_into(l.as_ref(), self, &out)?;
+                return Ok(out);
+            }
+            if self.device.is_meta() {
+                return Ok(out);
+            }
+            crate::ops::copy::copy_into(self, &mut out);
+            Ok(out)
+        })
     }
 
     /// Overwrites this tensor's elements with `src`'s (same shape; dtypes converted). The

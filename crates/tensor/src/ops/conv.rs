@@ -116,55 +116,57 @@ impl Tensor {
         bias: Option<&Tensor>,
         options: Conv3dOptions,
     ) -> Result<Tensor> {
-        let op = "conv3d";
-        let (cout, cin) = check_weight(op, self, weight, bias, 3)?;
-        let s = self.shape();
-        let w = weight.shape();
-        let [st, sh, sw] = options.stride;
-        check_extent(op, self, s[2], options.pad_t_front, w[2], st, "t")?;
-        check_extent(op, self, s[3], 2 * options.pad_hw[0], w[3], sh, "h")?;
-        check_extent(op, self, s[4], 2 * options.pad_hw[1], w[4], sw, "w")?;
-        if options.time_pad == TimePad::Replicate && options.pad_t_front > 0 && s[2] == 0 {
-            return Err(TensorError::shape(
-                op,
-                "replicate time padding needs at least one frame",
-            ));
-        }
-        let p = Conv3dParams {
-            batch: s[0],
-            in_channels: cin,
-            out_channels: cout,
-            in_t: s[2],
-            in_h: s[3],
-            in_w: s[4],
-            kernel: [w[2], w[3], w[4]],
-            stride: options.stride,
-            pad_t_front: options.pad_t_front,
-            time_pad: options.time_pad,
-            pad_h: options.pad_hw[0],
-            pad_w: options.pad_hw[1],
-            compute: compute_of(weight),
-        };
-        let [to, ho, wo] = p.out_dims();
-        if self.device().launcher().is_some() {
-            let dims = ConvDims {
-                input: [s[0], cin, s[2], s[3], s[4]],
-                weight: [cout, w[2], w[3], w[4]],
+        crate::profile::op("conv3d", &[self, weight], || {
+            let op = "conv3d";
+            let (cout, cin) = check_weight(op, self, weight, bias, 3)?;
+            let s = self.shape();
+            let w = weight.shape();
+            let [st, sh, sw] = options.stride;
+            check_extent(op, self, s[2], options.pad_t_front, w[2], st, "t")?;
+            check_extent(op, self, s[3], 2 * options.pad_hw[0], w[3], sh, "h")?;
+            check_extent(op, self, s[4], 2 * options.pad_hw[1], w[4], sw, "w")?;
+            if options.time_pad == TimePad::Replicate && options.pad_t_front > 0 && s[2] == 0 {
+                return Err(TensorError::shape(
+                    op,
+                    "replicate time padding needs at least one frame",
+                ));
+            }
+            let p = Conv3dParams {
+                batch: s[0],
+                in_channels: cin,
+                out_channels: cout,
+                in_t: s[2],
+                in_h: s[3],
+                in_w: s[4],
+                kernel: [w[2], w[3], w[4]],
                 stride: options.stride,
-                pad: [options.pad_t_front, options.pad_hw[0], options.pad_hw[1]],
-                out: [to, ho, wo],
-                replicate: options.time_pad == TimePad::Replicate,
+                pad_t_front: options.pad_t_front,
+                time_pad: options.time_pad,
+                pad_h: options.pad_hw[0],
+                pad_w: options.pad_hw[1],
+                compute: compute_of(weight),
             };
-            return run_conv_gpu(self, weight, bias, &[s[0], cout, to, ho, wo], dims);
-        }
-        run_conv(
-            self,
-            weight,
-            bias,
-            &[s[0], cout, to, ho, wo],
-            k::conv3d_scratch_len(&p),
-            |x, w, b, out, scratch| k::conv3d(&p, x, w, b, out, scratch),
-        )
+            let [to, ho, wo] = p.out_dims();
+            if self.device().launcher().is_some() {
+                let dims = ConvDims {
+                    input: [s[0], cin, s[2], s[3], s[4]],
+                    weight: [cout, w[2], w[3], w[4]],
+                    stride: options.stride,
+                    pad: [options.pad_t_front, options.pad_hw[0], options.pad_hw[1]],
+                    out: [to, ho, wo],
+                    replicate: options.time_pad == TimePad::Replicate,
+                };
+                return run_conv_gpu(self, weight, bias, &[s[0], cout, to, ho, wo], dims);
+            }
+            run_conv(
+                self,
+                weight,
+                bias,
+                &[s[0], cout, to, ho, wo],
+                k::conv3d_scratch_len(&p),
+                |x, w, b, out, scratch| k::conv3d(&p, x, w, b, out, scratch),
+            )
+        })
     }
 
     /// 2-D convolution: input `[B, Cin, H, W]`, weight `[Cout, Cin, kh, kw]`, bias `[Cout]`,
@@ -176,44 +178,46 @@ impl Tensor {
         stride: [usize; 2],
         padding: [usize; 2],
     ) -> Result<Tensor> {
-        let op = "conv2d";
-        let (cout, cin) = check_weight(op, self, weight, bias, 2)?;
-        let s = self.shape();
-        let w = weight.shape();
-        check_extent(op, self, s[2], 2 * padding[0], w[2], stride[0], "h")?;
-        check_extent(op, self, s[3], 2 * padding[1], w[3], stride[1], "w")?;
-        let p = Conv2dParams {
-            batch: s[0],
-            in_channels: cin,
-            out_channels: cout,
-            in_h: s[2],
-            in_w: s[3],
-            kernel: [w[2], w[3]],
-            stride,
-            pad_h: padding[0],
-            pad_w: padding[1],
-            compute: compute_of(weight),
-        };
-        let [ho, wo] = p.out_dims();
-        if self.device().launcher().is_some() {
-            let dims = ConvDims {
-                input: [s[0], cin, 1, s[2], s[3]],
-                weight: [cout, 1, w[2], w[3]],
-                stride: [1, stride[0], stride[1]],
-                pad: [0, padding[0], padding[1]],
-                out: [1, ho, wo],
-                replicate: false,
+        crate::profile::op("conv2d", &[self, weight], || {
+            let op = "conv2d";
+            let (cout, cin) = check_weight(op, self, weight, bias, 2)?;
+            let s = self.shape();
+            let w = weight.shape();
+            check_extent(op, self, s[2], 2 * padding[0], w[2], stride[0], "h")?;
+            check_extent(op, self, s[3], 2 * padding[1], w[3], stride[1], "w")?;
+            let p = Conv2dParams {
+                batch: s[0],
+                in_channels: cin,
+                out_channels: cout,
+                in_h: s[2],
+                in_w: s[3],
+                kernel: [w[2], w[3]],
+                stride,
+                pad_h: padding[0],
+                pad_w: padding[1],
+                compute: compute_of(weight),
             };
-            return run_conv_gpu(self, weight, bias, &[s[0], cout, ho, wo], dims);
-        }
-        run_conv(
-            self,
-            weight,
-            bias,
-            &[s[0], cout, ho, wo],
-            k::conv2d_scratch_len(&p),
-            |x, w, b, out, scratch| k::conv2d(&p, x, w, b, out, scratch),
-        )
+            let [ho, wo] = p.out_dims();
+            if self.device().launcher().is_some() {
+                let dims = ConvDims {
+                    input: [s[0], cin, 1, s[2], s[3]],
+                    weight: [cout, 1, w[2], w[3]],
+                    stride: [1, stride[0], stride[1]],
+                    pad: [0, padding[0], padding[1]],
+                    out: [1, ho, wo],
+                    replicate: false,
+                };
+                return run_conv_gpu(self, weight, bias, &[s[0], cout, ho, wo], dims);
+            }
+            run_conv(
+                self,
+                weight,
+                bias,
+                &[s[0], cout, ho, wo],
+                k::conv2d_scratch_len(&p),
+                |x, w, b, out, scratch| k::conv2d(&p, x, w, b, out, scratch),
+            )
+        })
     }
 }
 

@@ -30,50 +30,52 @@ pub fn binary(
     b: &Tensor,
     f: impl Fn(f32, f32) -> f32 + Sync,
 ) -> Result<Tensor> {
-    a.same_device(op, b)?;
-    let shape = broadcast_shapes(op, a.shape(), b.shape())?;
-    let dtype = promote(a.dtype(), b.dtype());
-    let fa = super::float_f32(op, a)?;
-    let fb = super::float_f32(op, b)?;
-    let mut out = Tensor::empty(&shape, DType::F32, a.device())?;
-    if let Some(l) = a.device().launcher() {
-        dispatch::binary(l.as_ref(), op, &fa, &fb, &out)?;
-    } else if let (Some(da), Some(db), Some(dst)) = (
-        fa.storage_as::<f32>(),
-        fb.storage_as::<f32>(),
-        out.data_mut::<f32>(),
-    ) {
-        let la = fa.layout().broadcast_to(&shape)?;
-        let lb = fb.layout().broadcast_to(&shape)?;
-        let inner = shape.last().copied().unwrap_or(1).max(1);
-        let sa = la.strides().last().copied().unwrap_or(0);
-        let sb = lb.strides().last().copied().unwrap_or(0);
-        crate::parallel::run(|| {
-            dst.par_chunks_mut(inner * ROWS_PER_TASK)
-                .enumerate()
-                .for_each(|(task, chunk)| {
-                    for (r, row) in chunk.chunks_mut(inner).enumerate() {
-                        let index = task * ROWS_PER_TASK + r;
-                        let (ba, bb) = (la.row_start(index), lb.row_start(index));
-                        if sa == 1 && sb == 1 {
-                            let (ra, rb) = (&da[ba..ba + inner], &db[bb..bb + inner]);
-                            simd::zip_map(row, ra, rb, &f);
-                        } else if sa == 1 && sb == 0 {
-                            let y = db[bb];
-                            simd::map(row, &da[ba..ba + inner], |x| f(x, y));
-                        } else if sa == 0 && sb == 1 {
-                            let x = da[ba];
-                            simd::map(row, &db[bb..bb + inner], |y| f(x, y));
-                        } else {
-                            for (j, o) in row.iter_mut().enumerate() {
-                                *o = f(da[ba + j * sa], db[bb + j * sb]);
+    crate::profile::op(op, &[a, b], || {
+        a.same_device(op, b)?;
+        let shape = broadcast_shapes(op, a.shape(), b.shape())?;
+        let dtype = promote(a.dtype(), b.dtype());
+        let fa = super::float_f32(op, a)?;
+        let fb = super::float_f32(op, b)?;
+        let mut out = Tensor::empty(&shape, DType::F32, a.device())?;
+        if let Some(l) = a.device().launcher() {
+            dispatch::binary(l.as_ref(), op, &fa, &fb, &out)?;
+        } else if let (Some(da), Some(db), Some(dst)) = (
+            fa.storage_as::<f32>(),
+            fb.storage_as::<f32>(),
+            out.data_mut::<f32>(),
+        ) {
+            let la = fa.layout().broadcast_to(&shape)?;
+            let lb = fb.layout().broadcast_to(&shape)?;
+            let inner = shape.last().copied().unwrap_or(1).max(1);
+            let sa = la.strides().last().copied().unwrap_or(0);
+            let sb = lb.strides().last().copied().unwrap_or(0);
+            crate::parallel::run(|| {
+                dst.par_chunks_mut(inner * ROWS_PER_TASK)
+                    .enumerate()
+                    .for_each(|(task, chunk)| {
+                        for (r, row) in chunk.chunks_mut(inner).enumerate() {
+                            let index = task * ROWS_PER_TASK + r;
+                            let (ba, bb) = (la.row_start(index), lb.row_start(index));
+                            if sa == 1 && sb == 1 {
+                                let (ra, rb) = (&da[ba..ba + inner], &db[bb..bb + inner]);
+                                simd::zip_map(row, ra, rb, &f);
+                            } else if sa == 1 && sb == 0 {
+                                let y = db[bb];
+                                simd::map(row, &da[ba..ba + inner], |x| f(x, y));
+                            } else if sa == 0 && sb == 1 {
+                                let x = da[ba];
+                                simd::map(row, &db[bb..bb + inner], |y| f(x, y));
+                            } else {
+                                for (j, o) in row.iter_mut().enumerate() {
+                                    *o = f(da[ba + j * sa], db[bb + j * sb]);
+                                }
                             }
                         }
-                    }
-                });
-        });
-    }
-    out.to_dtype(dtype)
+                    });
+            });
+        }
+        out.to_dtype(dtype)
+    })
 }
 
 /// Applies `f` to every element (SIMD-dispatched through [`simd::map`], the same
@@ -100,18 +102,20 @@ fn unary_slices(
     kernel: impl Fn(&mut [f32], &[f32]) + Sync,
     gpu: impl FnOnce(&dyn Launcher, &Tensor, &Tensor) -> Result<()>,
 ) -> Result<Tensor> {
-    let input = super::float_f32(op, x)?.to_f32_contiguous()?;
-    let mut out = Tensor::empty(x.shape(), DType::F32, x.device())?;
-    if let Some(l) = x.device().launcher() {
-        gpu(l.as_ref(), &input, &out)?;
-    } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
-        crate::parallel::run(|| {
-            dst.par_chunks_mut(1 << 14)
-                .zip(src.par_chunks(1 << 14))
-                .for_each(|(d, s)| kernel(d, s));
-        });
-    }
-    out.to_dtype(x.dtype())
+    crate::profile::op(op, &[x], || {
+        let input = super::float_f32(op, x)?.to_f32_contiguous()?;
+        let mut out = Tensor::empty(x.shape(), DType::F32, x.device())?;
+        if let Some(l) = x.device().launcher() {
+            gpu(l.as_ref(), &input, &out)?;
+        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
+            crate::parallel::run(|| {
+                dst.par_chunks_mut(1 << 14)
+                    .zip(src.par_chunks(1 << 14))
+                    .for_each(|(d, s)| kernel(d, s));
+            });
+        }
+        out.to_dtype(x.dtype())
+    })
 }
 
 /// The GELU of PyTorch's `approximate="tanh"` (libm-free, see [`activation`]).

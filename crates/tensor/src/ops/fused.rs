@@ -122,48 +122,52 @@ impl Tensor {
         eps: f32,
         dtype: DType,
     ) -> Result<Tensor> {
-        const OP: &str = "layer_norm_modulate";
-        let n = super::norm::last_axis(OP, self)?;
-        if self.device().launcher().is_some() {
-            // The op chain whose bytes the fused pass gives (see the test below).
-            broadcast_operand(OP, shift, self.shape())?;
-            broadcast_operand(OP, scale, self.shape())?;
-            // In f32 throughout, rounded once at the end as the fused pass does.
-            let normed = self.to_dtype(DType::F32)?.layer_norm(None, None, eps)?;
-            let out = normed.mul(&scale.to_dtype(DType::F32)?.add_scalar(1.0)?)?;
-            return out.add(&shift.to_dtype(DType::F32)?)?.to_dtype(dtype);
-        }
-        let direct = if dtype == DType::BF16 {
-            DType::BF16
-        } else {
-            DType::F32
-        };
-        let out = rows_with_two(OP, self, shift, scale, n, direct, |o, x, shift, scale| {
-            let (mean, inv) = super::norm::mean_inv_std(x, eps);
-            simd::zip3_map(o, x, shift, scale, |v, s, c| {
-                (v - mean) * inv * (c + 1.0) + s
-            });
-        })?;
-        out.to_dtype(dtype)
+        crate::profile::op("layer_norm_modulate", &[self, shift, scale], || {
+            const OP: &str = "layer_norm_modulate";
+            let n = super::norm::last_axis(OP, self)?;
+            if self.device().launcher().is_some() {
+                // The op chain whose bytes the fused pass gives (see the test below).
+                broadcast_operand(OP, shift, self.shape())?;
+                broadcast_operand(OP, scale, self.shape())?;
+                // In f32 throughout, rounded once at the end as the fused pass does.
+                let normed = self.to_dtype(DType::F32)?.layer_norm(None, None, eps)?;
+                let out = normed.mul(&scale.to_dtype(DType::F32)?.add_scalar(1.0)?)?;
+                return out.add(&shift.to_dtype(DType::F32)?)?.to_dtype(dtype);
+            }
+            let direct = if dtype == DType::BF16 {
+                DType::BF16
+            } else {
+                DType::F32
+            };
+            let out = rows_with_two(OP, self, shift, scale, n, direct, |o, x, shift, scale| {
+                let (mean, inv) = super::norm::mean_inv_std(x, eps);
+                simd::zip3_map(o, x, shift, scale, |v, s, c| {
+                    (v - mean) * inv * (c + 1.0) + s
+                });
+            })?;
+            out.to_dtype(dtype)
+        })
     }
 
     /// `self + a · b`, `a` and `b` broadcast to `self`'s shape: a gated residual in one
     /// pass.
     pub fn add_mul(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        let n = self.shape().last().copied().unwrap_or(1).max(1);
-        if self.device().launcher().is_some() {
-            broadcast_operand("add_mul", a, self.shape())?;
-            broadcast_operand("add_mul", b, self.shape())?;
-            let f = |t: &Tensor| t.to_dtype(DType::F32);
-            let out = f(self)?.add(&f(a)?.mul(&f(b)?)?)?;
+        crate::profile::op("add_mul", &[self, a, b], || {
+            let n = self.shape().last().copied().unwrap_or(1).max(1);
+            if self.device().launcher().is_some() {
+                broadcast_operand("add_mul", a, self.shape())?;
+                broadcast_operand("add_mul", b, self.shape())?;
+                let f = |t: &Tensor| t.to_dtype(DType::F32);
+                let out = f(self)?.add(&f(a)?.mul(&f(b)?)?)?;
+                let promote = super::elementwise::promote;
+                return out.to_dtype(promote(promote(self.dtype(), a.dtype()), b.dtype()));
+            }
+            let out = rows_with_two("add_mul", self, a, b, n, DType::F32, |o, x, a, b| {
+                simd::zip3_map(o, x, a, b, |v, p, q| v + p * q);
+            })?;
             let promote = super::elementwise::promote;
-            return out.to_dtype(promote(promote(self.dtype(), a.dtype()), b.dtype()));
-        }
-        let out = rows_with_two("add_mul", self, a, b, n, DType::F32, |o, x, a, b| {
-            simd::zip3_map(o, x, a, b, |v, p, q| v + p * q);
-        })?;
-        let promote = super::elementwise::promote;
-        out.to_dtype(promote(promote(self.dtype(), a.dtype()), b.dtype()))
+            out.to_dtype(promote(promote(self.dtype(), a.dtype()), b.dtype()))
+        })
     }
 }
 

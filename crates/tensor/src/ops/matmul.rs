@@ -129,136 +129,138 @@ pub(super) fn add_bias(dst: &mut [f32], out_features: usize, bias: Option<&[f32]
 impl Tensor {
     /// Matrix product over the last two axes, batch axes broadcast: `[…, m, k] @ […, k, n]`.
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
-        let op = "matmul";
-        self.same_device(op, other)?;
-        if self.rank() < 2 || other.rank() < 2 {
-            return Err(TensorError::shape(
-                op,
-                format!(
-                    "operands need at least 2 axes, got {:?} and {:?}",
-                    self.shape(),
-                    other.shape()
-                ),
-            ));
-        }
-        let (ra, rb) = (self.rank(), other.rank());
-        let (m, k) = (self.shape()[ra - 2], self.shape()[ra - 1]);
-        let (k2, n) = (other.shape()[rb - 2], other.shape()[rb - 1]);
-        if k != k2 {
-            return Err(TensorError::shape(
-                op,
-                format!(
-                    "inner sizes differ: {:?} @ {:?} ({k} vs {k2})",
-                    self.shape(),
-                    other.shape()
-                ),
-            ));
-        }
-        let batch = broadcast_shapes(op, &self.shape()[..ra - 2], &other.shape()[..rb - 2])?;
-        if let Some(l) = self.device().launcher() {
-            self.require_float(op)?;
-            other.require_float(op)?;
-            let (input, dt) = dispatch::gemm_input(self.dtype(), other.dtype());
-            let full = |last: [usize; 2]| batch.iter().copied().chain(last).collect::<Vec<_>>();
-            let a = self
-                .to_dtype(dt)?
-                .broadcast_to(&full([m, k]))?
-                .contiguous()?;
-            let b = other
-                .to_dtype(dt)?
-                .broadcast_to(&full([k, n]))?
-                .contiguous()?;
-            let out = Tensor::empty(&full([m, n]), DType::F32, self.device())?;
-            let batches = batch.iter().product();
-            dispatch::matmul(l.as_ref(), &a, &b, &out, [batches, m, k, n], input)?;
-            return Ok(out);
-        }
-        let compute = compute_of(self, other);
-        let a = gemm_input(op, self, compute)?;
-        let b = gemm_input(op, other, compute)?;
-        let mut out_shape = batch.clone();
-        out_shape.extend([m, n]);
-        let mut out = Tensor::empty(&out_shape, DType::F32, self.device())?;
-        let batches: usize = batch.iter().product();
-        let mut full_a = batch.clone();
-        full_a.extend([m, k]);
-        let mut full_b = batch;
-        full_b.extend([k, n]);
-        let la = a.layout().broadcast_to(&full_a)?;
-        let lb = b.layout().broadcast_to(&full_b)?;
-        let slots = crate::parallel::num_threads();
-        let per = m * n;
-        let many = batches >= slots * 2 && per > 0;
-        let threads = if many { Threads::One } else { Threads::Pool };
-        // At least one value per slot, so that every slot's chunk exists even when the
-        // path needs no scratch (zipping with an empty slice would skip the products).
-        let len = gemm_scratch_len(m, n, k, compute, threads).max(usize::from(many));
-        let mut scratch = scratch(self, len, if many { slots } else { 1 })?;
-        if self.device().is_meta() {
-            return Ok(out);
-        }
-        let mut no_scratch: [f32; 0] = [];
-        let scratch = match scratch.as_mut() {
-            Some(t) => t.data_mut::<f32>().unwrap_or(&mut []),
-            None => &mut no_scratch[..],
-        };
-        if let Some(dst) = out.data_mut::<f32>() {
-            let at = |i: usize| {
-                let oa = operand(&a, &la, batch_offset(&la, i)).expect("float operand");
-                let ob = operand(&b, &lb, batch_offset(&lb, i)).expect("float operand");
-                (oa, ob)
+        crate::profile::op("matmul", &[self, other], || {
+            let op = "matmul";
+            self.same_device(op, other)?;
+            if self.rank() < 2 || other.rank() < 2 {
+                return Err(TensorError::shape(
+                    op,
+                    format!(
+                        "operands need at least 2 axes, got {:?} and {:?}",
+                        self.shape(),
+                        other.shape()
+                    ),
+                ));
+            }
+            let (ra, rb) = (self.rank(), other.rank());
+            let (m, k) = (self.shape()[ra - 2], self.shape()[ra - 1]);
+            let (k2, n) = (other.shape()[rb - 2], other.shape()[rb - 1]);
+            if k != k2 {
+                return Err(TensorError::shape(
+                    op,
+                    format!(
+                        "inner sizes differ: {:?} @ {:?} ({k} vs {k2})",
+                        self.shape(),
+                        other.shape()
+                    ),
+                ));
+            }
+            let batch = broadcast_shapes(op, &self.shape()[..ra - 2], &other.shape()[..rb - 2])?;
+            if let Some(l) = self.device().launcher() {
+                self.require_float(op)?;
+                other.require_float(op)?;
+                let (input, dt) = dispatch::gemm_input(self.dtype(), other.dtype());
+                let full = |last: [usize; 2]| batch.iter().copied().chain(last).collect::<Vec<_>>();
+                let a = self
+                    .to_dtype(dt)?
+                    .broadcast_to(&full([m, k]))?
+                    .contiguous()?;
+                let b = other
+                    .to_dtype(dt)?
+                    .broadcast_to(&full([k, n]))?
+                    .contiguous()?;
+                let out = Tensor::empty(&full([m, n]), DType::F32, self.device())?;
+                let batches = batch.iter().product();
+                dispatch::matmul(l.as_ref(), &a, &b, &out, [batches, m, k, n], input)?;
+                return Ok(out);
+            }
+            let compute = compute_of(self, other);
+            let a = gemm_input(op, self, compute)?;
+            let b = gemm_input(op, other, compute)?;
+            let mut out_shape = batch.clone();
+            out_shape.extend([m, n]);
+            let mut out = Tensor::empty(&out_shape, DType::F32, self.device())?;
+            let batches: usize = batch.iter().product();
+            let mut full_a = batch.clone();
+            full_a.extend([m, k]);
+            let mut full_b = batch;
+            full_b.extend([k, n]);
+            let la = a.layout().broadcast_to(&full_a)?;
+            let lb = b.layout().broadcast_to(&full_b)?;
+            let slots = crate::parallel::num_threads();
+            let per = m * n;
+            let many = batches >= slots * 2 && per > 0;
+            let threads = if many { Threads::One } else { Threads::Pool };
+            // At least one value per slot, so that every slot's chunk exists even when the
+            // path needs no scratch (zipping with an empty slice would skip the products).
+            let len = gemm_scratch_len(m, n, k, compute, threads).max(usize::from(many));
+            let mut scratch = scratch(self, len, if many { slots } else { 1 })?;
+            if self.device().is_meta() {
+                return Ok(out);
+            }
+            let mut no_scratch: [f32; 0] = [];
+            let scratch = match scratch.as_mut() {
+                Some(t) => t.data_mut::<f32>().unwrap_or(&mut []),
+                None => &mut no_scratch[..],
             };
-            crate::parallel::run(|| {
-                if many {
-                    // Many small products: contiguous runs of them per thread slot, each
-                    // product single-threaded with the slot's own scratch.
-                    let run = batches.div_ceil(slots);
-                    dst.par_chunks_mut(per * run)
-                        .zip(scratch.par_chunks_mut(len))
-                        .enumerate()
-                        .for_each(|(c, (d, sc))| {
-                            for (j, d) in d.chunks_mut(per).enumerate() {
-                                let (oa, ob) = at(c * run + j);
-                                gemm(
-                                    m,
-                                    n,
-                                    k,
-                                    oa,
-                                    ob,
-                                    d,
-                                    0,
-                                    n,
-                                    false,
-                                    1.0,
-                                    compute,
-                                    Threads::One,
-                                    sc,
-                                );
-                            }
-                        });
-                } else {
-                    for i in 0..batches {
-                        let (oa, ob) = at(i);
-                        gemm(
-                            m,
-                            n,
-                            k,
-                            oa,
-                            ob,
-                            dst,
-                            i * per,
-                            n,
-                            false,
-                            1.0,
-                            compute,
-                            Threads::Pool,
-                            scratch,
-                        );
+            if let Some(dst) = out.data_mut::<f32>() {
+                let at = |i: usize| {
+                    let oa = operand(&a, &la, batch_offset(&la, i)).expect("float operand");
+                    let ob = operand(&b, &lb, batch_offset(&lb, i)).expect("float operand");
+                    (oa, ob)
+                };
+                crate::parallel::run(|| {
+                    if many {
+                        // Many small products: contiguous runs of them per thread slot, each
+                        // product single-threaded with the slot's own scratch.
+                        let run = batches.div_ceil(slots);
+                        dst.par_chunks_mut(per * run)
+                            .zip(scratch.par_chunks_mut(len))
+                            .enumerate()
+                            .for_each(|(c, (d, sc))| {
+                                for (j, d) in d.chunks_mut(per).enumerate() {
+                                    let (oa, ob) = at(c * run + j);
+                                    gemm(
+                                        m,
+                                        n,
+                                        k,
+                                        oa,
+                                        ob,
+                                        d,
+                                        0,
+                                        n,
+                                        false,
+                                        1.0,
+                                        compute,
+                                        Threads::One,
+                                        sc,
+                                    );
+                                }
+                            });
+                    } else {
+                        for i in 0..batches {
+                            let (oa, ob) = at(i);
+                            gemm(
+                                m,
+                                n,
+                                k,
+                                oa,
+                                ob,
+                                dst,
+                                i * per,
+                                n,
+                                false,
+                                1.0,
+                                compute,
+                                Threads::Pool,
+                                scratch,
+                            );
+                        }
                     }
-                }
-            });
-        }
-        Ok(out)
+                });
+            }
+            Ok(out)
+        })
     }
 
     /// `gelu_tanh(x @ weightᵀ + bias)`: [`Tensor::linear`] then [`Tensor::gelu_tanh`] (the
@@ -304,67 +306,69 @@ impl Tensor {
 
     /// [`Tensor::linear`], then the tanh-GELU when `gelu` (fused into the GEMM on a GPU).
     fn linear_then(&self, weight: &Tensor, bias: Option<&Tensor>, gelu: bool) -> Result<Tensor> {
-        let op = "linear";
-        self.same_device(op, weight)?;
-        if weight.rank() != 2 {
-            return Err(TensorError::shape(
-                op,
-                format!("weight must be [out, in], got {:?}", weight.shape()),
-            ));
-        }
-        let (out_features, in_features) = (weight.shape()[0], weight.shape()[1]);
-        let rows = check_linear(op, self, out_features, in_features, weight.shape(), bias)?;
-        if self.device().launcher().is_some() {
-            return self.linear_on_gpu(weight, bias, rows, gelu);
-        }
-        let compute = compute_of(self, weight);
-        let x = gemm_input(op, self, compute)?.contiguous()?;
-        let w = gemm_input(op, weight, compute)?;
-        let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
-        let mut out_shape = self.shape().to_vec();
-        *out_shape.last_mut().expect("rank checked above") = out_features;
-        let mut out = Tensor::empty(&out_shape, DType::F32, self.device())?;
-        let len = gemm_scratch_len(rows, out_features, in_features, compute, Threads::Pool);
-        // On a meta device `data_mut` is None: the GEMM is skipped, the allocations kept.
-        let mut scratch = scratch(self, len, 1)?;
-        let x_layout = Layout::contiguous(&[rows, in_features]);
-        if let (Some(ox), Some(ow), Some(dst)) = (
-            operand(&x, &x_layout, x.layout().offset()),
-            operand(&w, w.layout(), w.layout().offset()),
-            out.data_mut::<f32>(),
-        ) {
-            let ow = match ow {
-                Operand::F32(m) => Operand::F32(m.t()),
-                Operand::Bf16(m) => Operand::Bf16(m.t()),
-            };
-            let mut no_scratch: [f32; 0] = [];
-            let scratch = match scratch.as_mut() {
-                Some(t) => t.data_mut::<f32>().unwrap_or(&mut []),
-                None => &mut no_scratch[..],
-            };
-            let bias = b.as_ref().and_then(|b| b.as_slice::<f32>());
-            crate::parallel::run(|| {
-                gemm(
-                    rows,
-                    out_features,
-                    in_features,
-                    ox,
-                    ow,
-                    dst,
-                    0,
-                    out_features,
-                    false,
-                    1.0,
-                    compute,
-                    Threads::Pool,
-                    scratch,
-                );
-                add_bias(dst, out_features, bias);
-            });
-        }
-        if gelu {
-            return out.gelu_tanh();
-        }
-        Ok(out)
+        crate::profile::op("linear", &[self, weight], || {
+            let op = "linear";
+            self.same_device(op, weight)?;
+            if weight.rank() != 2 {
+                return Err(TensorError::shape(
+                    op,
+                    format!("weight must be [out, in], got {:?}", weight.shape()),
+                ));
+            }
+            let (out_features, in_features) = (weight.shape()[0], weight.shape()[1]);
+            let rows = check_linear(op, self, out_features, in_features, weight.shape(), bias)?;
+            if self.device().launcher().is_some() {
+                return self.linear_on_gpu(weight, bias, rows, gelu);
+            }
+            let compute = compute_of(self, weight);
+            let x = gemm_input(op, self, compute)?.contiguous()?;
+            let w = gemm_input(op, weight, compute)?;
+            let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
+            let mut out_shape = self.shape().to_vec();
+            *out_shape.last_mut().expect("rank checked above") = out_features;
+            let mut out = Tensor::empty(&out_shape, DType::F32, self.device())?;
+            let len = gemm_scratch_len(rows, out_features, in_features, compute, Threads::Pool);
+            // On a meta device `data_mut` is None: the GEMM is skipped, the allocations kept.
+            let mut scratch = scratch(self, len, 1)?;
+            let x_layout = Layout::contiguous(&[rows, in_features]);
+            if let (Some(ox), Some(ow), Some(dst)) = (
+                operand(&x, &x_layout, x.layout().offset()),
+                operand(&w, w.layout(), w.layout().offset()),
+                out.data_mut::<f32>(),
+            ) {
+                let ow = match ow {
+                    Operand::F32(m) => Operand::F32(m.t()),
+                    Operand::Bf16(m) => Operand::Bf16(m.t()),
+                };
+                let mut no_scratch: [f32; 0] = [];
+                let scratch = match scratch.as_mut() {
+                    Some(t) => t.data_mut::<f32>().unwrap_or(&mut []),
+                    None => &mut no_scratch[..],
+                };
+                let bias = b.as_ref().and_then(|b| b.as_slice::<f32>());
+                crate::parallel::run(|| {
+                    gemm(
+                        rows,
+                        out_features,
+                        in_features,
+                        ox,
+                        ow,
+                        dst,
+                        0,
+                        out_features,
+                        false,
+                        1.0,
+                        compute,
+                        Threads::Pool,
+                        scratch,
+                    );
+                    add_bias(dst, out_features, bias);
+                });
+            }
+            if gelu {
+                return out.gelu_tanh();
+            }
+            Ok(out)
+        })
     }
 }

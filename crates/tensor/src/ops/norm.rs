@@ -88,155 +88,163 @@ impl Tensor {
         eps: f32,
         dtype: DType,
     ) -> Result<Tensor> {
-        let n = last_axis("layer_norm", self)?;
-        let wt = check_param("layer_norm", weight, n)?;
-        let bt = check_param("layer_norm", bias, n)?;
-        let input = self.to_f32_contiguous()?;
-        let host_bf16 = dtype == DType::BF16 && self.device().launcher().is_none();
-        let made = if host_bf16 { DType::BF16 } else { DType::F32 };
-        let mut out = Tensor::empty(self.shape(), made, self.device())?;
-        let w = wt.as_ref().and_then(|t| t.as_slice::<f32>());
-        let b = bt.as_ref().and_then(|t| t.as_slice::<f32>());
-        let row = move |o: &mut [f32], x: &[f32]| {
-            let (mean, inv) = mean_inv_std(x, eps);
-            match (w, b) {
-                (Some(w), Some(b)) => {
-                    simd::zip3_map(o, x, w, b, |v, w, b| (v - mean) * inv * w + b)
+        crate::profile::op("layer_norm", &[self], || {
+            let n = last_axis("layer_norm", self)?;
+            let wt = check_param("layer_norm", weight, n)?;
+            let bt = check_param("layer_norm", bias, n)?;
+            let input = self.to_f32_contiguous()?;
+            let host_bf16 = dtype == DType::BF16 && self.device().launcher().is_none();
+            let made = if host_bf16 { DType::BF16 } else { DType::F32 };
+            let mut out = Tensor::empty(self.shape(), made, self.device())?;
+            let w = wt.as_ref().and_then(|t| t.as_slice::<f32>());
+            let b = bt.as_ref().and_then(|t| t.as_slice::<f32>());
+            let row = move |o: &mut [f32], x: &[f32]| {
+                let (mean, inv) = mean_inv_std(x, eps);
+                match (w, b) {
+                    (Some(w), Some(b)) => {
+                        simd::zip3_map(o, x, w, b, |v, w, b| (v - mean) * inv * w + b)
+                    }
+                    (Some(w), None) => simd::zip_map(o, x, w, |v, w| (v - mean) * inv * w),
+                    (None, Some(b)) => simd::zip_map(o, x, b, |v, b| (v - mean) * inv + b),
+                    (None, None) => simd::map(o, x, |v| (v - mean) * inv),
                 }
-                (Some(w), None) => simd::zip_map(o, x, w, |v, w| (v - mean) * inv * w),
-                (None, Some(b)) => simd::zip_map(o, x, b, |v, b| (v - mean) * inv + b),
-                (None, None) => simd::map(o, x, |v| (v - mean) * inv),
-            }
-        };
-        if let Some(l) = self.device().launcher() {
-            let params = [wt.as_ref(), bt.as_ref()];
-            dispatch::row_norm(l.as_ref(), "layer_norm_f32", &input, &params, &out, n, eps)?;
-        } else if host_bf16 {
-            if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<half::bf16>())
+            };
+            if let Some(l) = self.device().launcher() {
+                let params = [wt.as_ref(), bt.as_ref()];
+                dispatch::row_norm(l.as_ref(), "layer_norm_f32", &input, &params, &out, n, eps)?;
+            } else if host_bf16 {
+                if let (Some(src), Some(dst)) =
+                    (input.as_slice::<f32>(), out.data_mut::<half::bf16>())
+                {
+                    // SAFETY: bf16 is a transparent u16 (same size, alignment and validity);
+                    // the slice borrows `dst` exclusively.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u16>(), dst.len())
+                    };
+                    crate::parallel::run(|| {
+                        dst.par_chunks_mut(n * ROWS_PER_TASK)
+                            .zip(src.par_chunks(n * ROWS_PER_TASK))
+                            .for_each(|(o, x)| {
+                                let mut line = vec![0f32; n];
+                                for (o, x) in o.chunks_mut(n).zip(x.chunks(n)) {
+                                    row(&mut line, x);
+                                    round_row(&line, o);
+                                }
+                            });
+                    });
+                }
+            } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>())
             {
-                // SAFETY: bf16 is a transparent u16 (same size, alignment and validity);
-                // the slice borrows `dst` exclusively.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u16>(), dst.len())
-                };
                 crate::parallel::run(|| {
-                    dst.par_chunks_mut(n * ROWS_PER_TASK)
-                        .zip(src.par_chunks(n * ROWS_PER_TASK))
-                        .for_each(|(o, x)| {
-                            let mut line = vec![0f32; n];
-                            for (o, x) in o.chunks_mut(n).zip(x.chunks(n)) {
-                                row(&mut line, x);
-                                round_row(&line, o);
-                            }
-                        });
+                    dst.par_chunks_mut(n)
+                        .zip(src.par_chunks(n))
+                        .for_each(|(o, x)| row(o, x));
                 });
             }
-        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
-            crate::parallel::run(|| {
-                dst.par_chunks_mut(n)
-                    .zip(src.par_chunks(n))
-                    .for_each(|(o, x)| row(o, x));
-            });
-        }
-        out.to_dtype(dtype)
+            out.to_dtype(dtype)
+        })
     }
 
     /// RMS norm over the last axis: `x / √(mean(x²) + eps) · weight`.
     pub fn rms_norm(&self, weight: Option<&Tensor>, eps: f32) -> Result<Tensor> {
-        let n = last_axis("rms_norm", self)?;
-        let w = check_param("rms_norm", weight, n)?;
-        let input = self.to_f32_contiguous()?;
-        let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
-        if let Some(l) = self.device().launcher() {
-            let params = [w.as_ref()];
-            dispatch::row_norm(l.as_ref(), "rms_norm_f32", &input, &params, &out, n, eps)?;
-        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
-            let w = w.as_ref().and_then(|t| t.as_slice::<f32>());
-            crate::parallel::run(|| {
-                dst.par_chunks_mut(n)
-                    .zip(src.par_chunks(n))
-                    .for_each(|(o, x)| {
-                        let ms = lane_sum(x, |v| v * v) / n as f64;
-                        let inv = (1.0 / (ms + f64::from(eps)).sqrt()) as f32;
-                        match w {
-                            Some(w) => simd::zip_map(o, x, w, |v, w| v * inv * w),
-                            None => simd::map(o, x, |v| v * inv),
-                        }
-                    });
-            });
-        }
-        out.to_dtype(self.dtype())
+        crate::profile::op("rms_norm", &[self], || {
+            let n = last_axis("rms_norm", self)?;
+            let w = check_param("rms_norm", weight, n)?;
+            let input = self.to_f32_contiguous()?;
+            let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
+            if let Some(l) = self.device().launcher() {
+                let params = [w.as_ref()];
+                dispatch::row_norm(l.as_ref(), "rms_norm_f32", &input, &params, &out, n, eps)?;
+            } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>())
+            {
+                let w = w.as_ref().and_then(|t| t.as_slice::<f32>());
+                crate::parallel::run(|| {
+                    dst.par_chunks_mut(n)
+                        .zip(src.par_chunks(n))
+                        .for_each(|(o, x)| {
+                            let ms = lane_sum(x, |v| v * v) / n as f64;
+                            let inv = (1.0 / (ms + f64::from(eps)).sqrt()) as f32;
+                            match w {
+                                Some(w) => simd::zip_map(o, x, w, |v, w| v * inv * w),
+                                None => simd::map(o, x, |v| v * inv),
+                            }
+                        });
+                });
+            }
+            out.to_dtype(self.dtype())
+        })
     }
 
     /// Wan's VAE RMS norm over axis 1 of `[B, C, …]`: `x / max(‖x‖₂, 1e-12) · √C · gamma`,
     /// at every position separately (WAN.md §2.4).
     pub fn rms_norm_channels(&self, gamma: &Tensor) -> Result<Tensor> {
-        let op = "rms_norm_channels";
-        if self.rank() < 2 {
-            return Err(TensorError::shape(
-                op,
-                format!("shape {:?} has no channel axis 1", self.shape()),
-            ));
-        }
-        let channels = self.shape()[1];
-        let inner: usize = self.shape()[2..].iter().product();
-        let gamma = check_param(op, Some(gamma), channels)?
-            .ok_or_else(|| TensorError::shape(op, "missing gamma"))?;
-        let input = self.to_f32_contiguous()?;
-        let batch = self.shape()[0];
-        let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
-        if let Some(l) = self.device().launcher() {
-            let dims = [batch, channels, inner];
-            dispatch::rms_norm_channels(l.as_ref(), &input, &gamma, &out, dims)?;
-            return out.to_dtype(self.dtype());
-        }
-        // Per-position inverse norms, from the allocator like every other buffer.
-        let mut norms = Tensor::empty(&[batch, inner], DType::F32, self.device())?;
-        if let (Some(src), Some(g)) = (input.as_slice::<f32>(), gamma.as_slice::<f32>()) {
-            let scale = (channels as f64).sqrt() as f32;
-            let plane = channels * inner;
-            if let Some(n) = norms.data_mut::<f32>() {
-                // Pass 1, parallel over position tiles: ‖x‖₂ over channels, in f64.
-                const TILE: usize = 256;
-                crate::parallel::run(|| {
-                    let tiles =
-                        n.par_chunks_mut(inner.max(1))
-                            .enumerate()
-                            .flat_map(|(b, per_batch)| {
+        crate::profile::op("rms_norm_channels", &[self], || {
+            let op = "rms_norm_channels";
+            if self.rank() < 2 {
+                return Err(TensorError::shape(
+                    op,
+                    format!("shape {:?} has no channel axis 1", self.shape()),
+                ));
+            }
+            let channels = self.shape()[1];
+            let inner: usize = self.shape()[2..].iter().product();
+            let gamma = check_param(op, Some(gamma), channels)?
+                .ok_or_else(|| TensorError::shape(op, "missing gamma"))?;
+            let input = self.to_f32_contiguous()?;
+            let batch = self.shape()[0];
+            let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
+            if let Some(l) = self.device().launcher() {
+                let dims = [batch, channels, inner];
+                dispatch::rms_norm_channels(l.as_ref(), &input, &gamma, &out, dims)?;
+                return out.to_dtype(self.dtype());
+            }
+            // Per-position inverse norms, from the allocator like every other buffer.
+            let mut norms = Tensor::empty(&[batch, inner], DType::F32, self.device())?;
+            if let (Some(src), Some(g)) = (input.as_slice::<f32>(), gamma.as_slice::<f32>()) {
+                let scale = (channels as f64).sqrt() as f32;
+                let plane = channels * inner;
+                if let Some(n) = norms.data_mut::<f32>() {
+                    // Pass 1, parallel over position tiles: ‖x‖₂ over channels, in f64.
+                    const TILE: usize = 256;
+                    crate::parallel::run(|| {
+                        let tiles = n.par_chunks_mut(inner.max(1)).enumerate().flat_map(
+                            |(b, per_batch)| {
                                 per_batch
                                     .par_chunks_mut(TILE)
                                     .enumerate()
                                     .map(move |(t, out)| (b, t * TILE, out))
-                            });
-                    tiles.for_each(|(b, start, out)| {
-                        let mut acc = [0f64; TILE];
-                        for c in 0..channels {
-                            let row = &src[b * plane + c * inner + start..][..out.len()];
-                            for (a, &v) in acc.iter_mut().zip(row) {
-                                *a += f64::from(v) * f64::from(v);
+                            },
+                        );
+                        tiles.for_each(|(b, start, out)| {
+                            let mut acc = [0f64; TILE];
+                            for c in 0..channels {
+                                let row = &src[b * plane + c * inner + start..][..out.len()];
+                                for (a, &v) in acc.iter_mut().zip(row) {
+                                    *a += f64::from(v) * f64::from(v);
+                                }
                             }
-                        }
-                        for (o, a) in out.iter_mut().zip(acc) {
-                            *o = (a.sqrt() as f32).max(1e-12);
-                        }
+                            for (o, a) in out.iter_mut().zip(acc) {
+                                *o = (a.sqrt() as f32).max(1e-12);
+                            }
+                        });
                     });
-                });
-            }
-            if let (Some(dst), Some(n)) = (out.data_mut::<f32>(), norms.as_slice::<f32>()) {
-                // Pass 2, parallel over (batch, channel) rows: x / ‖x‖ · √C · γ_c.
-                crate::parallel::run(|| {
-                    dst.par_chunks_mut(inner).enumerate().for_each(|(row, o)| {
-                        let (b, c) = (row / channels, row % channels);
-                        let x = &src[row * inner..][..inner];
-                        let n = &n[b * inner..][..inner];
-                        for ((o, &v), &norm) in o.iter_mut().zip(x).zip(n) {
-                            *o = v / norm * scale * g[c];
-                        }
+                }
+                if let (Some(dst), Some(n)) = (out.data_mut::<f32>(), norms.as_slice::<f32>()) {
+                    // Pass 2, parallel over (batch, channel) rows: x / ‖x‖ · √C · γ_c.
+                    crate::parallel::run(|| {
+                        dst.par_chunks_mut(inner).enumerate().for_each(|(row, o)| {
+                            let (b, c) = (row / channels, row % channels);
+                            let x = &src[row * inner..][..inner];
+                            let n = &n[b * inner..][..inner];
+                            for ((o, &v), &norm) in o.iter_mut().zip(x).zip(n) {
+                                *o = v / norm * scale * g[c];
+                            }
+                        });
                     });
-                });
+                }
             }
-        }
-        drop(norms);
-        out.to_dtype(self.dtype())
+            drop(norms);
+            out.to_dtype(self.dtype())
+        })
     }
 }

@@ -139,116 +139,121 @@ impl Tensor {
         activation: Option<Activation>,
         dtype: DType,
     ) -> Result<Tensor> {
-        let op = "linear";
-        self.same_device(op, &weight.packed)?;
-        if dtype != DType::F32 && dtype != DType::BF16 {
-            return Err(TensorError::DType {
+        crate::profile::op("linear", &[self, &weight.packed], || {
+            let op = "linear";
+            self.same_device(op, &weight.packed)?;
+            if dtype != DType::F32 && dtype != DType::BF16 {
+                return Err(TensorError::DType {
+                    op,
+                    expected: "an f32 or bf16 result",
+                    got: dtype,
+                });
+            }
+            let (out_features, in_features) = (weight.out_features, weight.in_features);
+            let rows = super::matmul::check_linear(
                 op,
-                expected: "an f32 or bf16 result",
-                got: dtype,
-            });
-        }
-        let (out_features, in_features) = (weight.out_features, weight.in_features);
-        let rows = super::matmul::check_linear(
-            op,
-            self,
-            out_features,
-            in_features,
-            &[out_features, in_features],
-            bias,
-        )?;
-        let in_blocks = dtype == DType::BF16 && amx::blocks_fit(in_features, Precision::Bf16);
-        if dtype == DType::BF16 && !in_blocks {
-            return self
-                .linear_packed_as(weight, bias, activation, DType::F32)?
-                .to_dtype(DType::BF16);
-        }
-        let x = super::matmul::gemm_input(op, self, Compute::Bf16)?.contiguous()?;
-        let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
-        let mut out_shape = self.shape().to_vec();
-        *out_shape.last_mut().expect("rank checked above") = out_features;
-        let mut out = Tensor::empty(&out_shape, dtype, self.device())?;
-        let threads = crate::parallel::num_threads();
-        let len = amx::prepacked_b_scratch_len(in_features, Precision::Bf16, threads);
-        let mut scratch = Tensor::empty(&[len.div_ceil(2)], DType::F32, self.device())?;
-        if self.device().is_meta() {
-            return Ok(out);
-        }
-        let x_layout = Layout::contiguous(&[rows, in_features]);
-        let (Some(a), Some(wb), Some(scratch)) = (
-            super::matmul::operand(&x, &x_layout, x.layout().offset()),
-            weight.packed.as_slice::<bf16>(),
-            scratch.data_mut::<f32>(),
-        ) else {
-            return Err(TensorError::Meta { op });
-        };
-        let scratch = as_u16(scratch);
-        let bias = b.as_ref().and_then(|b| b.as_slice::<f32>());
-        let epilogue = move |blk: amx::Block<'_>| {
-            let bias = bias.map(|b| &b[blk.col..blk.col + blk.w]);
-            activation::bias_activation_rows(blk.data, blk.ldc, blk.h, blk.w, bias, activation);
-        };
-        if in_blocks {
-            let Some(dst) = out.data_mut::<bf16>() else {
+                self,
+                out_features,
+                in_features,
+                &[out_features, in_features],
+                bias,
+            )?;
+            let in_blocks = dtype == DType::BF16 && amx::blocks_fit(in_features, Precision::Bf16);
+            if dtype == DType::BF16 && !in_blocks {
+                return self
+                    .linear_packed_as(weight, bias, activation, DType::F32)?
+                    .to_dtype(DType::BF16);
+            }
+            let x = super::matmul::gemm_input(op, self, Compute::Bf16)?.contiguous()?;
+            let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
+            let mut out_shape = self.shape().to_vec();
+            *out_shape.last_mut().expect("rank checked above") = out_features;
+            let mut out = Tensor::empty(&out_shape, dtype, self.device())?;
+            let threads = crate::parallel::num_threads();
+            let len = amx::prepacked_b_scratch_len(in_features, Precision::Bf16, threads);
+            let mut scratch = Tensor::empty(&[len.div_ceil(2)], DType::F32, self.device())?;
+            if self.device().is_meta() {
+                return Ok(out);
+            }
+            let x_layout = Layout::contiguous(&[rows, in_features]);
+            let (Some(a), Some(wb), Some(scratch)) = (
+                super::matmul::operand(&x, &x_layout, x.layout().offset()),
+                weight.packed.as_slice::<bf16>(),
+                scratch.data_mut::<f32>(),
+            ) else {
                 return Err(TensorError::Meta { op });
             };
-            let dst = RowsOut(bits_mut(dst).as_mut_ptr());
-            let dst = &dst;
-            let sink = move |blk: amx::Block<'_>| {
-                let (ldc, w) = (blk.ldc, blk.w);
-                let (row, col, h) = (blk.row, blk.col, blk.h);
-                let bias = bias.map(|b| &b[col..col + w]);
-                activation::bias_activation_rows(blk.data, ldc, h, w, bias, activation);
-                for r in 0..h {
-                    // SAFETY: the block lies inside the `rows × out_features` output (the
-                    // GEMM's contract) and only this call writes it.
-                    let d = unsafe {
-                        std::slice::from_raw_parts_mut(dst.0.add((row + r) * out_features + col), w)
-                    };
-                    round_row(&blk.data[r * ldc..r * ldc + w], d);
-                }
+            let scratch = as_u16(scratch);
+            let bias = b.as_ref().and_then(|b| b.as_slice::<f32>());
+            let epilogue = move |blk: amx::Block<'_>| {
+                let bias = bias.map(|b| &b[blk.col..blk.col + blk.w]);
+                activation::bias_activation_rows(blk.data, blk.ldc, blk.h, blk.w, bias, activation);
             };
+            if in_blocks {
+                let Some(dst) = out.data_mut::<bf16>() else {
+                    return Err(TensorError::Meta { op });
+                };
+                let dst = RowsOut(bits_mut(dst).as_mut_ptr());
+                let dst = &dst;
+                let sink = move |blk: amx::Block<'_>| {
+                    let (ldc, w) = (blk.ldc, blk.w);
+                    let (row, col, h) = (blk.row, blk.col, blk.h);
+                    let bias = bias.map(|b| &b[col..col + w]);
+                    activation::bias_activation_rows(blk.data, ldc, h, w, bias, activation);
+                    for r in 0..h {
+                        // SAFETY: the block lies inside the `rows × out_features` output (the
+                        // GEMM's contract) and only this call writes it.
+                        let d = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                dst.0.add((row + r) * out_features + col),
+                                w,
+                            )
+                        };
+                        round_row(&blk.data[r * ldc..r * ldc + w], d);
+                    }
+                };
+                crate::parallel::run(|| {
+                    amx::gemm_prepacked_blocks(
+                        rows,
+                        out_features,
+                        in_features,
+                        &a,
+                        bits(wb),
+                        Precision::Bf16,
+                        threads,
+                        scratch,
+                        &sink,
+                    );
+                });
+                return Ok(out);
+            }
+            let Some(dst) = out.data_mut::<f32>() else {
+                return Err(TensorError::Meta { op });
+            };
+            let fused = bias.is_some() || activation.is_some();
             crate::parallel::run(|| {
-                amx::gemm_prepacked_blocks(
+                let d = amx::Dst {
+                    data: dst,
+                    offset: 0,
+                    ldc: out_features,
+                };
+                amx::gemm_prepacked_b(
                     rows,
                     out_features,
                     in_features,
                     &a,
                     bits(wb),
+                    d,
+                    false,
+                    1.0,
                     Precision::Bf16,
                     threads,
                     scratch,
-                    &sink,
+                    fused.then_some(&epilogue as &amx::Epilogue<'_>),
                 );
             });
-            return Ok(out);
-        }
-        let Some(dst) = out.data_mut::<f32>() else {
-            return Err(TensorError::Meta { op });
-        };
-        let fused = bias.is_some() || activation.is_some();
-        crate::parallel::run(|| {
-            let d = amx::Dst {
-                data: dst,
-                offset: 0,
-                ldc: out_features,
-            };
-            amx::gemm_prepacked_b(
-                rows,
-                out_features,
-                in_features,
-                &a,
-                bits(wb),
-                d,
-                false,
-                1.0,
-                Precision::Bf16,
-                threads,
-                scratch,
-                fused.then_some(&epilogue as &amx::Epilogue<'_>),
-            );
-        });
-        Ok(out)
+            Ok(out)
+        })
     }
 }
 

@@ -112,19 +112,22 @@ impl Tensor {
     }
     /// Softmax over the last axis (numerically stable).
     pub fn softmax(&self) -> Result<Tensor> {
-        let cols = *self
-            .shape()
-            .last()
-            .ok_or_else(|| TensorError::shape("softmax", "a scalar has no axis"))?;
-        let input = self.to_f32_contiguous()?;
-        let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
-        if let Some(l) = self.device().launcher() {
-            dispatch::softmax(l.as_ref(), &input, &out, cols)?;
-        } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>()) {
-            if let Some(rows) = src.len().checked_div(cols) {
-                crate::kernels::softmax::softmax_rows_into(src, dst, rows, cols);
+        crate::profile::op("softmax", &[self], || {
+            let cols = *self
+                .shape()
+                .last()
+                .ok_or_else(|| TensorError::shape("softmax", "a scalar has no axis"))?;
+            let input = self.to_f32_contiguous()?;
+            let mut out = Tensor::empty(self.shape(), DType::F32, self.device())?;
+            if let Some(l) = self.device().launcher() {
+                dispatch::softmax(l.as_ref(), &input, &out, cols)?;
+            } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>())
+            {
+                if let Some(rows) = src.len().checked_div(cols) {
+                    crate::kernels::softmax::softmax_rows_into(src, dst, rows, cols);
+                }
             }
-        }
-        out.to_dtype(self.dtype())
+            out.to_dtype(self.dtype())
+        })
     }
 }
