@@ -161,6 +161,11 @@ impl ChannelRms {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         Ok(x.rms_norm_channels(&self.gamma)?)
     }
+
+    /// `silu(forward(x))` in one pass (the same bits).
+    pub fn forward_silu(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.rms_norm_channels_silu(&self.gamma)?)
+    }
 }
 
 /// `WanResidualBlock(in → out)`.
@@ -210,9 +215,9 @@ impl ResidualBlock {
             Some(conv) => conv.forward(x, cache)?,
             None => x.clone(),
         };
-        let y = self.norm1.forward(x)?.silu()?;
+        let y = self.norm1.forward_silu(x)?;
         let y = self.conv1.forward(&y, cache)?;
-        let y = self.norm2.forward(&y)?.silu()?;
+        let y = self.norm2.forward_silu(&y)?;
         let y = self.conv2.forward(&y, cache)?;
         Ok(y.add(&h)?)
     }

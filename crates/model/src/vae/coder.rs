@@ -102,7 +102,7 @@ impl Encoder {
             };
         }
         let x = self.mid.forward(&x, cache)?;
-        let x = self.norm_out.forward(&x)?.silu()?;
+        let x = self.norm_out.forward_silu(&x)?;
         self.conv_out.forward(&x, cache)
     }
 }
@@ -194,7 +194,7 @@ impl Decoder {
                 x = u.forward(&x, cache)?;
             }
         }
-        let x = self.norm_out.forward(&x)?.silu()?;
+        let x = self.norm_out.forward_silu(&x)?;
         self.conv_out.forward(&x, cache)
     }
 

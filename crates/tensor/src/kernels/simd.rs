@@ -118,6 +118,15 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// `acc[i] += x[i]²`, in f64, over the shorter of the two.
+    pub fn add_squares_f64<>(acc: &mut [f64], x: &[f32]) {
+        for (a, &v) in acc.iter_mut().zip(x) {
+            *a += f64::from(v) * f64::from(v);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

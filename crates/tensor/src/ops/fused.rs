@@ -252,6 +252,18 @@ mod tests {
                 words(&f32_norm.to_dtype(DType::BF16).unwrap())
             );
         }
+        // The VAE's channel RMS norm with its SiLU in one pass: the chain's bits.
+        let v = t(&[2, 5, 3, 7], 8);
+        let gamma = t(&[5, 1, 1], 9);
+        for v in [v.clone(), v.to_dtype(DType::BF16).unwrap()] {
+            let chain = v.rms_norm_channels(&gamma).unwrap().silu().unwrap();
+            let fused = v.rms_norm_channels_silu(&gamma).unwrap();
+            assert_eq!(fused.dtype(), v.dtype());
+            assert_eq!(
+                bits(&fused.to_dtype(DType::F32).unwrap()),
+                bits(&chain.to_dtype(DType::F32).unwrap())
+            );
+        }
         let bf = x.to_dtype(DType::BF16).unwrap();
         assert_eq!(bf.add_mul(&bf, &bf).unwrap().dtype(), DType::BF16);
         assert!(x

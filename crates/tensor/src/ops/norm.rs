@@ -178,7 +178,27 @@ impl Tensor {
     /// Wan's VAE RMS norm over axis 1 of `[B, C, …]`: `x / max(‖x‖₂, 1e-12) · √C · gamma`,
     /// at every position separately (WAN.md §2.4).
     pub fn rms_norm_channels(&self, gamma: &Tensor) -> Result<Tensor> {
-        crate::profile::op("rms_norm_channels", &[self], || {
+        self.rms_norm_channels_then(gamma, false)
+    }
+
+    /// `silu(rms_norm_channels(self, gamma))` in one pass over the output: the bits of
+    /// the two ops one after the other (the Wan VAE's norm → SiLU before each conv).
+    pub fn rms_norm_channels_silu(&self, gamma: &Tensor) -> Result<Tensor> {
+        self.rms_norm_channels_then(gamma, true)
+    }
+
+    /// [`Tensor::rms_norm_channels`], then SiLU on each value when `silu`.
+    fn rms_norm_channels_then(&self, gamma: &Tensor, silu: bool) -> Result<Tensor> {
+        if silu && self.dtype() != DType::F32 {
+            // The chain rounds the norm to this dtype before the SiLU: keep its bits.
+            return self.rms_norm_channels(gamma)?.silu();
+        }
+        let kind = if silu {
+            "rms_norm_channels_silu"
+        } else {
+            "rms_norm_channels"
+        };
+        crate::profile::op(kind, &[self], || {
             let op = "rms_norm_channels";
             if self.rank() < 2 {
                 return Err(TensorError::shape(
@@ -196,6 +216,7 @@ impl Tensor {
             if let Some(l) = self.device().launcher() {
                 let dims = [batch, channels, inner];
                 dispatch::rms_norm_channels(l.as_ref(), &input, &gamma, &out, dims)?;
+                let out = if silu { out.silu()? } else { out };
                 return out.to_dtype(self.dtype());
             }
             // Per-position inverse norms, from the allocator like every other buffer.
@@ -219,9 +240,7 @@ impl Tensor {
                             let mut acc = [0f64; TILE];
                             for c in 0..channels {
                                 let row = &src[b * plane + c * inner + start..][..out.len()];
-                                for (a, &v) in acc.iter_mut().zip(row) {
-                                    *a += f64::from(v) * f64::from(v);
-                                }
+                                simd::add_squares_f64(&mut acc[..row.len()], row);
                             }
                             for (o, a) in out.iter_mut().zip(acc) {
                                 *o = (a.sqrt() as f32).max(1e-12);
@@ -236,8 +255,13 @@ impl Tensor {
                             let (b, c) = (row / channels, row % channels);
                             let x = &src[row * inner..][..inner];
                             let n = &n[b * inner..][..inner];
-                            for ((o, &v), &norm) in o.iter_mut().zip(x).zip(n) {
-                                *o = v / norm * scale * g[c];
+                            let gc = g[c];
+                            if silu {
+                                simd::zip_map(o, x, n, |v, norm| {
+                                    crate::kernels::activation::silu(v / norm * scale * gc)
+                                });
+                            } else {
+                                simd::zip_map(o, x, n, |v, norm| v / norm * scale * gc);
                             }
                         });
                     });
