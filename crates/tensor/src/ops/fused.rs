@@ -199,6 +199,15 @@ mod tests {
             .collect()
     }
 
+    /// The bf16 words of a bf16 tensor.
+    fn words(t: &Tensor) -> Vec<u16> {
+        t.to_vec::<half::bf16>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    }
+
     #[test]
     fn fused_passes_give_the_bytes_of_the_op_chains() {
         let x = t(&[2, 37, 24], 1);
@@ -218,13 +227,6 @@ mod tests {
             let rounded = x
                 .layer_norm_modulate_as(&shift, &scale, 1e-6, DType::BF16)
                 .unwrap();
-            let words = |t: &Tensor| -> Vec<u16> {
-                t.to_vec::<half::bf16>()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect()
-            };
             assert_eq!(
                 words(&rounded),
                 words(&fused.to_dtype(DType::BF16).unwrap())
@@ -236,13 +238,6 @@ mod tests {
             );
         }
         // A layer norm made in bf16: the bits of rounding the f32 one.
-        let words = |t: &Tensor| -> Vec<u16> {
-            t.to_vec::<half::bf16>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
-        };
         let (w, b) = (t(&[24], 6), t(&[24], 7));
         for (w, b) in [(Some(&w), Some(&b)), (None, None), (Some(&w), None)] {
             let f32_norm = x.layer_norm(w, b, 1e-6).unwrap();

@@ -286,6 +286,20 @@ pub fn gemm_prepacked_b(
     scratch: &mut [u16],
     epilogue: Option<&Epilogue<'_>>,
 ) {
+    let shape = (m, n, k, accumulate, alpha, precision, threads);
+    prepacked(shape, a, b_packed, Out::Dst(dst, epilogue), scratch);
+}
+
+/// [`gemm_from`] on the current kernel with every panel of B packed beforehand;
+/// `shape` is `(m, n, k, accumulate, alpha, precision, threads)`.
+fn prepacked(
+    shape: (usize, usize, usize, bool, f32, Precision, usize),
+    a: &Operand<'_>,
+    b_packed: &[u16],
+    out: Out<'_, '_>,
+    scratch: &mut [u16],
+) {
+    let (m, n, k, accumulate, alpha, precision, threads) = shape;
     assert!(
         b_packed.len() >= packed_b_len(n, k, precision),
         "packed B too short"
@@ -297,7 +311,7 @@ pub fn gemm_prepacked_b(
         k,
         a,
         BSource::Packed(b_packed),
-        Out::Dst(dst, epilogue),
+        out,
         accumulate,
         alpha,
         precision,
@@ -331,24 +345,8 @@ pub fn gemm_prepacked_blocks(
     sink: &Epilogue<'_>,
 ) {
     assert!(blocks_fit(k, precision), "K of {k} does not fit one block");
-    assert!(
-        b_packed.len() >= packed_b_len(n, k, precision),
-        "packed B too short"
-    );
-    gemm_from(
-        Kernel::current(),
-        m,
-        n,
-        k,
-        a,
-        BSource::Packed(b_packed),
-        Out::Blocks(sink),
-        false,
-        1.0,
-        precision,
-        threads,
-        scratch,
-    );
+    let shape = (m, n, k, false, 1.0, precision, threads);
+    prepacked(shape, a, b_packed, Out::Blocks(sink), scratch);
 }
 
 /// Where [`gemm_from`] puts C.
