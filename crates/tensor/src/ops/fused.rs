@@ -3,17 +3,11 @@
 //! adaLN) and a gated residual (`x + a·b`). Each performs, per element, exactly the
 //! operations of the unfused chain in the same order, so the bytes are the same.
 
-use rayon::prelude::*;
-
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::kernels::cpu::pack::round_row;
 use crate::kernels::simd;
 use crate::layout::Layout;
 use crate::tensor::Tensor;
-
-/// Rows of the output per parallel task.
-const ROWS_PER_TASK: usize = 16;
 
 /// `t` as contiguous f32 with its layout broadcast to `shape` (`op` names errors).
 fn broadcast_operand(op: &'static str, t: &Tensor, shape: &[usize]) -> Result<(Tensor, Layout)> {
@@ -50,57 +44,20 @@ fn rows_with_two(
     let (tb, lb) = broadcast_operand(op, b, &shape)?;
     let input = super::float_f32(op, x)?.to_f32_contiguous()?;
     let mut out = Tensor::empty(&shape, dtype, x.device())?;
-    let (Some(src), Some(da), Some(db)) = (
+    if let (Some(src), Some(da), Some(db)) = (
         input.as_slice::<f32>(),
         ta.storage_as::<f32>(),
         tb.storage_as::<f32>(),
-    ) else {
-        return Ok(out);
-    };
-    let row = |task: usize, r: usize, o: &mut [f32], x: &[f32]| {
-        let row = task * ROWS_PER_TASK + r;
-        let (ba, bb) = (la.row_start(row), lb.row_start(row));
-        f(o, x, &da[ba..ba + n], &db[bb..bb + n]);
-    };
-    let chunk = n * ROWS_PER_TASK;
-    match dtype {
-        DType::BF16 => {
-            let Some(dst) = out.data_mut::<half::bf16>() else {
-                return Ok(out);
-            };
-            // SAFETY: bf16 is a transparent u16 (same size, alignment and validity); the
-            // slice borrows `dst` exclusively.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u16>(), dst.len())
-            };
-            crate::parallel::run(|| {
-                dst.par_chunks_mut(chunk)
-                    .zip(src.par_chunks(chunk))
-                    .enumerate()
-                    .for_each(|(task, (o, x))| {
-                        let mut line = vec![0f32; n];
-                        for (r, (o, x)) in o.chunks_mut(n).zip(x.chunks(n)).enumerate() {
-                            row(task, r, &mut line, x);
-                            round_row(&line, o);
-                        }
-                    });
-            });
-        }
-        _ => {
-            let Some(dst) = out.data_mut::<f32>() else {
-                return Ok(out);
-            };
-            crate::parallel::run(|| {
-                dst.par_chunks_mut(chunk)
-                    .zip(src.par_chunks(chunk))
-                    .enumerate()
-                    .for_each(|(task, (o, x))| {
-                        for (r, (o, x)) in o.chunks_mut(n).zip(x.chunks(n)).enumerate() {
-                            row(task, r, o, x);
-                        }
-                    });
-            });
-        }
+    ) {
+        super::write_rows(&mut out, n, |row, o| {
+            let (ba, bb) = (la.row_start(row), lb.row_start(row));
+            f(
+                o,
+                &src[row * n..(row + 1) * n],
+                &da[ba..ba + n],
+                &db[bb..bb + n],
+            );
+        });
     }
     Ok(out)
 }

@@ -6,12 +6,8 @@ use rayon::prelude::*;
 use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::kernels::cpu::pack::round_row;
 use crate::kernels::simd;
 use crate::tensor::Tensor;
-
-/// Rows per parallel task of a norm made in bf16 (each task reuses one f32 line).
-const ROWS_PER_TASK: usize = 16;
 
 fn check_param(op: &'static str, p: Option<&Tensor>, len: usize) -> Result<Option<Tensor>> {
     match p {
@@ -94,6 +90,7 @@ impl Tensor {
             let bt = check_param("layer_norm", bias, n)?;
             let input = self.to_f32_contiguous()?;
             let host_bf16 = dtype == DType::BF16 && self.device().launcher().is_none();
+            // Made in bf16 on the host; a GPU norm makes f32, converted at the end.
             let made = if host_bf16 { DType::BF16 } else { DType::F32 };
             let mut out = Tensor::empty(self.shape(), made, self.device())?;
             let w = wt.as_ref().and_then(|t| t.as_slice::<f32>());
@@ -112,34 +109,8 @@ impl Tensor {
             if let Some(l) = self.device().launcher() {
                 let params = [wt.as_ref(), bt.as_ref()];
                 dispatch::row_norm(l.as_ref(), "layer_norm_f32", &input, &params, &out, n, eps)?;
-            } else if host_bf16 {
-                if let (Some(src), Some(dst)) =
-                    (input.as_slice::<f32>(), out.data_mut::<half::bf16>())
-                {
-                    // SAFETY: bf16 is a transparent u16 (same size, alignment and validity);
-                    // the slice borrows `dst` exclusively.
-                    let dst = unsafe {
-                        std::slice::from_raw_parts_mut(dst.as_mut_ptr().cast::<u16>(), dst.len())
-                    };
-                    crate::parallel::run(|| {
-                        dst.par_chunks_mut(n * ROWS_PER_TASK)
-                            .zip(src.par_chunks(n * ROWS_PER_TASK))
-                            .for_each(|(o, x)| {
-                                let mut line = vec![0f32; n];
-                                for (o, x) in o.chunks_mut(n).zip(x.chunks(n)) {
-                                    row(&mut line, x);
-                                    round_row(&line, o);
-                                }
-                            });
-                    });
-                }
-            } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<f32>())
-            {
-                crate::parallel::run(|| {
-                    dst.par_chunks_mut(n)
-                        .zip(src.par_chunks(n))
-                        .for_each(|(o, x)| row(o, x));
-                });
+            } else if let Some(src) = input.as_slice::<f32>() {
+                super::write_rows(&mut out, n, |r, o| row(o, &src[r * n..(r + 1) * n]));
             }
             out.to_dtype(dtype)
         })

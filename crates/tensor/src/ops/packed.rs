@@ -54,7 +54,7 @@ fn bits(v: &[bf16]) -> &[u16] {
 }
 
 /// As [`bits`], mutably.
-fn bits_mut(v: &mut [bf16]) -> &mut [u16] {
+pub(crate) fn bits_mut(v: &mut [bf16]) -> &mut [u16] {
     // SAFETY: as in `bits`; the new slice borrows `v` exclusively.
     unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u16>(), v.len()) }
 }
