@@ -23,6 +23,12 @@ pub(super) fn amx_precision(compute: Compute) -> Option<Precision> {
     }
 }
 
+/// Whether the fused bf16 softmax applies the scale (the score product then leaves its
+/// output unscaled, saving a pass over it): bf16 products on x86-64 with a positive scale.
+fn folds_scale(p: &AttentionParams, prec: Precision) -> bool {
+    cfg!(target_arch = "x86_64") && prec == Precision::Bf16 && p.scale > 0.0
+}
+
 /// `u16` lengths of one packed Kᵀ tile and one packed V tile.
 pub(super) fn kv_tile_lens(head_dim: usize, prec: Precision) -> (usize, usize) {
     (
@@ -204,13 +210,22 @@ impl<'a> AmxTile<'a> {
         let n_rows = rows.len();
         let d = p.head_dim;
         #[cfg(target_arch = "x86_64")]
-        if prec == Precision::Bf16 {
+        if folds_scale(p, prec) {
             let mut run = super::probs::Running {
                 m: &mut *self.m,
                 l: &mut *self.l,
                 acc: &mut self.acc[..n_rows * d],
             };
-            super::probs::softmax_into_packed(p, rows, c0, cols, self.s, &mut run, self.p_packed);
+            super::probs::softmax_into_packed(
+                p,
+                rows,
+                c0,
+                cols,
+                self.s,
+                p.scale,
+                &mut run,
+                self.p_packed,
+            );
             return;
         }
         online_softmax(
@@ -276,7 +291,7 @@ impl<'a> AmxTile<'a> {
                 &self.kv[k_range],
                 dst,
                 false,
-                p.scale,
+                if folds_scale(p, prec) { 1.0 } else { p.scale },
                 prec,
             );
             self.probabilities(p, prec, &rows, c0, cols);

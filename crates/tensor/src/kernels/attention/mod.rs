@@ -29,7 +29,7 @@ mod amx;
 mod probs;
 
 use self::amx::{amx_chunk, amx_precision, kept_kv_tiles, kv_tile_lens, qp_lens, Input};
-use crate::kernels::cpu::pack::Operand;
+use crate::kernels::cpu::pack::{Operand, PANEL};
 use crate::kernels::gemm::{gemm, gemm_scratch_len, Compute, MatRef, Threads};
 use crate::kernels::softmax::{exp_with_max, scale_in_place};
 use crate::parallel;
@@ -178,8 +178,9 @@ enum Order {
 struct Plan<'a> {
     p: &'a AttentionParams,
     order: Order,
-    /// Query rows per tile (≤ [`BLOCK_Q`]; the last tile may be shorter).
-    tile_rows: usize,
+    /// Query row panels ([`PANEL`] rows, the packed products' row unit; the last may be
+    /// short) of one unit (a head, or all heads).
+    panels: usize,
     q_tiles: usize,
     items: usize,
 }
@@ -195,20 +196,21 @@ impl Plan<'_> {
             Order::HeadMajor => p.heads,
             Order::TokenMajor => 1,
         };
-        // Use the fewest tiles of at most BLOCK_Q rows whose item count is a multiple of
-        // the slot count, all of (nearly) equal size, so that the contiguous chunks can
-        // be balanced: 4680 rows on 2 slots become 20 tiles of 234 rows, not 19 of 256
-        // (which would leave one slot 10% idle).
-        let mut q_tiles = p.q_len.div_ceil(BLOCK_Q);
-        while !(units * q_tiles).is_multiple_of(slots) && q_tiles < p.q_len {
+        // Tiles are whole panels of PANEL rows, since the packed products compute a
+        // short panel at full size: 1170 rows as six tiles of 195 rows computed 6 × 224 =
+        // 1344 (15 % more than needed). Use the fewest tiles of at most BLOCK_Q rows whose
+        // item count is a multiple of the slot count, with the panels spread evenly over
+        // them, so that the contiguous chunks can be balanced: 1170 rows (37 panels) on 2
+        // slots become tiles of 6, 6, 6, 6, 6, 7 panels, 18 and 19 panels a slot.
+        let panels = p.q_len.div_ceil(PANEL);
+        let mut q_tiles = panels.div_ceil(BLOCK_Q / PANEL);
+        while !(units * q_tiles).is_multiple_of(slots) && q_tiles < panels {
             q_tiles += 1;
         }
-        let tile_rows = p.q_len.div_ceil(q_tiles);
-        let q_tiles = p.q_len.div_ceil(tile_rows);
         Plan {
             p,
             order,
-            tile_rows,
+            panels,
             q_tiles,
             items: units * q_tiles,
         }
@@ -223,8 +225,8 @@ impl Plan<'_> {
             }
             Order::TokenMajor => (0..self.p.heads, item),
         };
-        let r0 = tile * self.tile_rows;
-        (heads, r0..(r0 + self.tile_rows).min(self.p.q_len))
+        let edge = |t: usize| (t * self.panels / self.q_tiles * PANEL).min(self.p.q_len);
+        (heads, edge(tile)..edge(tile + 1))
     }
 
     /// Offset in `out` of the first element item `item` writes (`out_len` past the end).
@@ -236,11 +238,12 @@ impl Plan<'_> {
         heads.start * self.p.out_head_stride + rows.start * self.p.out_token_stride
     }
 
-    /// Estimated cost of an item: the keys its rows scan plus a per-row output cost.
+    /// Estimated cost of an item: the keys its rows scan plus a per-row output cost, for
+    /// its rows rounded up to whole panels (what the packed products compute).
     fn item_weight(&self, item: usize) -> u128 {
         let (heads, rows) = self.item(item);
         let keys = self.p.visible_keys(rows.end - 1) + self.p.head_dim;
-        (heads.len() * rows.len()) as u128 * keys as u128
+        (heads.len() * rows.len().next_multiple_of(PANEL)) as u128 * keys as u128
     }
 
     /// Panics unless items own disjoint, increasing ranges that all fit in `out_len`.
@@ -319,11 +322,17 @@ fn attention_with_cap(
             let mut item = 0;
             let mut done: u128 = 0;
             for chunk in 0..slots {
-                // Chunk `c` takes items until the running weight reaches (c + 1)/slots
-                // of the total: a fixed function of the parameters and the slot count.
+                // Chunk `c` takes items while that brings the running weight nearer to
+                // (c + 1)/slots of the total (the last chunk takes the rest): a fixed
+                // function of the parameters and the slot count.
                 let first = item;
+                let n = slots as u128;
                 let target = total * (chunk as u128 + 1);
-                while item < plan.items && done * (slots as u128) < target {
+                while item < plan.items && done * n < target {
+                    let after = (done + plan.item_weight(item)) * n;
+                    if after > target && after - target > target - done * n {
+                        break;
+                    }
                     done += plan.item_weight(item);
                     item += 1;
                 }

@@ -21,8 +21,10 @@ pub(super) struct Running<'a> {
     pub(super) acc: &'a mut [f32],
 }
 
-/// For query rows `rows` against key tile `c0..c0 + cols`: `exp(s − m_new)` of every
-/// visible score of `s` (rows [`BLOCK_KV`] apart) as bf16 into `p_packed` (packed A
+/// For query rows `rows` against key tile `c0..c0 + cols`: `exp(scale · s − m_new)` of
+/// every visible raw product of `s` (rows [`BLOCK_KV`] apart; `scale` > 0 is the
+/// attention's, applied here by the exponential's first FMA instead of by a pass of the
+/// product over its output) as bf16 into `p_packed` (packed A
 /// layout of `n_rows × cols`, zeros for masked keys, the K tail and rows past the tile),
 /// the running maxima and sums updated and the accumulator rows rescaled where a maximum
 /// grew.
@@ -32,6 +34,7 @@ pub(super) fn softmax_into_packed(
     c0: usize,
     cols: usize,
     s: &[f32],
+    scale: f32,
     run: &mut Running<'_>,
     p_packed: &mut [u16],
 ) {
@@ -69,7 +72,7 @@ pub(super) fn softmax_into_packed(
         // packers need them), AVX512_BF16 is used only when detected; `row` holds
         // `visible` values and every destination range lies inside `p_packed` (asserted
         // above: k-steps < ks, rows < padded).
-        let (m_new, sum) = unsafe { exp_row(row, m_old, p_packed, ks, &at, bf16_convert) };
+        let (m_new, sum) = unsafe { exp_row(row, scale, m_old, p_packed, ks, &at, bf16_convert) };
         if m_new > m_old && m_old != f32::NEG_INFINITY {
             // The running max grew: earlier terms shrink by exp(m_old − m_new) ≤ 1.
             let correction = (m_old - m_new).exp();
@@ -83,15 +86,18 @@ pub(super) fn softmax_into_packed(
     }
 }
 
-/// One row: the maximum of `row` and `floor`, then `exp(x − max)` of every value into the
-/// packed k-steps `at(0..ks)` as bf16 (zeros past the row), and their f32 sum.
+/// One row: `max`, the larger of `floor` and `scale` times the row's largest value (the
+/// largest scaled value: rounding is monotonic and `scale` > 0), then `exp(scale · x −
+/// max)` of every value (one FMA) into the packed k-steps `at(0..ks)` as bf16 (zeros past
+/// the row), and their f32 sum.
 ///
 /// # Safety
 /// AVX-512 F/BW and FMA present, and AVX512_BF16 when `bf16_convert`; `at(st)..at(st) +
-/// 32` inside `out` for `st < ks`, and `row.len() <= 32 · ks`.
+/// 32` inside `out` for `st < ks`, `row.len() <= 32 · ks`, and `row` is not empty.
 #[target_feature(enable = "avx512f,avx512bw,fma")]
 unsafe fn exp_row(
     row: &[f32],
+    scale: f32,
     floor: f32,
     out: &mut [u16],
     ks: usize,
@@ -108,14 +114,15 @@ unsafe fn exp_row(
     // SAFETY (whole body): loads are masked to the row's `n` values, stores go to the
     // 64-byte destinations the caller guarantees.
     unsafe {
-        let mut vmax = _mm512_set1_ps(floor);
+        let mut vmax = _mm512_set1_ps(f32::NEG_INFINITY);
         for c in (0..n).step_by(16) {
             let v = _mm512_maskz_loadu_ps(lane_mask(c), row.as_ptr().add(c));
             let v = _mm512_mask_blend_ps(lane_mask(c), _mm512_set1_ps(f32::NEG_INFINITY), v);
             vmax = _mm512_max_ps(vmax, v);
         }
-        let max = _mm512_reduce_max_ps(vmax);
-        let shift = _mm512_set1_ps(max);
+        let max = (scale * _mm512_reduce_max_ps(vmax)).max(floor);
+        let shift = _mm512_set1_ps(-max);
+        let factor = _mm512_set1_ps(scale);
         let mut sum = _mm512_setzero_ps();
         for st in 0..ks {
             let mut halves = [_mm512_setzero_ps(); 2];
@@ -126,7 +133,7 @@ unsafe fn exp_row(
                     continue;
                 }
                 let x = _mm512_maskz_loadu_ps(k, row.as_ptr().add(c));
-                let e = _mm512_maskz_mov_ps(k, exp512(_mm512_sub_ps(x, shift)));
+                let e = _mm512_maskz_mov_ps(k, exp512(_mm512_fmadd_ps(x, factor, shift)));
                 sum = _mm512_add_ps(sum, e);
                 *half = e;
             }
