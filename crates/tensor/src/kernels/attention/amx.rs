@@ -216,16 +216,7 @@ impl<'a> AmxTile<'a> {
                 l: &mut *self.l,
                 acc: &mut self.acc[..n_rows * d],
             };
-            super::probs::softmax_into_packed(
-                p,
-                rows,
-                c0,
-                cols,
-                self.s,
-                p.scale,
-                &mut run,
-                self.p_packed,
-            );
+            super::probs::softmax_into_packed(p, rows, c0, cols, self.s, &mut run, self.p_packed);
             return;
         }
         online_softmax(

@@ -22,11 +22,11 @@ pub(super) struct Running<'a> {
 }
 
 /// For query rows `rows` against key tile `c0..c0 + cols`: `exp(scale · s − m_new)` of
-/// every visible raw product of `s` (rows [`BLOCK_KV`] apart; `scale` > 0 is the
-/// attention's, applied here by the exponential's first FMA instead of by a pass of the
-/// product over its output) as bf16 into `p_packed` (packed A
-/// layout of `n_rows × cols`, zeros for masked keys, the K tail and rows past the tile),
-/// the running maxima and sums updated and the accumulator rows rescaled where a maximum
+/// every visible raw product of `s` (rows [`BLOCK_KV`] apart; the attention's `scale`,
+/// which must be positive, is applied here by the exponential's first FMA instead of by
+/// a pass of the product over its output) as bf16 into `p_packed` (packed A layout of
+/// `n_rows × cols`, zeros for masked keys, the K tail and rows past the tile), the
+/// running maxima and sums updated and the accumulator rows rescaled where a maximum
 /// grew.
 pub(super) fn softmax_into_packed(
     p: &AttentionParams,
@@ -34,7 +34,6 @@ pub(super) fn softmax_into_packed(
     c0: usize,
     cols: usize,
     s: &[f32],
-    scale: f32,
     run: &mut Running<'_>,
     p_packed: &mut [u16],
 ) {
@@ -72,7 +71,7 @@ pub(super) fn softmax_into_packed(
         // packers need them), AVX512_BF16 is used only when detected; `row` holds
         // `visible` values and every destination range lies inside `p_packed` (asserted
         // above: k-steps < ks, rows < padded).
-        let (m_new, sum) = unsafe { exp_row(row, scale, m_old, p_packed, ks, &at, bf16_convert) };
+        let (m_new, sum) = unsafe { exp_row(row, p.scale, m_old, p_packed, ks, &at, bf16_convert) };
         if m_new > m_old && m_old != f32::NEG_INFINITY {
             // The running max grew: earlier terms shrink by exp(m_old − m_new) ≤ 1.
             let correction = (m_old - m_new).exp();
