@@ -154,20 +154,23 @@ fn every_supported_path_matches_the_scalar_gemm() {
 
 #[test]
 fn a_path_gives_the_same_bytes_on_every_call_and_thread_split() {
-    let (m, n, k) = (200, 96, 160);
-    let av = values(m * k, 5);
-    let bv = values(k * n, 6);
-    let a = Operand::F32(MatRef::row_major(&av, 0, k));
-    let b = Operand::F32(MatRef::row_major(&bv, 0, n));
-    for path in CpuPath::ALL.into_iter().filter(|p| p.supported()) {
-        for compute in [Compute::F32, Compute::NearF32, Compute::Bf16] {
-            let one = run(path, m, n, k, a, b, compute, Threads::One, false, 1.0);
-            let pool = run(path, m, n, k, a, b, compute, Threads::Pool, false, 1.0);
-            let again = run(path, m, n, k, a, b, compute, Threads::Pool, false, 1.0);
-            assert_eq!(pool, again, "{path} {compute:?} repeats");
-            if path.packs_bf16() {
-                // Rows are split between threads, never the sum over k.
-                assert_eq!(one, pool, "{path} {compute:?} thread split");
+    // 200 rows split between threads by rows, 70 rows × 256 columns by columns (3 row
+    // panels on 2 threads leave one thread idle a third of the time).
+    for (m, n, k) in [(200, 96, 160), (70, 256, 160)] {
+        let av = values(m * k, 5);
+        let bv = values(k * n, 6);
+        let a = Operand::F32(MatRef::row_major(&av, 0, k));
+        let b = Operand::F32(MatRef::row_major(&bv, 0, n));
+        for path in CpuPath::ALL.into_iter().filter(|p| p.supported()) {
+            for compute in [Compute::F32, Compute::NearF32, Compute::Bf16] {
+                let one = run(path, m, n, k, a, b, compute, Threads::One, false, 1.0);
+                let pool = run(path, m, n, k, a, b, compute, Threads::Pool, false, 1.0);
+                let again = run(path, m, n, k, a, b, compute, Threads::Pool, false, 1.0);
+                assert_eq!(pool, again, "{path} {compute:?} {m}x{n} repeats");
+                if path.packs_bf16() {
+                    // Rows or columns are split between threads, never the sum over k.
+                    assert_eq!(one, pool, "{path} {compute:?} {m}x{n} thread split");
+                }
             }
         }
     }
