@@ -80,8 +80,17 @@ async fn a_session_without_num_frames_streams_until_the_client_stops_it() {
         (peak - finite_peak).abs() as f64 <= slack,
         "reserved peak {peak} vs {finite_peak}"
     );
-    let steady = &reserved[reserved.len() - 16..];
-    assert!(steady.iter().all(|r| *r == steady[0]), "{reserved:?}");
+    // Past the window, nothing creeps: the last 8 chunks hold no more than the chunks
+    // before them did. (Not one value: with the f32 convs on planes (AMD) the conv
+    // scratch shares the 2 MiB small-pool segments with the long-lived small blocks, and
+    // the reclaim before each decode keeps two or three of them as those blocks' places
+    // drift, chunk to chunk; on im2col the same session holds one value from chunk 6.)
+    let (early, steady) = reserved.split_at(reserved.len() - 16);
+    let early_peak = *early.iter().max().unwrap();
+    assert!(
+        steady.iter().all(|r| *r <= early_peak),
+        "reserved crept: {reserved:?}"
+    );
     assert_eq!(reserved_now(&ts).await, floor, "reserved after the session");
     // The server keeps serving.
     assert_eq!(run_session(&ts, 9, 1).await.binaries.len(), 1);
