@@ -10,9 +10,10 @@
 //! stays in L2 while the A panels pass it and the `MC × 32` block of C being summed stays
 //! in L1/L2. C stays in tiles across one K block and in `dst` between blocks. Every
 //! packed buffer starts on a 64-byte boundary: an unaligned tile load measured 6× slower.
-//! Threads own disjoint row ranges, and every element sums its products in one fixed
-//! order (K ascending, whatever the blocking), so the bytes do not depend on the thread
-//! that computes them.
+//! Threads own disjoint row ranges, or disjoint ranges of B panels where that balances
+//! better ([`split_columns`]), and every element sums its products in one fixed order (K
+//! ascending, whatever the blocking), so the bytes do not depend on the thread that
+//! computes them.
 //!
 //! The same loops, packing and epilogues run on CPUs without AMX that have AVX512_BF16:
 //! [`Kernel::Vdp`] computes each 32 × 32 block with `vdpbf16ps` ([`super::vdp`]) instead
