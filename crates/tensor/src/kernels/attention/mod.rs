@@ -329,11 +329,12 @@ fn attention_with_cap(
                 let n = slots as u128;
                 let target = total * (chunk as u128 + 1);
                 while item < plan.items && done * n < target {
-                    let after = (done + plan.item_weight(item)) * n;
+                    let weight = plan.item_weight(item);
+                    let after = (done + weight) * n;
                     if after > target && after - target > target - done * n {
                         break;
                     }
-                    done += plan.item_weight(item);
+                    done += weight;
                     item += 1;
                 }
                 let end = plan.item_start(item, out_base + out_rest.len());
