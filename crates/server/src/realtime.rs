@@ -26,13 +26,16 @@ use crate::admission::{Refusal, Slot};
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use serde_json::Value;
-use tokio::time::{sleep_until, timeout, Instant as TokioInstant};
+use tokio::time::{sleep_until, timeout, timeout_at, Instant as TokioInstant};
 
 use crate::error::ServerError;
 use crate::protocol::{ClientMessage, Interaction, StartRequest};
 use crate::server::AppState;
 use crate::wire;
 use crate::worker::{self, Ending, Job, WorkerEvent, WorkerHandle};
+
+/// How long a closing connection waits for the client's close reply.
+const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Serves one WebSocket connection to its end.
 pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>) {
@@ -135,13 +138,27 @@ impl Connection {
         self.send_json(&message).await;
     }
 
+    /// Ends the connection with the closing handshake (RFC 6455 §7.1): sends a close
+    /// frame, then reads (and drops) what the client still sends until its close reply,
+    /// its hang-up or [`CLOSE_GRACE`]. Dropping the socket at once would let a message
+    /// already on its way (a ping sent as the session ended) reach a closed socket, and the
+    /// kernel's reset would discard the last messages before the client read them.
     async fn close(mut self) {
-        if self.open {
-            let frame = CloseFrame {
-                code: 1000,
-                reason: "".into(),
-            };
-            let _ = self.send(Message::Close(Some(frame))).await;
+        if !self.open {
+            return;
+        }
+        let frame = CloseFrame {
+            code: 1000,
+            reason: "".into(),
+        };
+        if !self.send(Message::Close(Some(frame))).await {
+            return;
+        }
+        let until = TokioInstant::now() + CLOSE_GRACE;
+        while let Ok(Some(Ok(message))) = timeout_at(until, self.socket.recv()).await {
+            if let Message::Close(_) = message {
+                break;
+            }
         }
     }
 

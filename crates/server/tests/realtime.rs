@@ -67,6 +67,36 @@ async fn a_full_session_streams_start_metadata_binary_pairs_and_done_forming_one
     ts.stop().await;
 }
 
+/// A client that keeps sending while its session ends (pings every millisecond) reads
+/// its `session.done` and then the close frame: the server reads what is on its way until
+/// the client's close reply, so no reset discards the end before the client read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_sending_as_its_session_ends_reads_the_end_and_a_clean_close() {
+    let ts = TestServer::default().await;
+    for seed in 0..6 {
+        let (mut ws, _) = open(&ts, 9, seed).await;
+        let out = stream_to_end_pinging(&mut ws, Some(Duration::from_millis(1))).await;
+        let end = out.end.as_ref().map(|e| e["type"].clone());
+        assert_eq!(
+            end,
+            Some(json!("session.done")),
+            "seed {seed}: {:?}",
+            out.others
+        );
+        loop {
+            match recv_raw(&mut ws).await {
+                Some(Ok(Message::Close(frame))) => {
+                    assert_eq!(frame.map(|f| u16::from(f.code)), Some(1000));
+                    break;
+                }
+                Some(Ok(_)) => continue,
+                other => panic!("seed {seed}: expected the close frame, got {other:?}"),
+            }
+        }
+    }
+    ts.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interactions_are_acknowledged_and_change_the_chunks_from_their_boundary_on() {
     let ts = TestServer::default().await;

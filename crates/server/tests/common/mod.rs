@@ -170,6 +170,15 @@ pub async fn recv(ws: &mut Ws) -> In {
     }
 }
 
+/// The next frame as the client library reads it (close frames and errors included).
+pub async fn recv_raw(
+    ws: &mut Ws,
+) -> Option<Result<Message, tokio_tungstenite::tungstenite::Error>> {
+    tokio::time::timeout(GUARD, ws.next())
+        .await
+        .expect("no message from the server")
+}
+
 pub async fn recv_json(ws: &mut Ws) -> Value {
     match recv(ws).await {
         In::Json(v) => v,
