@@ -24,7 +24,7 @@ use crate::error::{EngineError, Result};
 use crate::session::BLOCK_FRAMES;
 
 /// Mask channels in front of the condition latents (the first latent frame is given).
-const MASK_CHANNELS: usize = 4;
+use headroom_model::dit::config::IMAGE_MASK_CHANNELS as MASK_CHANNELS;
 
 /// A session's image condition, one block at a time.
 #[derive(Debug)]

@@ -289,11 +289,11 @@ impl Engine {
         // Every session (de)normalises latents: refuse now, naming the field.
         vae.config().validate_latent_stats()?;
         let (z, c) = (vae.config().z_dim, dit.config());
-        if c.out_channels() != z || (c.in_channels != z && c.in_channels != z + 20) {
+        if c.out_channels() != z || (c.in_channels != z && !c.takes_image_condition()) {
             return Err(EngineError::request(
                 "model",
                 format!(
-                    "transformer channels {} in / {} out do not fit a VAE with z_dim {z} (need out = z_dim, in = z_dim or z_dim + 20)",
+                    "transformer channels {} in / {} out do not fit a VAE with z_dim {z} (need out = z_dim, in = z_dim or 2·z_dim + 4)",
                     c.in_channels,
                     c.out_channels()
                 ),
@@ -610,7 +610,7 @@ impl Engine {
             .dit
             .text_key_values(self.padded_text(embeds.as_ref())?.as_ref())?;
         drop(embeds);
-        let cond = if c.in_channels == c.out_channels() + 20 {
+        let cond = if c.takes_image_condition() {
             Some(self.image_condition(&request)?)
         } else {
             None

@@ -213,7 +213,7 @@ impl Engine {
     /// once; `None` for a model without an image condition.
     pub(crate) fn condition_settle_block(&self) -> Option<usize> {
         let c = self.transformer().config();
-        if c.in_channels != c.out_channels() + 20 {
+        if !c.takes_image_condition() {
             return None;
         }
         *self

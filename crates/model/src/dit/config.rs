@@ -125,4 +125,31 @@ impl DitConfig {
     pub fn out_channels(&self) -> usize {
         self.out_channels.unwrap_or(self.in_channels)
     }
+
+    /// Whether the input is Wan 2.1 I2V's `[noise | mask (4) | first-frame latents]`:
+    /// `in_channels = 2 · out_channels + 4` (36 for the 16-channel Wan VAE).
+    pub fn takes_image_condition(&self) -> bool {
+        self.in_channels == 2 * self.out_channels() + IMAGE_MASK_CHANNELS
+    }
+}
+
+/// Mask channels of Wan 2.1 I2V's image condition, in front of its latents.
+pub const IMAGE_MASK_CHANNELS: usize = 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_image_condition_is_two_latents_and_the_mask_for_any_latent_width() {
+        let with = |i, o| DitConfig {
+            in_channels: i,
+            out_channels: Some(o),
+            ..DitConfig::default()
+        };
+        assert!(with(36, 16).takes_image_condition());
+        assert!(with(100, 48).takes_image_condition());
+        assert!(!with(16, 16).takes_image_condition());
+        assert!(!with(52, 48).takes_image_condition());
+    }
 }
