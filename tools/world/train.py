@@ -176,12 +176,12 @@ def vae_step(vae, opt, x, edge=0.0, first=0.0):
     frame: `first` buys its sharpness with that frame's spare latent capacity."""
     post = vae.encode(x).latent_dist
     y = vae.decode(post.sample()).sample
-    rec = (y - x).abs().mean() + ((y - x) ** 2).mean()
+    l1_l2 = lambda d: d.abs().mean() + (d ** 2).mean()
+    rec = l1_l2(y - x)
     if edge:
         rec = rec + edge * edge_l1(y, x)
     if first:
-        d0 = y[:, :, 0] - x[:, :, 0]
-        rec = rec + first * (d0.abs().mean() + (d0 ** 2).mean())
+        rec = rec + first * l1_l2(y[:, :, 0] - x[:, :, 0])
     kl = post.kl().mean() / x[0].numel()
     opt.zero_grad()
     (rec + 1e-4 * kl).backward()

@@ -16,15 +16,13 @@
 /// Blocks the probe encodes before it gives up finding the fixed point.
 const PROBE_BLOCKS: usize = 48;
 
+use headroom_model::dit::config::IMAGE_MASK_CHANNELS;
 use headroom_model::vae::{StreamingEncodeState, VaeConfig};
 use headroom_model::WanVae;
 use headroom_tensor::{DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
 use crate::session::BLOCK_FRAMES;
-
-/// Mask channels in front of the condition latents (the first latent frame is given).
-use headroom_model::dit::config::IMAGE_MASK_CHANNELS as MASK_CHANNELS;
 
 /// A session's image condition, one block at a time.
 #[derive(Debug)]
@@ -168,13 +166,22 @@ impl ImageCondition {
         let mask = if n == 0 {
             Tensor::cat(
                 &[
-                    &Tensor::full(&[1, MASK_CHANNELS, 1, lh, lw], 1.0, DType::F32, &device)?,
-                    &Tensor::zeros(&[1, MASK_CHANNELS, t - 1, lh, lw], DType::F32, &device)?,
+                    &Tensor::full(
+                        &[1, IMAGE_MASK_CHANNELS, 1, lh, lw],
+                        1.0,
+                        DType::F32,
+                        &device,
+                    )?,
+                    &Tensor::zeros(
+                        &[1, IMAGE_MASK_CHANNELS, t - 1, lh, lw],
+                        DType::F32,
+                        &device,
+                    )?,
                 ],
                 2,
             )?
         } else {
-            Tensor::zeros(&[1, MASK_CHANNELS, t, lh, lw], DType::F32, &device)?
+            Tensor::zeros(&[1, IMAGE_MASK_CHANNELS, t, lh, lw], DType::F32, &device)?
         };
         let condition = Tensor::cat(&[&mask, &latent], 1)?;
         let previous = self.previous.take();

@@ -158,10 +158,7 @@ pub enum In {
 
 pub async fn recv(ws: &mut Ws) -> In {
     loop {
-        let next = tokio::time::timeout(GUARD, ws.next())
-            .await
-            .expect("no message from the server");
-        return match next {
+        return match recv_raw(ws).await {
             Some(Ok(Message::Text(t))) => In::Json(serde_json::from_str(t.as_str()).unwrap()),
             Some(Ok(Message::Binary(b))) => In::Bin(b.to_vec()),
             Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => continue,
