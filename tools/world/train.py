@@ -323,10 +323,18 @@ def stage_vae_long(work, minutes):
     torch.save(dict(state=vae.state_dict(), curve=ck["curve"] + curve), out)
 
 
+def vae_path(work):
+    """The newest VAE of a work folder: a decoder fine-tune (finetune.py), the long
+    fine-tune, or the first training."""
+    for name in ("vae_decoder.pt", "vae_long.pt"):
+        if (work / name).exists():
+            return work / name
+    return work / "vae.pt"
+
+
 def load_vae(work):
     vae = AutoencoderKLWan(**VAE_CFG)
-    path = work / "vae_long.pt" if (work / "vae_long.pt").exists() else work / "vae.pt"
-    vae.load_state_dict(torch.load(path)["state"])
+    vae.load_state_dict(torch.load(vae_path(work))["state"])
     return vae.eval()
 
 
@@ -448,7 +456,8 @@ def dit_forward(model, adapter, latents, timesteps, rays, mask):
                  return_dict=False)[0]
 
 
-def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf16=False):
+def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf16=False,
+              max_lr=4e-4):
     out = work / "dit.pt"
     if out.exists() and not resume:
         return
@@ -469,7 +478,6 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
     # The adapter's per-block layers are attached to the blocks too: count each once.
     params = list({id(p): p for p in [*model.parameters(), *adapter.parameters()]}.values())
     log(f"dit: {sum(p.numel() for p in params) / 1e6:.2f} M parameters, {len(lat)} clips")
-    max_lr = 4e-4
     # The camera adapter's own parameters may learn faster than the network it steers.
     camera = {id(p) for p in adapter.parameters()}
     groups = [dict(params=[p for p in params if id(p) not in camera], mult=1.0),
@@ -569,8 +577,10 @@ def stage_export(work, folder):
     for k, v in ck["adapter"].items():
         weights[k] = v.to(torch.bfloat16).contiguous()
     save_file(weights, path, metadata={"format": "pt"})
-    vck = torch.load(work / "vae_long.pt" if (work / "vae_long.pt").exists() else work / "vae.pt")
+    vck = torch.load(vae_path(work))
     curves = dict(vae=vck["curve"], dit=ck["curve"], dit_steps=ck["steps"],
+                  vae_decoder=vck.get("decoder_curve", []),
+                  vae_decoder_evals=vck.get("decoder_evals", []),
                   dit_batch=ck["batch"], vae_psnr_full_clips=data["vae_psnr"])
     (folder / "training.json").write_text(json.dumps(curves))
     log(f"export: wrote {folder}")
@@ -601,6 +611,8 @@ def main():
     ap.add_argument("--dit-resume", action="store_true", help="train the saved DiT further")
     ap.add_argument("--dit-bf16", action="store_true",
                     help="train the DiT in mixed precision (bf16 products, f32 weights and loss)")
+    ap.add_argument("--dit-lr", type=float, default=4e-4,
+                    help="the DiT's peak learning rate (lower to train a trained one further)")
     ap.add_argument("--camera-lr-mult", type=float, default=1.0,
                     help="the camera adapter's learning rate over the network's")
     ap.add_argument("--held-clips", type=int, default=0,
@@ -625,7 +637,7 @@ def main():
             stage_encode(a.work, a.encode_clips)
         elif s == "dit":
             stage_dit(a.work, a.dit_steps, a.dit_batch, a.dit_minutes, a.dit_resume,
-                      a.camera_lr_mult, a.dit_bf16)
+                      a.camera_lr_mult, a.dit_bf16, a.dit_lr)
         elif s == "data-held":
             stage_data_held(a.work, a.held_clips)
         else:

@@ -11,6 +11,7 @@ use headroom_model::camera::{
     default_intrinsics, framewise_deltas, ray_embedding, CameraUpdate, Controller,
     InteractionHandler, Keys, Pose, STEP,
 };
+use headroom_model::dit::config::IMAGE_MASK_CHANNELS;
 use headroom_model::dit::{BatchItem, KeyValues, TextKeyValues, TokenGrid};
 use headroom_model::dmd::{renoise, x0_from_velocity, DmdSchedule};
 use headroom_model::kv::SessionKv;
@@ -700,6 +701,9 @@ impl Session {
         let v = self.dit.unpatchify(&v, step.grid)?;
         drop(step);
         run.x0 = x0_from_velocity(&run.x, &v, self.schedule.sigmas[k])?;
+        if run.first == 0 && self.dit.config().keep_first_frame {
+            run.x0 = self.keep_given_frame(&run.x0)?;
+        }
         if k + 1 < steps {
             let [h, w] = self.latent_hw;
             let out_c = self.dit.config().out_channels();
@@ -711,6 +715,23 @@ impl Session {
             run.start = Instant::now();
         }
         Ok(())
+    }
+
+    /// Block 0's x0 with latent frame 0 replaced by the given image's latents (a model
+    /// with `keep_first_frame`): every later step noises, and the commit keeps, the
+    /// truth for the frame the session was given.
+    fn keep_given_frame(&self, x0: &Tensor) -> Result<Tensor> {
+        let Some(c) = self.cond.as_ref().and_then(ImageCondition::current) else {
+            return Ok(x0.clone());
+        };
+        let [_, z, f, _, _] = *x0.shape() else {
+            return Ok(x0.clone());
+        };
+        let given = c
+            .narrow(1, IMAGE_MASK_CHANNELS, z)?
+            .narrow(2, 0, 1)?
+            .to_dtype(x0.dtype())?;
+        Ok(Tensor::cat(&[&given, &x0.narrow(2, 1, f - 1)?], 2)?)
     }
 
     /// Commits the block's keys/values to the session's KV pages.

@@ -11,8 +11,12 @@ use headroom_tensor::Device;
 const WORLD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/world");
 
 fn engine(allocator: AllocatorPolicy, reclaim: ReclaimPolicy) -> Engine {
+    engine_at(WORLD, allocator, reclaim)
+}
+
+fn engine_at(model: &str, allocator: AllocatorPolicy, reclaim: ReclaimPolicy) -> Engine {
     Engine::new(EngineConfig {
-        model: WORLD.to_string(),
+        model: model.to_string(),
         allocator: AllocatorConfig::with_policy(allocator),
         reclaim,
         ..EngineConfig::default()
@@ -105,4 +109,57 @@ fn the_keys_change_the_world_models_video_deterministically() {
     assert_eq!(right, run(&e, request("lllllllll")));
     assert_ne!(right, run(&e, request("jjjjjjjjj")));
     assert_ne!(right, run(&e, request("")));
+}
+
+/// A copy of the world model's folder whose transformer config sets `keep_first_frame`.
+fn world_with_keep(dir: &std::path::Path, keep: bool) -> String {
+    let src = std::path::Path::new(WORLD);
+    for part in ["transformer", "vae"] {
+        std::fs::create_dir_all(dir.join(part)).unwrap();
+        for entry in std::fs::read_dir(src.join(part)).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, dir.join(part).join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::copy(
+        src.join(first_frame::FIRST_FRAME),
+        dir.join(first_frame::FIRST_FRAME),
+    )
+    .unwrap();
+    let config = dir.join("transformer/config.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    json["keep_first_frame"] = serde_json::Value::Bool(keep);
+    std::fs::write(&config, json.to_string()).unwrap();
+    dir.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_model_that_keeps_the_first_frame_starts_every_flight_from_the_same_decoded_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let [keep, plain] = [true, false].map(|k| {
+        let folder = world_with_keep(&dir.path().join(k.to_string()), k);
+        engine_at(
+            &folder,
+            AllocatorPolicy::Planned,
+            ReclaimPolicy::BeforeDecode,
+        )
+    });
+    let other = |e: &Engine| {
+        run(
+            e,
+            SessionRequest {
+                seed: 4,
+                ..request("jjjjjjjjj")
+            },
+        )
+    };
+    // Kept: frame 0 is the VAE's round trip of the given image, whatever the noise and keys.
+    let (a, b) = (run(&keep, request("lllllllll")), other(&keep));
+    assert_eq!(a[0], b[0]);
+    assert_ne!(a[1..], b[1..]);
+    // Not kept: frame 0 is the network's x0 for it, which the noise moves.
+    let (c, d) = (run(&plain, request("lllllllll")), other(&plain));
+    assert_ne!(c[0], d[0]);
+    assert_ne!(a[0], c[0]);
 }

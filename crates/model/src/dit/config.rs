@@ -40,6 +40,10 @@ pub struct DitConfig {
     pub added_kv_proj_dim: Option<serde_json::Value>,
     /// Positional embedding length (not supported: must be null).
     pub pos_embed_seq_len: Option<serde_json::Value>,
+    /// headroom's own key (diffusers ignores it): the session's first latent frame is the
+    /// given image's latents, not the network's x0 for it (image-conditioned models only;
+    /// the loop of a model trained with that frame as the truth, Wan 2.2 TI2V's way).
+    pub keep_first_frame: bool,
 }
 
 impl Default for DitConfig {
@@ -61,6 +65,7 @@ impl Default for DitConfig {
             image_dim: None,
             added_kv_proj_dim: None,
             pos_embed_seq_len: None,
+            keep_first_frame: false,
         }
     }
 }
@@ -113,6 +118,16 @@ impl DitConfig {
                 format!("must be positive, got {:?}", self.patch_size),
             ));
         }
+        if self.keep_first_frame && !self.takes_image_condition() {
+            return Err(ModelError::config(
+                "keep_first_frame",
+                format!(
+                    "needs an image-conditioned model (in_channels = 2·out_channels + {IMAGE_MASK_CHANNELS}), got in {} / out {}",
+                    self.in_channels,
+                    self.out_channels()
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -151,5 +166,19 @@ mod tests {
         assert!(with(100, 48).takes_image_condition());
         assert!(!with(16, 16).takes_image_condition());
         assert!(!with(52, 48).takes_image_condition());
+    }
+
+    #[test]
+    fn keeping_the_first_frame_needs_an_image_condition() {
+        let keep = |i, o| DitConfig {
+            in_channels: i,
+            out_channels: Some(o),
+            keep_first_frame: true,
+            ..DitConfig::default()
+        };
+        assert!(keep(36, 16).validate().is_ok());
+        let err = keep(16, 16).validate().unwrap_err().to_string();
+        assert!(err.contains("keep_first_frame"), "{err}");
+        assert!(err.contains("in 16 / out 16"), "{err}");
     }
 }

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Trains a committed `world` model further without changing its latent space.
+
+The DiT speaks the VAE encoder's latents (normalised by the statistics in the VAE's
+config), so the encoder stays frozen here and everything trained is on its far side:
+
+  init     a work folder from a model folder (default ``models/world``): its VAE and
+           DiT in f32 (``vae.pt``, ``dit.pt``, the committed curves carried on), and
+           ``latents.pt``: every clip of the work folder and its mirror through the
+           committed encoder, normalised by the committed statistics
+  decoder  the decoder alone, on whole 33-frame clips at full size from the frozen
+           encoder's posterior means (what the engine decodes), L1 + L2 plus ``--first``
+           times frame 0's own (the session's given image); writes ``vae_decoder.pt``
+
+Then ``train.py --stage dit --dit-resume --dit-lr ...`` trains the DiT further on the
+same latents, and ``train.py --stage export`` writes the folder (it takes the decoder
+from ``vae_decoder.pt``).
+
+    ~/.headroom-reference/bin/python tools/world/finetune.py --stage init --work /work/world-ft
+    ~/.headroom-reference/bin/python tools/world/finetune.py --stage decoder --work /work/world-ft --minutes 60
+"""
+
+import argparse
+import json
+import math
+import pathlib
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import train as T  # noqa: E402
+import diffusers  # noqa: E402
+from diffusers import AutoencoderKLWan  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def committed_vae(folder):
+    """The folder's VAE in f32, and its config (with the latent statistics)."""
+    cfg = json.loads((folder / "vae" / "config.json").read_text())
+    T.configure(cfg["z_dim"], cfg["base_dim"], cfg["num_res_blocks"])
+    vae = AutoencoderKLWan(**T.VAE_CFG)
+    vae.load_state_dict({k: v.float() for k, v in
+                         load_file(folder / "vae" / "diffusion_pytorch_model.safetensors").items()})
+    return vae.eval(), cfg
+
+
+def stage_init(work, folder):
+    vae, cfg = committed_vae(folder)
+    curves = json.loads((folder / "training.json").read_text())
+    if not (work / "vae.pt").exists():
+        torch.save(dict(state=vae.state_dict(), curve=curves["vae"], config=T.VAE_CFG),
+                    work / "vae.pt")
+    if not (work / "dit.pt").exists():
+        model, adapter = T.build_dit()
+        weights = {k: v.float() for k, v in load_file(
+            folder / "transformer" / "diffusion_pytorch_model.safetensors").items()}
+        # The adapter's per-block layers live in both modules: each takes its own names.
+        own = model.state_dict().keys()
+        model.load_state_dict({k: weights[k] for k in own})
+        adapter.load_state_dict({k: weights[k] for k in adapter.state_dict()})
+        torch.save(dict(model=model.state_dict(), adapter=adapter.state_dict(),
+                        curve=curves["dit"], steps=curves["dit_steps"],
+                        batch=curves["dit_batch"]), work / "dit.pt")
+    if not (work / "latents.pt").exists():
+        encode(work, vae, cfg, curves["vae_psnr_full_clips"])
+    T.log(f"init: {work} from {folder}")
+
+
+@torch.no_grad()
+def encode(work, vae, cfg, vae_psnr, batch=4):
+    """Posterior means of every clip and its mirror (and of their first frames alone),
+    normalised by the committed statistics, as train.py's `encode` writes them."""
+    videos, scripts = T.load_clips(work)
+    mean = torch.tensor(cfg["latents_mean"])
+    std = torch.tensor(cfg["latents_std"])
+    view = lambda t: t.view(1, -1, 1, 1, 1)
+    lat, cond = [], []
+    for i0 in range(0, len(videos), batch):
+        x = torch.stack([T.to_video(np.ascontiguousarray(v[:, :, ::-1] if m else v))
+                         for v in videos[i0:i0 + batch] for m in (False, True)])
+        z = vae.encode(x).latent_dist.mode()
+        first = torch.cat([x[:, :, :1], torch.zeros(x.shape[0], 3, T.FRAMES - 1, T.H, T.W)], 2)
+        c = vae.encode(first).latent_dist.mode()
+        lat.append((z - view(mean)) / view(std))
+        cond.append((c - view(mean)) / view(std))
+        if i0 % (20 * batch) == 0:
+            T.log(f"encode {i0}/{len(videos)}")
+    mirrored = [s.translate(T.MIRROR) for s in scripts]
+    torch.save(dict(latents=torch.cat(lat), cond=torch.cat(cond),
+                    scripts=[s for pair in zip(scripts, mirrored) for s in pair],
+                    mean=mean, std=std, vae_psnr=vae_psnr), work / "latents.pt")
+
+
+def stage_decoder(work, minutes, first, lr):
+    """The decoder (and its post-quant conv) alone, from the frozen encoder's latents."""
+    out = work / "vae_decoder.pt"
+    videos, _ = T.load_clips(work)
+    data = torch.load(work / "latents.pt")
+    view = lambda t: t.view(1, -1, 1, 1, 1)
+    # Raw latents (the decoder's input): undo the normalisation.
+    raw = data["latents"] * view(data["std"]) + view(data["mean"])
+    ck = torch.load(out if out.exists() else work / "vae.pt")
+    vae = AutoencoderKLWan(**T.VAE_CFG)
+    vae.load_state_dict(ck["state"])
+    trained = [*vae.decoder.parameters(), *vae.post_quant_conv.parameters()]
+    for p in vae.parameters():
+        p.requires_grad_(False)
+    for p in trained:
+        p.requires_grad_(True)
+    opt = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
+    held = T.heldout_clips()
+    whole, first0 = T.vae_psnr(vae, held)
+    T.log(f"decoder: start, held-out PSNR {whole:.2f} dB, frame 0 {first0:.2f} dB")
+    evals = list(ck.get("decoder_evals", [])) or [dict(step=0, heldout_psnr=whole,
+                                                       heldout_first_frame_psnr=first0)]
+    curve = list(ck.get("decoder_curve", []))
+    rng = np.random.default_rng(len(curve) + 11)
+    clock, step, last_eval = T.RunClock(), 0, 0.0
+    l1_l2 = lambda d: d.abs().mean() + (d ** 2).mean()
+
+    def save():
+        torch.save(dict(state=vae.state_dict(), curve=ck["curve"], decoder_curve=curve,
+                        decoder_evals=evals, config=T.VAE_CFG), out)
+
+    while clock() < 60 * minutes:
+        frac = clock() / (60 * minutes)
+        for g in opt.param_groups:
+            g["lr"] = lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * frac))
+        i = int(rng.integers(len(raw)))  # latents.pt holds each clip, then its mirror
+        v = videos[i // 2][:, :, ::-1] if i % 2 else videos[i // 2]
+        x = T.to_video(np.ascontiguousarray(v))[None]
+        y = vae.decode(raw[i:i + 1]).sample
+        loss = l1_l2(y - x) + first * l1_l2(y[:, :, 0] - x[:, :, 0])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
+        opt.step()
+        with torch.no_grad():
+            mse = ((y.clamp(-1, 1) - x) ** 2).mean(dim=(0, 1, 3, 4))
+        psnr = 10 * math.log10(4.0 / max(mse.mean().item(), 1e-10))
+        psnr0 = 10 * math.log10(4.0 / max(mse[0].item(), 1e-10))
+        curve.append(dict(step=len(curve), loss=loss.item(), psnr=psnr, first_psnr=psnr0,
+                          seconds=round(clock(), 1)))
+        if step % 10 == 0:
+            T.log(f"decoder {step}: loss {loss.item():.4f} psnr {psnr:.2f} frame 0 {psnr0:.2f} dB "
+                  f"lr {opt.param_groups[0]['lr']:.2e} ({clock():.0f} s)")
+        step += 1
+        if clock() - last_eval > 900:
+            whole, first0 = T.vae_psnr(vae, held)
+            evals.append(dict(step=len(curve), heldout_psnr=whole, heldout_first_frame_psnr=first0))
+            T.log(f"decoder {step}: held-out PSNR {whole:.2f} dB, frame 0 {first0:.2f} dB")
+            last_eval = clock()
+            save()
+    whole, first0 = T.vae_psnr(vae, held)
+    evals.append(dict(step=len(curve), heldout_psnr=whole, heldout_first_frame_psnr=first0))
+    T.log(f"decoder done at step {step}: held-out PSNR {whole:.2f} dB, frame 0 {first0:.2f} dB")
+    save()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stage", required=True, choices=["init", "decoder"])
+    ap.add_argument("--work", type=pathlib.Path, required=True)
+    ap.add_argument("--model", type=pathlib.Path, default=REPO / "models" / "world")
+    ap.add_argument("--minutes", type=float, default=60.0, help="decoder: CPU-time budget")
+    ap.add_argument("--first", type=float, default=1.0, help="decoder: weight of frame 0's term")
+    ap.add_argument("--lr", type=float, default=2e-4, help="decoder: peak learning rate")
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    diffusers.utils.logging.set_verbosity_error()
+    a.work.mkdir(parents=True, exist_ok=True)
+    if a.stage == "init":
+        stage_init(a.work, a.model)
+    else:
+        committed_vae(a.model)  # the VAE's shape
+        stage_decoder(a.work, a.minutes, a.first, a.lr)
+
+
+if __name__ == "__main__":
+    main()
