@@ -38,10 +38,27 @@ def main():
                for i in range(4)]
         dit_rows.append(f"| {a}–{b - 1} | {mean_of(dit, 'loss', a, b):.4f} | "
                         + " | ".join(f"{p:.4f}" for p in per) + " |")
-    minutes = dit[-1].get("seconds", 0) / 60
-    # The first two runs (2133 steps, 48 minutes) ran alone; later ones shared the machine.
-    first_steps = min(2133, n)
-    first_minutes = dit[first_steps - 1].get("seconds", 0) / 60
+    runs = tr.get("dit_runs") or [dict(steps=tr["dit_steps"], minutes=dit[-1]["seconds"] / 60,
+                                       max_lr=4e-4, camera_lr_mult=1.0, bf16=False, clips=480)]
+    run_rows = "\n".join(
+        f"| {i + 1} | {r['steps']} | {r['minutes']:.0f} | {r['max_lr']:.1e} | {r['camera_lr_mult']:g} | "
+        f"{'bf16 autocast' if r['bf16'] else 'f32'} | {r['clips']} | {r.get('note', '')} |"
+        for i, r in enumerate(runs))
+    z = t_cfg["out_channels"]
+    keep_text = """
+  Its config sets `keep_first_frame` (headroom's key): the session's first latent frame
+  is the given image's latents, not the network's x0 for it, as in training, where that
+  frame is always the truth.""" if t_cfg.get("keep_first_frame") else ""
+    dec, dec_evals = tr.get("vae_decoder", []), tr.get("vae_decoder_evals", [])
+    decoder = ""
+    if dec:
+        e0, e1 = dec_evals[0], dec_evals[-1]
+        decoder = f"""
+   Then the decoder alone (`tools/world/finetune.py --stage decoder`, the encoder frozen,
+   so the DiT's latents did not change): {len(dec)} steps in {dec[-1]['seconds'] / 60:.0f} CPU-minutes,
+   L1 + L2 with frame 0's own term weighted in, on whole clips and on batches of
+   64×64 crops of the first block. Held-out whole clips (4 seeds from 100000): {e0['heldout_psnr']:.2f} →
+   {e1['heldout_psnr']:.2f} dB, their frame 0: {e0['heldout_first_frame_psnr']:.2f} → {e1['heldout_first_frame_psnr']:.2f} dB."""
     cases = "\n".join(
         f"| {c['seed']} | `{c['actions']}` | {c['psnr_db']:.2f} | {c['baseline_db']:.2f} | "
         f"{c['psnr_db'] - c['baseline_db']:+.2f} |" for c in ev["per_case"])
@@ -52,6 +69,23 @@ def main():
         f"{'yes' if v['per_latent_frame']['passes'] else 'no'} |"
         for k, v in ev["steering"].items())
     sa, yl = ev["strafe_d_vs_a"], ev["yaw_l_vs_j"]
+    ceiling = ""
+    if "vae_db" in ev:
+        pl = ev["per_latent_frame"]
+        fmt = lambda xs: " | ".join("–" if x is None else f"{x:.2f}" for x in xs)
+        ceiling = f"""The VAE's ceiling: the truth through this folder's VAE alone (encode, decode) is
+{ev['vae_db']:.2f} dB over frames 1–32 and {ev['vae_first_frame_db']:.2f} dB for frame 0, so the DiT loses
+{ev['vae_db'] - ev['psnr_db']:.2f} dB of it, and a perfect DiT on this VAE would gain
+{ev['vae_db'] - ev['baseline_repeat_first_db']:+.2f} dB over repeating the first frame. Per latent frame (frame 0, then pixel
+frames 4f−3..4f), mean over the flights:
+
+| latent frame | {" | ".join(str(i) for i in range(len(pl['model_db'])))} |
+|---|{"---|" * len(pl['model_db'])}
+| model | {fmt(pl['model_db'])} |
+| VAE round trip | {fmt(pl['vae_db'])} |
+| repeat-first | {fmt(pl['repeat_first_db'])} |
+
+"""
     card = f"""# `world`: a small world model trained on a procedural world
 
 The embedded default model of headroom (`headroom generate`, `headroom serve`). A Wan 2.1
@@ -68,11 +102,11 @@ diffusers-folder loader as every checkpoint.
   statistics of the training set (`latents_mean` / `latents_std` in its config).
 - **Transformer** (`transformer/`, {dit_bytes / 1e6:.1f} MB bf16):
   `WanTransformer3DModel`, {t_cfg['num_layers']} layers, {t_cfg['num_attention_heads']} heads
-  × {t_cfg['attention_head_dim']}, FFN {t_cfg['ffn_dim']}, 36 input channels (noise 16 | mask 4
-  | first-frame latents 16), patch 1×2×2, plus the camera adapter's keys
+  × {t_cfg['attention_head_dim']}, FFN {t_cfg['ffn_dim']}, {t_cfg['in_channels']} input channels (noise {z} | mask 4
+  | first-frame latents {z}), patch 1×2×2, plus the camera adapter's keys
   (`patch_embedding_wancamctrl`, `c2ws_hidden_states_layer1/2`, per block
   `cam_injector_layer1/2`, `cam_scale_layer`, `cam_shift_layer`). No text: it is trained
-  with the engine's empty-prompt context (one zero token).
+  with the engine's empty-prompt context (one zero token).{keep_text}
 - **First frame** (`first_frame.png`): a training-set view; `generate` without `--image`
   starts from it, and its size (128×96) is the model's default video size.
 
@@ -83,10 +117,11 @@ gradient and 10–21 boxes per seed, ray-cast with 2×2 supersampling through a 
 camera with the engine's default intrinsics, moving by the keys with `camera.rs`'s
 semantics (one key set per latent frame: w/s 0.05 forward/back, a/d 0.05 sideways, i/k
 pitch ±4°, j/l yaw ±6°; latent frame f at the pose after keys 0..f, its four pixel frames
-moving there in quarter steps). Training: seeds 0–399 rendered, 33
-frames each with random key scripts (runs of one key, sometimes none); every clip also
-mirrored left-right with a↔d, j↔l. The DiT trained on the first 240 seeds (480 clips
-with the mirrors).
+moving there in quarter steps), 33 frames a clip; every clip also mirrored left-right
+with a↔d, j↔l. The VAE trained on seeds 0–399 with random key scripts (runs of one key,
+sometimes none); the DiT's first run on seeds 0–239; the decoder fine-tune and later DiT
+runs on seeds 0–319 of those scripts plus seeds 400–559 with one key held for the
+flight (sometimes switching once: `train.py --stage data-held`).
 
 ## Training (`tools/world/train.py`, PyTorch CPU, 2 threads)
 
@@ -94,12 +129,16 @@ with the mirrors).
    then {len(vae_long)} steps on whole 33-frame clips at 128×96 (over 33 frames the
    window-trained VAE drifted from 21 to 15 dB; the long fine-tune fixes its caches).
    Reconstruction PSNR on whole training clips after training:
-   {tr['vae_psnr_full_clips']:.2f} dB.
-2. DiT: {tr["dit_steps"]} steps of batch {tr["dit_batch"]} in three runs: {first_steps} steps in {first_minutes:.0f} minutes
-   (30, then 18 more resumed) on the otherwise idle machine, then {tr["dit_steps"] - first_steps}
-   more resumed over {minutes - first_minutes:.0f} minutes of wall clock at low priority beside other work
-   (paused while benchmarks ran)
-   (AdamW, lr 4e-4, warm-up then a cosine that follows the clock). One forward trains
+   {tr['vae_psnr_full_clips']:.2f} dB.{decoder}
+2. DiT: {tr["dit_steps"]} steps of batch {tr["dit_batch"]} in {len(runs)} run(s), each resuming the
+   last (AdamW, warm-up then a cosine that follows the run's CPU clock; clips counted
+   with their mirrors):
+
+   | run | steps | minutes | peak lr | camera lr × | precision | clips | |
+   |---|---|---|---|---|---|---|---|
+{chr(10).join("   " + r for r in run_rows.splitlines())}
+
+   One forward trains
    all three blocks of a clip: the sequence is [clean latent frames at t = 0 | noisy
    frames at t_b], the noisy copy of block b sees the clean blocks < b and itself
    (the engine's block-causal attention to committed blocks), RoPE gives both copies
@@ -133,7 +172,7 @@ PSNR over frames 1–32 against the renderer, beside repeating the first frame:
 decoded frame against the image it was given: {ev['first_frame_db']:.2f} dB on average, {ev['first_frame_min_db']:.2f} dB at
 worst (the issue asks for ≥ 30 dB).
 
-Steering (phase correlation, horizontal shift in pixels, positive = the picture moves
+{ceiling}Steering (phase correlation, horizontal shift in pixels, positive = the picture moves
 right): per pixel frame (consecutive frames), and per latent frame (pixel frame 4f−4 to
 4f, the four frames one key set moves), with the share of latent frames whose shift has
 the truth's sign and the generated magnitude over the truth's (the issue's bar: ≥ 80 %
@@ -151,8 +190,10 @@ Yaw l vs j: opposite {yl['opposite']}, as the truth {yl['matches_truth']}, frame
 ## Limits
 
 - 128×96, 33 frames (three blocks); longer videos run but were never trained.
-- Trained for about 2.5 hours of 2 CPU cores in all (VAE and DiT): frames are blurred where the view
-  uncovers what the first frame did not show, and textures soften over the blocks.
+- Trained for {sum(r['minutes'] for r in runs) / 60:.1f} hours of run clock (the DiT) plus about an hour
+  (the VAE){f" and {dec[-1]['seconds'] / 60:.0f} minutes (its decoder fine-tune)" if dec else ""}: frames are
+  blurred where the view uncovers what the first frame did not show, and textures soften
+  over the blocks.
 - Only this procedural world; no text conditioning.
 """
     (FOLDER / "README.md").write_text(card)

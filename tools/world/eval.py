@@ -16,7 +16,11 @@ keys, and reports:
   issue's bar: >= 80 % and >= 0.5);
 * the first decoded frame's PSNR against the image it was given (bar: >= 30 dB), and
   how many flights fall below repeating the first frame (bar: none);
-* a PNG strip of a generated flight above the truth (frames 0, 8, 16, 24, 32).
+* a PNG strip of a generated flight above the truth (frames 0, 8, 16, 24, 32);
+* where the model is a folder, the VAE's ceiling: the truth through the folder's own VAE
+  (encode, decode, posterior means, diffusers in f32), so what the DiT loses is told
+  apart from what the VAE does; and every figure per latent frame (pixel frames 4f−3..4f,
+  frame 0 alone), which tells the blocks apart.
 
     ~/.headroom-reference/bin/python tools/world/eval.py --headroom target/release/headroom \\
         --out models/world/eval.json --strip models/world/flight.png
@@ -67,6 +71,30 @@ def generate(headroom, model, seed, first, actions, workdir):
     subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     return np.stack([np.array(Image.open(out / f"frame_{i:05d}.png").convert("RGB"))
                      for i in range(FRAMES)])
+
+
+class VaeCeiling:
+    """The truth's round trip through a model folder's VAE (diffusers, f32)."""
+
+    def __init__(self, folder):
+        import torch
+        from diffusers import AutoencoderKLWan
+        torch.set_num_threads(2)
+        self.torch = torch
+        self.vae = AutoencoderKLWan.from_pretrained(folder / "vae").float().eval()
+
+    def __call__(self, video):
+        t = self.torch
+        x = t.from_numpy(video).permute(3, 0, 1, 2).float()[None] / 127.5 - 1.0
+        with t.no_grad():
+            y = self.vae.decode(self.vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
+        return ((y[0].permute(1, 2, 3, 0) + 1) * 127.5).round().byte().numpy()
+
+
+def per_latent_frame(values):
+    """Per-frame values [33] -> per latent frame [9]: frame 0, then frames 4f-3..4f."""
+    return [float(values[0])] + [float(np.mean(values[4 * f - 3:4 * f + 1]))
+                                 for f in range(1, (len(values) - 1) // 4 + 1)]
 
 
 def horizontal_shift(a, b):
@@ -124,6 +152,9 @@ def main():
     rng = np.random.default_rng(99)
     cases = [(HELD_OUT_SEED + i, held_out_script(rng)) for i in range(a.cases)]
     results, gen_psnr, base_psnr, first_psnr, flight = [], [], [], [], None
+    folder = pathlib.Path(a.model)
+    ceiling = VaeCeiling(folder) if (folder / "vae").is_dir() else None
+    vae_psnr, vae_first, frames_gen, frames_base, frames_vae = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
         for n, (seed, keys) in enumerate(cases):
@@ -135,8 +166,20 @@ def main():
             gen_psnr.append(g)
             base_psnr.append(b)
             first_psnr.append(f0)
-            results.append(dict(seed=seed, actions=keys, psnr_db=g, baseline_db=b, first_frame_db=f0))
-            print(f"seed {seed} keys {keys}: {g:.2f} dB vs repeat-first {b:.2f} dB, frame 0 {f0:.2f} dB", flush=True)
+            frames_gen.append(per_latent_frame([psnr(video[i], truth[i]) for i in range(FRAMES)]))
+            frames_base.append(per_latent_frame([psnr(truth[0], truth[i]) for i in range(FRAMES)]))
+            case = dict(seed=seed, actions=keys, psnr_db=g, baseline_db=b, first_frame_db=f0)
+            line = f"seed {seed} keys {keys}: {g:.2f} dB vs repeat-first {b:.2f} dB, frame 0 {f0:.2f} dB"
+            if ceiling:
+                rt = ceiling(truth)
+                per = [psnr(rt[i], truth[i]) for i in range(FRAMES)]
+                case.update(vae_db=float(np.mean(per[1:])), vae_first_frame_db=float(per[0]))
+                vae_psnr.append(case["vae_db"])
+                vae_first.append(per[0])
+                frames_vae.append(per_latent_frame(per))
+                line += f"; VAE round trip {case['vae_db']:.2f} dB, frame 0 {per[0]:.2f} dB"
+            results.append(case)
+            print(line, flush=True)
             if flight is None:
                 flight = (video, truth)
         steer = {}
@@ -173,8 +216,15 @@ def main():
         first_frame_db=float(np.mean(first_psnr)), first_frame_min_db=float(np.min(first_psnr)),
         steering_passes={k: v["per_latent_frame"]["passes"] for k, v in steer.items()},
         strafe_d_vs_a=opposite("d", "a"), yaw_l_vs_j=opposite("l", "j"),
+        per_latent_frame=dict(
+            model_db=[round(float(x), 2) for x in np.mean(frames_gen, 0)],
+            # Frame 0 repeated is exact: no figure.
+            repeat_first_db=[None] + [round(float(x), 2) for x in np.mean(frames_base, 0)[1:]],
+            **({"vae_db": [round(float(x), 2) for x in np.mean(frames_vae, 0)]} if ceiling else {})),
         steering=steer, per_case=results)
-    print(json.dumps({k: v for k, v in summary.items() if k not in ("steering", "per_case")}, indent=1))
+    if ceiling:
+        summary.update(vae_db=float(np.mean(vae_psnr)), vae_first_frame_db=float(np.mean(vae_first)))
+    print(json.dumps({k: v for k, v in summary.items() if k not in ("steering", "per_case")}))
     if a.out:
         a.out.write_text(json.dumps(summary, indent=1) + "\n")
     if a.strip and flight:

@@ -66,9 +66,13 @@ DIT_CFG = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=6
                eps=1e-6, rope_max_seq_len=1024)
 
 
-def configure(z_dim, base_dim, res_blocks):
-    """Sets the VAE's latent channels, width and depth (the DiT's channels follow z_dim)."""
+def configure(z_dim, base_dim, res_blocks, spatial=8):
+    """Sets the VAE's latent channels, width, depth and spatial compression (8: Wan's
+    three downsamples, the first spatial only; 4: two, both in space and time); the
+    DiT's channels follow z_dim."""
     VAE_CFG.update(z_dim=z_dim, base_dim=base_dim, num_res_blocks=res_blocks)
+    if spatial == 4:
+        VAE_CFG.update(dim_mult=[1, 2, 2], temperal_downsample=[True, True])
     DIT_CFG.update(in_channels=2 * z_dim + 4, out_channels=z_dim)
 
 
@@ -497,8 +501,11 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
         done = before["steps"]
         offset = before["curve"][-1]["seconds"] if before["curve"] else 0.0
         mine = [dict(c, step=c["step"] + done, seconds=c["seconds"] + offset) for c in curve]
+        run = dict(steps=step + 1, minutes=round(clock() / 60, 1), max_lr=max_lr,
+                   camera_lr_mult=camera_lr_mult, bf16=bf16, clips=len(lat))
         torch.save(dict(model=model.state_dict(), adapter=adapter.state_dict(),
-                        curve=before["curve"] + mine, steps=done + step + 1, batch=batch), out)
+                        curve=before["curve"] + mine, steps=done + step + 1, batch=batch,
+                        runs=before.get("runs", []) + [run]), out)
 
     mask = teacher_mask()
     # Mixed precision: bf16 products (oneDNN's AVX512-BF16 / AMX kernels, about 1.5x the
@@ -579,6 +586,7 @@ def stage_export(work, folder):
     save_file(weights, path, metadata={"format": "pt"})
     vck = torch.load(vae_path(work))
     curves = dict(vae=vck["curve"], dit=ck["curve"], dit_steps=ck["steps"],
+                  dit_runs=ck.get("runs", []),
                   vae_decoder=vck.get("decoder_curve", []),
                   vae_decoder_evals=vck.get("decoder_evals", []),
                   dit_batch=ck["batch"], vae_psnr_full_clips=data["vae_psnr"])
@@ -607,6 +615,8 @@ def main():
     ap.add_argument("--vae-z-dim", type=int, default=16)
     ap.add_argument("--vae-base-dim", type=int, default=16)
     ap.add_argument("--vae-res-blocks", type=int, default=1)
+    ap.add_argument("--vae-spatial", type=int, default=8, choices=[4, 8],
+                    help="the VAE's spatial compression (the DiT stages assume 8)")
     ap.add_argument("--encode-clips", type=int, default=0, help="encode only the first N clips")
     ap.add_argument("--dit-resume", action="store_true", help="train the saved DiT further")
     ap.add_argument("--dit-bf16", action="store_true",
@@ -620,7 +630,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    configure(a.vae_z_dim, a.vae_base_dim, a.vae_res_blocks)
+    configure(a.vae_z_dim, a.vae_base_dim, a.vae_res_blocks, a.vae_spatial)
     diffusers.utils.logging.set_verbosity_error()
     a.work.mkdir(parents=True, exist_ok=True)
     stages = (["data", "data-held", "vae", "vae-long", "encode", "dit", "export"]
