@@ -38,8 +38,7 @@ def main():
                for i in range(4)]
         dit_rows.append(f"| {a}–{b - 1} | {mean_of(dit, 'loss', a, b):.4f} | "
                         + " | ".join(f"{p:.4f}" for p in per) + " |")
-    runs = tr.get("dit_runs") or [dict(steps=tr["dit_steps"], minutes=dit[-1]["seconds"] / 60,
-                                       max_lr=4e-4, camera_lr_mult=1.0, bf16=False, clips=480)]
+    runs = tr["dit_runs"]
     run_rows = "\n".join(
         f"| {i + 1} | {r['steps']} | {r['minutes']:.0f} | {r['max_lr']:.1e} | {r['camera_lr_mult']:g} | "
         f"{'bf16 autocast' if r['bf16'] else 'f32'} | {r['clips']} | {r.get('note', '')} |"

@@ -72,33 +72,12 @@ def stage_init(work, folder):
                         batch=curves["dit_batch"], runs=curves.get("dit_runs") or [COMMITTED_RUN]),
                    work / "dit.pt")
     if not (work / "latents.pt").exists():
-        encode(work, vae, cfg, curves["vae_psnr_full_clips"])
+        # Normalised by the committed statistics: the latents the DiT was trained on.
+        videos, scripts = T.load_clips(work)
+        lat, cond, _ = T.encode_clips(vae, videos)
+        T.save_latents(work / "latents.pt", lat, cond, scripts, torch.tensor(cfg["latents_mean"]),
+                       torch.tensor(cfg["latents_std"]), curves["vae_psnr_full_clips"])
     T.log(f"init: {work} from {folder}")
-
-
-@torch.no_grad()
-def encode(work, vae, cfg, vae_psnr, batch=4):
-    """Posterior means of every clip and its mirror (and of their first frames alone),
-    normalised by the committed statistics, as train.py's `encode` writes them."""
-    videos, scripts = T.load_clips(work)
-    mean = torch.tensor(cfg["latents_mean"])
-    std = torch.tensor(cfg["latents_std"])
-    view = lambda t: t.view(1, -1, 1, 1, 1)
-    lat, cond = [], []
-    for i0 in range(0, len(videos), batch):
-        x = torch.stack([T.to_video(np.ascontiguousarray(v[:, :, ::-1] if m else v))
-                         for v in videos[i0:i0 + batch] for m in (False, True)])
-        z = vae.encode(x).latent_dist.mode()
-        first = torch.cat([x[:, :, :1], torch.zeros(x.shape[0], 3, T.FRAMES - 1, T.H, T.W)], 2)
-        c = vae.encode(first).latent_dist.mode()
-        lat.append((z - view(mean)) / view(std))
-        cond.append((c - view(mean)) / view(std))
-        if i0 % (20 * batch) == 0:
-            T.log(f"encode {i0}/{len(videos)}")
-    mirrored = [s.translate(T.MIRROR) for s in scripts]
-    torch.save(dict(latents=torch.cat(lat), cond=torch.cat(cond),
-                    scripts=[s for pair in zip(scripts, mirrored) for s in pair],
-                    mean=mean, std=std, vae_psnr=vae_psnr), work / "latents.pt")
 
 
 def stage_decoder(work, minutes, first, lr, whole_share):
@@ -126,7 +105,6 @@ def stage_decoder(work, minutes, first, lr, whole_share):
     curve = list(ck.get("decoder_curve", []))
     rng = np.random.default_rng(len(curve) + 11)
     clock, step, last_eval = T.RunClock(), 0, 0.0
-    l1_l2 = lambda d: d.abs().mean() + (d ** 2).mean()
 
     def save():
         torch.save(dict(state=vae.state_dict(), curve=ck["curve"], decoder_curve=curve,
@@ -137,9 +115,8 @@ def stage_decoder(work, minutes, first, lr, whole_share):
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * frac))
         if rng.random() < whole_share:
-            i = int(rng.integers(len(raw)))  # latents.pt holds each clip, then its mirror
-            v = videos[i // 2][:, :, ::-1] if i % 2 else videos[i // 2]
-            x = T.to_video(np.ascontiguousarray(v))[None]
+            i = int(rng.integers(len(raw)))
+            x = T.to_video(np.ascontiguousarray(T.clip_of(videos, i)))[None]
             y = vae.decode(raw[i:i + 1]).sample
         else:
             # A batch of 64×64 crops of the first block (latent frames 0–2, pixel frames
@@ -148,13 +125,13 @@ def stage_decoder(work, minutes, first, lr, whole_share):
             xs, zs = [], []
             for _ in range(4):
                 i = int(rng.integers(len(raw)))
-                v = videos[i // 2][:9, :, ::-1] if i % 2 else videos[i // 2][:9]
+                v = T.clip_of(videos, i)[:9]
                 a, b = int(rng.integers(0, T.h - 7)), int(rng.integers(0, T.w - 7))
                 zs.append(raw[i, :, :3, a:a + 8, b:b + 8])
                 xs.append(T.to_video(np.ascontiguousarray(v[:, 8 * a:8 * a + 64, 8 * b:8 * b + 64])))
             x = torch.stack(xs)
             y = vae.decode(torch.stack(zs)).sample
-        loss = l1_l2(y - x) + first * l1_l2(y[:, :, 0] - x[:, :, 0])
+        loss = T.l1_l2(y - x) + first * T.l1_l2(y[:, :, 0] - x[:, :, 0])
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trained, 1.0)

@@ -173,6 +173,11 @@ def to_video(frames):
 # ----------------------------------------------------------------------------------
 # VAE
 
+def l1_l2(d):
+    """L1 + L2 (means) of a difference."""
+    return d.abs().mean() + (d ** 2).mean()
+
+
 def vae_step(vae, opt, x, edge=0.0, first=0.0):
     """One optimiser step of L1 + L2 reconstruction (+ `edge` times the L1 of pixel
     differences, + `first` times frame 0's own L1 + L2) + 1e-4 * KL (per element) on
@@ -180,7 +185,6 @@ def vae_step(vae, opt, x, edge=0.0, first=0.0):
     frame: `first` buys its sharpness with that frame's spare latent capacity."""
     post = vae.encode(x).latent_dist
     y = vae.decode(post.sample()).sample
-    l1_l2 = lambda d: d.abs().mean() + (d ** 2).mean()
     rec = l1_l2(y - x)
     if edge:
         rec = rec + edge * edge_l1(y, x)
@@ -345,7 +349,43 @@ def load_vae(work):
 # ----------------------------------------------------------------------------------
 # encode
 
+def clip_of(videos, i):
+    """Sequence `i` of latents.pt's order: clip i // 2, mirrored left-right when i is odd."""
+    v = videos[i // 2]
+    return v[:, :, ::-1] if i % 2 else v
+
+
 @torch.no_grad()
+def encode_clips(vae, videos, batch=4):
+    """Raw posterior means of every clip and its mirror (latents.pt's order), of the
+    whole clips and of their first frames alone (the image condition), `batch` clips per
+    encode; and the reconstruction PSNR of every tenth batch's first clip."""
+    lat, cond, psnr = [], [], []
+    t0 = time.time()
+    for i0 in range(0, len(videos), batch):
+        x = torch.stack([to_video(np.ascontiguousarray(clip_of(videos, i)))
+                         for i in range(2 * i0, 2 * min(i0 + batch, len(videos)))])
+        z = vae.encode(x).latent_dist.mode()
+        first = torch.cat([x[:, :, :1], torch.zeros(x.shape[0], 3, FRAMES - 1, H, W)], 2)
+        lat.extend(z)
+        cond.extend(vae.encode(first).latent_dist.mode())
+        if i0 % (10 * batch) == 0:
+            y = vae.decode(z[:1]).sample.clamp(-1, 1)
+            psnr.append(10 * math.log10(4.0 / ((y - x[:1]) ** 2).mean().item()))
+            log(f"encode {i0}/{len(videos)} ({time.time() - t0:.0f} s)")
+    return torch.stack(lat), torch.stack(cond), psnr
+
+
+def save_latents(out, lat, cond, scripts, mean, std, vae_psnr):
+    """latents.pt: raw latents normalised by the per-channel `mean` / `std`, the scripts
+    with their mirrors' interleaved."""
+    view = lambda t: t.view(1, -1, 1, 1, 1)
+    mirrored = [s.translate(MIRROR) for s in scripts]
+    torch.save(dict(latents=(lat - view(mean)) / view(std), cond=(cond - view(mean)) / view(std),
+                    scripts=[s for pair in zip(scripts, mirrored) for s in pair],
+                    mean=mean, std=std, vae_psnr=vae_psnr), out)
+
+
 def stage_encode(work, clips=None, batch=4):
     out = work / "latents.pt"
     if out.exists():
@@ -353,33 +393,10 @@ def stage_encode(work, clips=None, batch=4):
     videos, scripts = load_clips(work)
     if clips:
         videos, scripts = videos[:clips], scripts[:clips]
-    vae = load_vae(work)
-    lat, cond_raw, psnr = [], [], []
-    t0 = time.time()
-    for i0 in range(0, len(videos), batch):
-        # Each clip and its mirror image, `batch` clips per encode.
-        x = torch.stack([to_video(np.ascontiguousarray(v[:, :, ::-1] if m else v))
-                         for v in videos[i0:i0 + batch] for m in (False, True)])
-        z = vae.encode(x).latent_dist.mode()
-        first = torch.cat([x[:, :, :1], torch.zeros(x.shape[0], 3, FRAMES - 1, H, W)], 2)
-        c = vae.encode(first).latent_dist.mode()
-        lat.extend(z)
-        cond_raw.extend(c)
-        if i0 % (10 * batch) == 0:
-            y = vae.decode(z[:1]).sample.clamp(-1, 1)
-            psnr.append(10 * math.log10(4.0 / ((y - x[:1]) ** 2).mean().item()))
-            log(f"encode {i0}/{len(videos)} ({time.time() - t0:.0f} s)")
-    lat = torch.stack(lat)
-    mean = lat.mean(dim=(0, 2, 3, 4))
-    std = lat.std(dim=(0, 2, 3, 4))
-    view = lambda t: t.view(1, -1, 1, 1, 1)
-    lat = (lat - view(mean)) / view(std)
-    cond = (torch.stack(cond_raw) - view(mean)) / view(std)
-    mirrored = [s.translate(MIRROR) for s in scripts]
-    all_scripts = [s for pair in zip(scripts, mirrored) for s in pair]
+    lat, cond, psnr = encode_clips(load_vae(work), videos, batch)
     log(f"encode: VAE reconstruction PSNR on full clips {np.mean(psnr):.2f} dB")
-    torch.save(dict(latents=lat, cond=cond, scripts=all_scripts, mean=mean, std=std,
-                    vae_psnr=float(np.mean(psnr))), out)
+    save_latents(out, lat, cond, scripts, lat.mean(dim=(0, 2, 3, 4)), lat.std(dim=(0, 2, 3, 4)),
+                 float(np.mean(psnr)))
 
 
 # ----------------------------------------------------------------------------------
