@@ -250,9 +250,11 @@ def relative_framewise(c2ws, scale=None):
     return rel
 
 
-def plucker(c2ws, height, width):
+def plucker(c2ws, height, width, fold=8):
     """LingBot ``get_plucker_embeddings`` ([origin, direction], pixel centres) with the
-    default intrinsics, folded 8x8 as ``(c c1 c2)``: [384, f, height/8, width/8]."""
+    default intrinsics, folded ``fold``x``fold`` as ``(c c1 c2)`` onto the latent grid
+    (fold = the VAE's spatial factor; LingBot's Wan VAE: 8):
+    [6*fold^2, f, height/fold, width/fold]."""
     fx = fy = 500.0
     cx, cy = width / 2, height / 2
     ys, xs = np.meshgrid(np.arange(height) + 0.5, np.arange(width) + 0.5, indexing="ij")
@@ -264,9 +266,9 @@ def plucker(c2ws, height, width):
         o = np.broadcast_to(p[:3, 3], d.shape)
         emb.append(np.concatenate([o, d], -1).reshape(height, width, 6))
     e = torch.from_numpy(np.stack(emb))                      # [f, H, W, 6] f64
-    f = e.shape[0]
-    e = e.reshape(f, height // 8, 8, width // 8, 8, 6).permute(5, 2, 4, 0, 1, 3)
-    return e.reshape(384, f, height // 8, width // 8).float()
+    f, s = e.shape[0], fold
+    e = e.reshape(f, height // s, s, width // s, s, 6).permute(5, 2, 4, 0, 1, 3)
+    return e.reshape(6 * s * s, f, height // s, width // s).float()
 
 
 def block_cameras(case):
@@ -335,10 +337,11 @@ class CameraAdapter(torch.nn.Module):
     """LingBot's camera adapter on top of diffusers' Wan (key names as in the
     diffusers-format LingBot checkpoints)."""
 
-    def __init__(self, dim, layers, patch):
+    def __init__(self, dim, layers, patch, fold=8):
         super().__init__()
         self.patch = patch
-        self.patch_embedding_wancamctrl = torch.nn.Linear(384 * math.prod(patch), dim)
+        # Rays folded fold x fold (the VAE's spatial factor), then patchified.
+        self.patch_embedding_wancamctrl = torch.nn.Linear(6 * fold * fold * math.prod(patch), dim)
         self.c2ws_hidden_states_layer1 = torch.nn.Linear(dim, dim)
         self.c2ws_hidden_states_layer2 = torch.nn.Linear(dim, dim)
         self.blocks = torch.nn.ModuleList()
@@ -350,7 +353,7 @@ class CameraAdapter(torch.nn.Module):
             self.blocks.append(b)
 
     def tokens(self, rays):
-        """[1, 384, F, h, w] -> [1, L, dim] ('1 c (f c1) (h c2) (w c3) -> 1 (f h w) (c c1 c2 c3)')."""
+        """[1, 6*fold^2, F, h, w] -> [1, L, dim] ('1 c (f c1) (h c2) (w c3) -> 1 (f h w) (c c1 c2 c3)')."""
         pt, ph, pw = self.patch
         _, c, f, h, w = rays.shape
         x = rays.reshape(1, c, f // pt, pt, h // ph, ph, w // pw, pw)

@@ -46,7 +46,8 @@ COMMITTED_RUN = dict(steps=4099, minutes=158.0, max_lr=4e-4, camera_lr_mult=1.0,
 def committed_vae(folder):
     """The folder's VAE in f32, and its config (with the latent statistics)."""
     cfg = json.loads((folder / "vae" / "config.json").read_text())
-    T.configure(cfg["z_dim"], cfg["base_dim"], cfg["num_res_blocks"])
+    T.configure(cfg["z_dim"], cfg["base_dim"], cfg["num_res_blocks"],
+                2 ** (len(cfg["dim_mult"]) - 1))
     vae = AutoencoderKLWan(**T.VAE_CFG)
     vae.load_state_dict({k: v.float() for k, v in
                          load_file(folder / "vae" / "diffusion_pytorch_model.safetensors").items()})

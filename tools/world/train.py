@@ -52,8 +52,9 @@ FRAMES = 33
 LATENT = 9
 BLOCK = 3
 H, W = render.HEIGHT, render.WIDTH
-h, w = H // 8, W // 8
-TOKENS = (h // 2) * (w // 2)
+FOLD = 8                       # the VAE's spatial factor: the latent grid, and the rays' fold
+h, w = H // FOLD, W // FOLD
+TOKENS = (h // 2) * (w // 2)   # DiT tokens per latent frame
 KEYS = "wasdjlik-"
 MIRROR = str.maketrans("adjl", "dalj")
 SELF_CONTEXT = 0.3             # share of DiT steps whose clean context is the model's own x0
@@ -69,11 +70,16 @@ DIT_CFG = dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=6
 def configure(z_dim, base_dim, res_blocks, spatial=8):
     """Sets the VAE's latent channels, width, depth and spatial compression (8: Wan's
     three downsamples, the first spatial only; 4: two, both in space and time); the
-    DiT's channels follow z_dim."""
+    DiT's channels follow z_dim, and its patch the compression: 2x2 on an 8x latent
+    grid, 4x4 on a 4x one, so that a latent frame is the same 48 tokens either way."""
+    global FOLD, h, w, TOKENS
     VAE_CFG.update(z_dim=z_dim, base_dim=base_dim, num_res_blocks=res_blocks)
     if spatial == 4:
         VAE_CFG.update(dim_mult=[1, 2, 2], temperal_downsample=[True, True])
-    DIT_CFG.update(in_channels=2 * z_dim + 4, out_channels=z_dim)
+    patch = 16 // spatial
+    FOLD, h, w = spatial, H // spatial, W // spatial
+    TOKENS = (h // patch) * (w // patch)
+    DIT_CFG.update(in_channels=2 * z_dim + 4, out_channels=z_dim, patch_size=(1, patch, patch))
 
 
 def key_script(rng, n=LATENT):
@@ -403,22 +409,23 @@ def stage_encode(work, clips=None, batch=4):
 # the transformer
 
 def block_rays(script):
-    """Folded rays [384, LATENT, h, w] of the engine's per-block camera tokens."""
+    """Folded rays [6*FOLD^2, LATENT, h, w] of the engine's per-block camera tokens."""
     pose, pitch, out = np.eye(4), 0.0, []
     for n in range(LATENT // BLOCK):
         poses = [pose]
         for ch in script[BLOCK * n:BLOCK * n + BLOCK]:
             pose, pitch = ref.controller_step(pose, pitch, ch)
             poses.append(pose)
-        out.append(ref.plucker(ref.relative_framewise(poses)[1:], H, W))
+        out.append(ref.plucker(ref.relative_framewise(poses)[1:], H, W, FOLD))
     return torch.cat(out, 1)
 
 
 def camera_tokens(adapter, rays):
-    """[B, 384, F, h, w] -> [B, F*TOKENS, dim] (the adapter's patchify, batched)."""
+    """[B, 6*FOLD^2, F, h, w] -> [B, F*TOKENS, dim] (the adapter's patchify, batched)."""
     b, c, f = rays.shape[:3]
-    x = rays.reshape(b, c, f, h // 2, 2, w // 2, 2).permute(0, 2, 3, 5, 1, 4, 6)
-    x = adapter.patch_embedding_wancamctrl(x.reshape(b, f * TOKENS, c * 4))
+    _, ph, pw = DIT_CFG["patch_size"]
+    x = rays.reshape(b, c, f, h // ph, ph, w // pw, pw).permute(0, 2, 3, 5, 1, 4, 6)
+    x = adapter.patch_embedding_wancamctrl(x.reshape(b, f * TOKENS, c * ph * pw))
     return x + adapter.c2ws_hidden_states_layer2(F.silu(adapter.c2ws_hidden_states_layer1(x)))
 
 
@@ -443,7 +450,7 @@ def build_dit():
     torch.manual_seed(1)
     model = WanTransformer3DModel(**DIT_CFG)
     dim = DIT_CFG["num_attention_heads"] * DIT_CFG["attention_head_dim"]
-    adapter = ref.CameraAdapter(dim, DIT_CFG["num_layers"], DIT_CFG["patch_size"])
+    adapter = ref.CameraAdapter(dim, DIT_CFG["num_layers"], DIT_CFG["patch_size"], FOLD)
     for b in adapter.blocks:  # start as the identity modulation
         for layer in (b.cam_scale_layer, b.cam_shift_layer):
             torch.nn.init.zeros_(layer.weight)
@@ -464,7 +471,7 @@ def build_dit():
 
 
 def dit_forward(model, adapter, latents, timesteps, rays, mask):
-    """v over [B, 16, F, h, w] with per-frame timesteps [B, F] and rays [B, 384, F, h, w]."""
+    """v over [B, 16, F, h, w] with per-frame timesteps [B, F] and rays [B, 6*FOLD^2, F, h, w]."""
     b, _, f = latents.shape[:3]
     cam = camera_tokens(adapter, rays)
     for block in model.blocks:
@@ -595,6 +602,9 @@ def stage_export(work, folder):
     model = WanTransformer3DModel(**DIT_CFG)
     own = {k: v for k, v in ck["model"].items() if ".cam_" not in k}
     model.load_state_dict(own)
+    # headroom's own key (diffusers ignores it): block 0's latent frame 0 is the given
+    # image's latents, not the network's x0.
+    model.register_to_config(keep_first_frame=True)
     model.to(torch.bfloat16).save_pretrained(folder / "transformer")
     path = folder / "transformer" / "diffusion_pytorch_model.safetensors"
     weights = load_file(path)

@@ -299,6 +299,15 @@ impl Engine {
                 ),
             ));
         }
+        let s = vae.config().spatial_factor();
+        if let Some(fold) = dit.camera_fold().filter(|&fold| fold != s) {
+            return Err(EngineError::request(
+                "model",
+                format!(
+                    "the camera adapter takes rays folded {fold}×{fold} (6·{fold}² channels per latent cell) but the VAE compresses {s}× in space; they must match"
+                ),
+            ));
+        }
         let prompts = Prompts::new(
             &config.model,
             c.text_dim,

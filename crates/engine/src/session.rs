@@ -390,11 +390,12 @@ impl Session {
             return Ok(None);
         }
         let [h, w] = self.video_hw;
+        let fold = self.vae.config().spatial_factor();
         if let Some((deltas, ks)) = &self.trajectory {
             // A file trajectory is embedded whole (normalised by its global maximum) and
             // sliced per block (STEPWISE A5).
             let range = first_frame..first_frame + BLOCK_FRAMES;
-            let rays = ray_embedding(&deltas[range.clone()], h, w, &ks[range], &self.device)?;
+            let rays = ray_embedding(&deltas[range.clone()], h, w, &ks[range], fold, &self.device)?;
             return Ok(self.dit.camera_tokens(&rays)?);
         }
         let (poses, scale) = match self.interaction.as_mut() {
@@ -424,6 +425,7 @@ impl Session {
             h,
             w,
             &[default_intrinsics(w, h)],
+            fold,
             &self.device,
         )?;
         Ok(self.dit.camera_tokens(&rays)?)

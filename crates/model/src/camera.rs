@@ -1,7 +1,8 @@
 //! Camera control (STEPWISE.md part A): WASD/IJKL keys integrated into camera-to-world
 //! poses (OpenCV axes, f64), framewise relative poses with translation normalisation and
 //! the previous-block anchor, and the ray embedding `[origin, direction]` on the pixel
-//! grid folded 8×8 onto the latent grid (`[1, 384, L, h, w]`).
+//! grid folded s×s onto the latent grid (`[1, 6·s², L, h, w]`, s the VAE's spatial
+//! factor: 8 and 384 channels for Wan's VAE, as LingBot has it).
 
 use headroom_tensor::{DType, Device, Tensor};
 
@@ -228,20 +229,21 @@ pub fn framewise_deltas(poses: &[Pose], scale: Option<f64>) -> Vec<Pose> {
 }
 
 /// Ray embedding of framewise poses on an `height × width` pixel grid with intrinsics
-/// `[fx, fy, cx, cy]` (one for all frames, or one per frame), folded 8×8:
-/// `[1, 6·64, L, height/8, width/8]`, channel `c·64 + dy·8 + dx` with `c` = origin xyz
-/// then direction xyz.
+/// `[fx, fy, cx, cy]` (one for all frames, or one per frame), folded `s×s` (`s` =
+/// `fold`, the VAE's spatial factor): `[1, 6·s², L, height/s, width/s]`, channel
+/// `c·s² + dy·s + dx` with `c` = origin xyz then direction xyz.
 pub fn ray_embedding(
     deltas: &[Pose],
     height: usize,
     width: usize,
     intrinsics: &[[f64; 4]],
+    fold: usize,
     device: &Device,
 ) -> Result<Tensor> {
     if device.launcher().is_some() {
         // Built on the host, then one upload.
         let host = Device::cpu()?;
-        let rays = ray_embedding(deltas, height, width, intrinsics, &host)?;
+        let rays = ray_embedding(deltas, height, width, intrinsics, fold, &host)?;
         return Ok(rays.to_device(device)?);
     }
     if intrinsics.len() != 1 && intrinsics.len() != deltas.len() {
@@ -254,14 +256,18 @@ pub fn ray_embedding(
             ),
         ));
     }
-    if !height.is_multiple_of(8) || !width.is_multiple_of(8) || height == 0 || width == 0 {
+    let s = fold;
+    if s == 0 || !height.is_multiple_of(s) || !width.is_multiple_of(s) || height == 0 || width == 0
+    {
         return Err(ModelError::input(
             "camera",
-            format!("height and width must be positive multiples of 8, got {height}x{width}"),
+            format!(
+                "height and width must be positive multiples of the fold {s}, got {height}x{width}"
+            ),
         ));
     }
-    let (h, w, l) = (height / 8, width / 8, deltas.len());
-    let mut tensor = Tensor::empty(&[1, 384, l, h, w], DType::F32, device)?;
+    let (h, w, l) = (height / s, width / s, deltas.len());
+    let mut tensor = Tensor::empty(&[1, 6 * s * s, l, h, w], DType::F32, device)?;
     let Some(out) = tensor.data_mut::<f32>() else {
         return Ok(tensor); // meta device: shapes only
     };
@@ -285,9 +291,9 @@ pub fn ray_embedding(
                     dir[1] / dn,
                     dir[2] / dn,
                 ];
-                let (y, dy, x, dx) = (v / 8, v % 8, u / 8, u % 8);
+                let (y, dy, x, dx) = (v / s, v % s, u / s, u % s);
                 for (ch, value) in values.into_iter().enumerate() {
-                    let channel = ch * 64 + dy * 8 + dx;
+                    let channel = (ch * s + dy) * s + dx;
                     out[((channel * l + f) * h + y) * w + x] = value as f32;
                 }
             }
@@ -522,7 +528,8 @@ mod tests {
     #[test]
     fn identity_rays_look_along_z_and_fold_like_pixel_unshuffle() {
         let dev = Device::cpu().unwrap();
-        let e = ray_embedding(&[identity()], 16, 16, &[[500.0, 500.0, 8.0, 8.0]], &dev).unwrap();
+        let k = [[500.0, 500.0, 8.0, 8.0]];
+        let e = ray_embedding(&[identity()], 16, 16, &k, 8, &dev).unwrap();
         assert_eq!(e.shape(), [1, 384, 1, 2, 2]);
         let v = e.to_vec::<f32>().unwrap();
         // Direction z ≈ 1 everywhere; origin 0.
@@ -534,7 +541,39 @@ mod tests {
         assert!(v[3 * 64 * 4] < 0.0);
         // Pixel (u=15, v=15): channel 3·64 + 7·8 + 7, cell (1, 1), positive.
         assert!(v[((3 * 64 + 63) * 2 + 1) * 2 + 1] > 0.0);
-        assert!(ray_embedding(&[identity()], 12, 16, &[[1.0; 4]], &dev).is_err());
+        assert!(ray_embedding(&[identity()], 12, 16, &[[1.0; 4]], 8, &dev).is_err());
+        assert!(ray_embedding(&[identity()], 16, 16, &[[1.0; 4]], 0, &dev).is_err());
+    }
+
+    #[test]
+    fn a_finer_fold_carries_the_same_rays_on_a_finer_grid() {
+        // Folding 4×4 instead of 8×8: each pixel's six values move to channel
+        // `c·16 + dy·4 + dx` of cell (v/4, u/4), and nothing else changes.
+        let dev = Device::cpu().unwrap();
+        let mut c = Controller::default();
+        let poses = [identity(), c.step(Keys::parse("wl").unwrap())];
+        let d = framewise_deltas(&poses, None);
+        let k = [[40.0, 40.0, 7.5, 8.5]];
+        let coarse = ray_embedding(&d, 16, 24, &k, 8, &dev).unwrap();
+        let fine = ray_embedding(&d, 16, 24, &k, 4, &dev).unwrap();
+        assert_eq!(fine.shape(), [1, 96, 2, 4, 6]);
+        let (a, b) = (
+            coarse.to_vec::<f32>().unwrap(),
+            fine.to_vec::<f32>().unwrap(),
+        );
+        for f in 0..2 {
+            for v in 0..16 {
+                for u in 0..24 {
+                    for ch in 0..6 {
+                        let at8 =
+                            ((((ch * 8 + v % 8) * 8 + u % 8) * 2 + f) * 2 + v / 8) * 3 + u / 8;
+                        let at4 =
+                            ((((ch * 4 + v % 4) * 4 + u % 4) * 2 + f) * 4 + v / 4) * 6 + u / 4;
+                        assert_eq!(a[at8], b[at4], "frame {f} pixel ({u}, {v}) channel {ch}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

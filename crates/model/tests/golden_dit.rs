@@ -50,24 +50,19 @@ fn forward_matches_diffusers_with_and_without_text() {
     }
 }
 
-#[test]
-fn a_zero_initialised_camera_adapter_leaves_the_model_plain_wan() {
-    use headroom_model::camera::{framewise_deltas, identity, ray_embedding, Controller, Keys};
+/// The t2v fixture plus camera weights that are all zero, the adapter's patch embedding
+/// `width` wide, in a temporary folder.
+fn with_zero_adapter(src: &std::path::Path, width: usize, dev: &Device) -> tempfile::TempDir {
     use headroom_tensor::Tensor;
-    let dev = Device::cpu().unwrap();
-    let src = fixture("t2v");
-    let plain = WanTransformer::load(&src, &dev, DType::F32).unwrap();
-    assert!(!plain.has_camera());
-    // The same checkpoint plus camera weights that are all zero.
     let file = headroom_tensor::io::safetensors::SafetensorsFile::open(
         src.join("diffusion_pytorch_model.safetensors"),
     )
     .unwrap();
-    let mut tensors = file.load_all(&dev, None).unwrap();
+    let mut tensors = file.load_all(dev, None).unwrap();
     let dim = 36;
-    let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &dev).unwrap();
+    let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, dev).unwrap();
     for (name, shape) in [
-        ("patch_embedding_wancamctrl", [dim, 384 * 4]),
+        ("patch_embedding_wancamctrl", [dim, width]),
         ("c2ws_hidden_states_layer1", [dim, dim]),
         ("c2ws_hidden_states_layer2", [dim, dim]),
     ] {
@@ -93,22 +88,39 @@ fn a_zero_initialised_camera_adapter_leaves_the_model_plain_wan() {
         &list,
     )
     .unwrap();
+    dir
+}
+
+/// A zero camera adapter taking rays folded `fold`×`fold` leaves the t2v fixture's
+/// velocity byte-identical (rays of a `wl` flight on the pixel grid of its latents).
+fn zero_adapter_is_plain_wan(fold: usize) {
+    use headroom_model::camera::{framewise_deltas, identity, ray_embedding, Controller, Keys};
+    let dev = Device::cpu().unwrap();
+    let src = fixture("t2v");
+    let plain = WanTransformer::load(&src, &dev, DType::F32).unwrap();
+    assert!(!plain.has_camera());
+    assert_eq!(plain.camera_fold(), None);
+    let dir = with_zero_adapter(&src, 6 * fold * fold * 4, &dev);
     let with_camera = WanTransformer::load(dir.path(), &dev, DType::F32).unwrap();
     assert!(with_camera.has_camera());
+    assert_eq!(with_camera.camera_fold(), Some(fold));
     let x = read_npy(src.join("latents.npy"), &dev).unwrap();
     let mut c = Controller::default();
     let poses: Vec<_> = std::iter::once(identity())
         .chain((0..3).map(|_| c.step(Keys::parse("wl").unwrap())))
         .collect();
-    let rays = ray_embedding(
-        &framewise_deltas(&poses, None)[1..],
-        32,
-        48,
-        &[[500.0, 500.0, 24.0, 16.0]],
-        &dev,
-    )
-    .unwrap();
+    let deltas = framewise_deltas(&poses, None);
+    let [h, w] = [x.shape()[3] * fold, x.shape()[4] * fold];
+    let k = [[500.0, 500.0, w as f64 / 2.0, h as f64 / 2.0]];
+    let rays = ray_embedding(&deltas[1..], h, w, &k, fold, &dev).unwrap();
     let cam = with_camera.camera_tokens(&rays).unwrap().unwrap();
+    // Rays of another fold do not fit the adapter.
+    let other = ray_embedding(&deltas[1..], h, w, &k, fold / 2, &dev).unwrap();
+    let err = with_camera.camera_tokens(&other).unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("{} channels", 6 * fold * fold)),
+        "{err}"
+    );
     let grid = with_camera.grid(&x).unwrap();
     let text = with_camera.text_key_values(None).unwrap();
     let tokens = with_camera.embed(&x).unwrap();
@@ -136,4 +148,22 @@ fn a_zero_initialised_camera_adapter_leaves_the_model_plain_wan() {
         )
         .unwrap();
     assert_eq!(a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
+}
+
+#[test]
+fn a_zero_initialised_camera_adapter_leaves_the_model_plain_wan() {
+    zero_adapter_is_plain_wan(8);
+}
+
+#[test]
+fn the_camera_adapter_takes_the_fold_its_width_says() {
+    // A 4× VAE's adapter: rays folded 4×4, 96 channels a latent cell.
+    zero_adapter_is_plain_wan(4);
+    // A width that is no 6·s²·patch is refused at load, naming the key.
+    let dev = Device::cpu().unwrap();
+    let dir = with_zero_adapter(&fixture("t2v"), 100 * 4, &dev);
+    let err = WanTransformer::load(dir.path(), &dev, DType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("patch_embedding_wancamctrl"), "{err}");
 }

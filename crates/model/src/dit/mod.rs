@@ -28,6 +28,8 @@ use embed::{ConditionEmbedder, Linear};
 /// The camera adapter's shared part (STEPWISE A9): ray patches → tokens.
 #[derive(Debug)]
 struct CameraEmbedder {
+    /// The rays' fold `s` (the VAE's spatial factor): `6·s²` channels per latent cell.
+    fold: usize,
     patch: Linear,
     layer1: Linear,
     layer2: Linear,
@@ -102,6 +104,29 @@ impl TokenGrid {
     }
 }
 
+/// The fold of a checkpoint's camera adapter, read from its patch embedding's width
+/// `6·s²·pt·ph·pw` (8, LingBot's, where the store has no shapes).
+fn camera_fold(w: &WeightStore, config: &DitConfig) -> Result<usize> {
+    let key = "patch_embedding_wancamctrl.weight";
+    let Some(shape) = w.shape_of(key) else {
+        return Ok(8);
+    };
+    let patch: usize = config.patch_size.iter().product();
+    let width = shape.get(1).copied().unwrap_or(0);
+    let cells = width / (6 * patch);
+    let fold = (1..=64).find(|s| s * s >= cells).unwrap_or(0);
+    if shape.len() != 2 || fold * fold != cells || cells * 6 * patch != width {
+        return Err(ModelError::config(
+            key,
+            format!(
+                "{shape:?} must be [dim, 6·s²·{patch}] (rays folded s×s, patch {:?})",
+                config.patch_size
+            ),
+        ));
+    }
+    Ok(fold)
+}
+
 impl WanTransformer {
     /// Builds the network from a weight store.
     pub fn from_store(config: DitConfig, w: &WeightStore) -> Result<Self> {
@@ -138,11 +163,13 @@ impl WanTransformer {
         // A checkpoint without camera weights is plain Wan (the adapter's zero init).
         let with_camera = w.has("patch_embedding_wancamctrl.weight");
         let camera = if with_camera {
+            let fold = camera_fold(w, &config)?;
             Some(CameraEmbedder {
+                fold,
                 patch: Linear::load(
                     w,
                     "patch_embedding_wancamctrl",
-                    384 * ph * pw * pt,
+                    6 * fold * fold * ph * pw * pt,
                     dim,
                     None,
                 )?,
@@ -366,25 +393,36 @@ impl WanTransformer {
         self.camera.is_some()
     }
 
-    /// Camera tokens `[1, L, dim]` of a folded ray embedding `[1, 384, F, H, W]` (on the
-    /// latent grid), or `None` when the model has no camera adapter. They do not depend
-    /// on the timestep, so one computation serves every step of a block.
+    /// The fold `s` the camera adapter's rays take (`[1, 6·s², F, H, W]`, `s` the
+    /// spatial factor of the VAE it was trained with), or `None` without an adapter.
+    pub fn camera_fold(&self) -> Option<usize> {
+        self.camera.as_ref().map(|c| c.fold)
+    }
+
+    /// Camera tokens `[1, L, dim]` of a folded ray embedding `[1, 6·s², F, H, W]` (on the
+    /// latent grid, `s` = [`WanTransformer::camera_fold`]), or `None` when the model has
+    /// no camera adapter. They do not depend on the timestep, so one computation serves
+    /// every step of a block.
     pub fn camera_tokens(&self, rays: &Tensor) -> Result<Option<Tensor>> {
         let Some(cam) = &self.camera else {
             return Ok(None);
         };
+        let channels = 6 * cam.fold * cam.fold;
         let [_, c, f, h, w] = *rays.shape() else {
             return Err(ModelError::input(
                 "camera",
-                format!("rays must be [1, 384, F, H, W], got {:?}", rays.shape()),
+                format!(
+                    "rays must be [1, {channels}, F, H, W], got {:?}",
+                    rays.shape()
+                ),
             ));
         };
         let [pt, ph, pw] = self.config.patch_size;
-        if c != 384 || f % pt != 0 || h % ph != 0 || w % pw != 0 {
+        if c != channels || f % pt != 0 || h % ph != 0 || w % pw != 0 {
             return Err(ModelError::input(
                 "camera",
                 format!(
-                    "rays {:?} do not patch by {:?}",
+                    "rays {:?} are not {channels} channels that patch by {:?}",
                     rays.shape(),
                     self.config.patch_size
                 ),
