@@ -57,6 +57,7 @@ h, w = H // FOLD, W // FOLD
 TOKENS = (h // 2) * (w // 2)   # DiT tokens per latent frame
 KEYS = "wasdjlik-"
 MIRROR = str.maketrans("adjl", "dalj")
+IO_FIRST_STEPS = 150           # a warm-started DiT's steps that train its fresh layers alone
 SELF_CONTEXT = 0.3             # share of DiT steps whose clean context is the model's own x0
 
 VAE_CFG = dict(base_dim=16, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
@@ -484,8 +485,45 @@ def dit_forward(model, adapter, latents, timesteps, rays, mask):
                  return_dict=False)[0]
 
 
+def ray_patch_order(fold, patch, side):
+    """Column of each ray value (channel, row, column of a token's side x side pixels) in
+    the adapter's patch features at a fold and patch with fold * patch = side."""
+    ch, row, col = np.meshgrid(np.arange(6), np.arange(side), np.arange(side), indexing="ij")
+    cell = (ch * fold + row % fold) * fold + col % fold
+    return (cell * patch * patch + (row // fold) * patch + col // fold).reshape(-1)
+
+
+def warm_start(model, adapter, path):
+    """Starts a DiT from one trained on another VAE's latents: every block, the embedders
+    and the camera adapter carry over; the latent patch embedding and the output projection,
+    the only layers that see the latent layout, start fresh. A token's rays cover the same
+    16x16 pixels at any fold, so the adapter's patch embedding has its columns permuted
+    to this fold, not re-learnt."""
+    ck = torch.load(path)
+    src = ck["model"]
+    patch = src["patch_embedding.weight"].shape[-1]
+    width = ck["adapter"]["patch_embedding_wancamctrl.weight"].shape[1]
+    fold = math.isqrt(width // (6 * patch * patch))
+    side, (_, p, _) = fold * patch, DIT_CFG["patch_size"]
+    assert side == FOLD * p, f"a token covers {side} pixels there, {FOLD * p} here"
+    own = model.state_dict()
+    keep = {k: v for k, v in src.items()
+            if k in own and v.shape == own[k].shape and not k.startswith(("patch_embedding.", "proj_out."))}
+    model.load_state_dict(keep, strict=False)
+    cam = dict(ck["adapter"])
+    wt = cam["patch_embedding_wancamctrl.weight"]
+    moved = torch.empty_like(wt)
+    moved[:, torch.from_numpy(ray_patch_order(FOLD, p, side))] = \
+        wt[:, torch.from_numpy(ray_patch_order(fold, patch, side))]
+    cam["patch_embedding_wancamctrl.weight"] = moved
+    adapter.load_state_dict(cam)
+    log(f"dit: warm start from {path} ({ck['steps']} steps, fold {fold} -> {FOLD}): "
+        f"{len(keep)} of {len(own)} tensors carried over")
+    return dict(init=str(path), init_steps=ck["steps"])
+
+
 def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf16=False,
-              max_lr=4e-4):
+              max_lr=4e-4, init=None):
     out = work / "dit.pt"
     if out.exists() and not resume:
         return
@@ -503,20 +541,27 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
         before = torch.load(out)
         model.load_state_dict(before["model"])
         adapter.load_state_dict(before["adapter"])
+    started = warm_start(model, adapter, init) if init and not resume else {}
     # The adapter's per-block layers are attached to the blocks too: count each once.
     params = list({id(p): p for p in [*model.parameters(), *adapter.parameters()]}.values())
     log(f"dit: {sum(p.numel() for p in params) / 1e6:.2f} M parameters, {len(lat)} clips")
     # The camera adapter's own parameters may learn faster than the network it steers.
     camera = {id(p) for p in adapter.parameters()}
-    groups = [dict(params=[p for p in params if id(p) not in camera], mult=1.0),
-              dict(params=[p for p in params if id(p) in camera], mult=camera_lr_mult)]
+    # A warm start trains its fresh input and output layers alone at first, so that
+    # their random gradients do not undo the carried-over blocks (linear probe, then
+    # fine-tune).
+    fresh = {id(p) for p in [*model.patch_embedding.parameters(), *model.proj_out.parameters()]}
+    probe = IO_FIRST_STEPS if started else 0
+    groups = [dict(params=[p for p in params if id(p) not in camera | fresh], mult=1.0),
+              dict(params=[p for p in params if id(p) in camera], mult=camera_lr_mult),
+              dict(params=[p for p in params if id(p) in fresh], mult=1.0, fresh=True)]
     opt = torch.optim.AdamW(groups, lr=max_lr, weight_decay=0.01, betas=(0.9, 0.99))
 
-    def lr_at(step, elapsed):
-        # Linear warm-up, then a cosine to zero over the step budget or, when a time
-        # budget is set, over the time budget (a shared 2-core machine runs at a speed
-        # nobody can promise).
-        warm = min(1.0, (step + 1) / 100)
+    def lr_at(step, elapsed, start=0):
+        # Linear warm-up from `start`, then a cosine to zero over the step budget or, when
+        # a time budget is set, over the time budget (a shared 2-core machine runs at a
+        # speed nobody can promise).
+        warm = min(1.0, max(0, step + 1 - start) / 100)
         frac = step / steps if not minutes else min(1.0, elapsed / (60 * minutes))
         return max_lr * warm * 0.5 * (1 + math.cos(math.pi * frac))
 
@@ -526,7 +571,7 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
         offset = before["curve"][-1]["seconds"] if before["curve"] else 0.0
         mine = [dict(c, step=c["step"] + done, seconds=c["seconds"] + offset) for c in curve]
         run = dict(steps=step + 1, minutes=round(clock() / 60, 1), max_lr=max_lr,
-                   camera_lr_mult=camera_lr_mult, bf16=bf16, clips=len(lat))
+                   camera_lr_mult=camera_lr_mult, bf16=bf16, clips=len(lat), **started)
         torch.save(dict(model=model.state_dict(), adapter=adapter.state_dict(),
                         curve=before["curve"] + mine, steps=done + step + 1, batch=batch,
                         runs=before.get("runs", []) + [run]), out)
@@ -539,7 +584,7 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
     curve, clock = [], RunClock()
     for step in range(steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, clock()) * g["mult"]
+            g["lr"] = lr_at(step, clock(), 0 if "fresh" in g else probe) * g["mult"]
         idx = torch.randint(len(lat), (batch,), generator=gen)
         x0 = lat[idx]
         c = torch.cat([msk.expand(batch, -1, -1, -1, -1), cond[idx]], 1)
@@ -654,6 +699,8 @@ def main():
                     help="the camera adapter's learning rate over the network's")
     ap.add_argument("--held-clips", type=int, default=0,
                     help="extra clips of held keys (stage data-held), seeds 400 and up")
+    ap.add_argument("--dit-init", type=pathlib.Path,
+                    help="warm-start a new DiT from this dit.pt (another VAE's; see warm_start)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -674,7 +721,7 @@ def main():
             stage_encode(a.work, a.encode_clips)
         elif s == "dit":
             stage_dit(a.work, a.dit_steps, a.dit_batch, a.dit_minutes, a.dit_resume,
-                      a.camera_lr_mult, a.dit_bf16, a.dit_lr)
+                      a.camera_lr_mult, a.dit_bf16, a.dit_lr, a.dit_init)
         elif s == "data-held":
             stage_data_held(a.work, a.held_clips)
         else:

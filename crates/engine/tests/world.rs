@@ -163,3 +163,43 @@ fn a_model_that_keeps_the_first_frame_starts_every_flight_from_the_same_decoded_
     assert_ne!(c[0], d[0]);
     assert_ne!(a[0], c[0]);
 }
+
+#[test]
+fn a_camera_adapter_for_another_vaes_fold_is_refused_by_name() {
+    use headroom_tensor::io::safetensors::{save_safetensors, SafetensorsFile};
+    use headroom_tensor::{DType, Tensor};
+    let dir = tempfile::tempdir().unwrap();
+    let folder = world_with_keep(dir.path(), true);
+    let e = engine(AllocatorPolicy::Planned, ReclaimPolicy::BeforeDecode);
+    let fold = e.transformer().camera_fold().unwrap();
+    let [_, ph, pw] = e.transformer().config().patch_size;
+    // The same model with an adapter whose patch embedding takes rays of the other fold.
+    let other = if fold == 8 { 4 } else { 8 };
+    let dev = Device::cpu().unwrap();
+    let path =
+        std::path::Path::new(&folder).join("transformer/diffusion_pytorch_model.safetensors");
+    let mut tensors = SafetensorsFile::open(&path)
+        .unwrap()
+        .load_all(&dev, None)
+        .unwrap();
+    let key = "patch_embedding_wancamctrl.weight";
+    let dim = tensors[key].shape()[0];
+    let width = 6 * other * other * ph * pw;
+    tensors.insert(
+        key.to_string(),
+        Tensor::zeros(&[dim, width], DType::F32, &dev).unwrap(),
+    );
+    let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    save_safetensors(&path, &list).unwrap();
+    let err = Engine::new(EngineConfig {
+        model: folder,
+        ..EngineConfig::default()
+    })
+    .err()
+    .expect("an adapter of another fold must be refused")
+    .to_string();
+    assert!(
+        err.contains(&format!("folded {other}×{other}")) && err.contains(&format!("{fold}×")),
+        "{err}"
+    );
+}
