@@ -191,13 +191,14 @@ fn a_camera_adapter_for_another_vaes_fold_is_refused_by_name() {
     );
     let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     save_safetensors(&path, &list).unwrap();
-    let err = Engine::new(EngineConfig {
+    let refused = Engine::new(EngineConfig {
         model: folder,
         ..EngineConfig::default()
-    })
-    .err()
-    .expect("an adapter of another fold must be refused")
-    .to_string();
+    });
+    let Err(err) = refused else {
+        panic!("an adapter of another fold must be refused")
+    };
+    let err = err.to_string();
     assert!(
         err.contains(&format!("folded {other}×{other}")) && err.contains(&format!("{fold}×")),
         "{err}"
