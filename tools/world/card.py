@@ -20,6 +20,15 @@ def mean_of(curve, key, first, last):
     return float(np.mean(vals)) if vals else float("nan")
 
 
+def run_note(run):
+    """A DiT run's note: its own, or where a warm start came from."""
+    if "init" in run:
+        return (f"warm start from a {run['init_steps']}-step DiT on another VAE's latents "
+                "(`train.py --dit-init`: blocks and camera adapter carried over, fresh "
+                "patch embedding and output projection)")
+    return run.get("note", "")
+
+
 def main():
     tr = json.loads((FOLDER / "training.json").read_text())
     ev = json.loads((FOLDER / "eval.json").read_text())
@@ -41,9 +50,11 @@ def main():
     runs = tr["dit_runs"]
     run_rows = "\n".join(
         f"| {i + 1} | {r['steps']} | {r['minutes']:.0f} | {r['max_lr']:.1e} | {r['camera_lr_mult']:g} | "
-        f"{'bf16 autocast' if r['bf16'] else 'f32'} | {r['clips']} | {r.get('note', '')} |"
+        f"{'bf16 autocast' if r['bf16'] else 'f32'} | {r['clips']} | {run_note(r)} |"
         for i, r in enumerate(runs))
     z = t_cfg["out_channels"]
+    space = 2 ** (len(v_cfg["dim_mult"]) - 1)
+    patch = "×".join(str(p) for p in t_cfg["patch_size"])
     keep_text = """
   Its config sets `keep_first_frame` (headroom's key): the session's first latent frame
   is the given image's latents, not the network's x0 for it, as in training, where that
@@ -97,12 +108,12 @@ diffusers-folder loader as every checkpoint.
 
 - **VAE** (`vae/`, {vae_bytes / 1e6:.1f} MB bf16): `AutoencoderKLWan`, base_dim
   {v_cfg['base_dim']}, dim_mult {v_cfg['dim_mult']}, {v_cfg['num_res_blocks']} res block,
-  z_dim {v_cfg['z_dim']}, 8× space / 4× time; latents normalised per channel by the
+  z_dim {v_cfg['z_dim']}, {space}× space / 4× time; latents normalised per channel by the
   statistics of the training set (`latents_mean` / `latents_std` in its config).
 - **Transformer** (`transformer/`, {dit_bytes / 1e6:.1f} MB bf16):
   `WanTransformer3DModel`, {t_cfg['num_layers']} layers, {t_cfg['num_attention_heads']} heads
   × {t_cfg['attention_head_dim']}, FFN {t_cfg['ffn_dim']}, {t_cfg['in_channels']} input channels (noise {z} | mask 4
-  | first-frame latents {z}), patch 1×2×2, plus the camera adapter's keys
+  | first-frame latents {z}), patch {patch}, plus the camera adapter's keys
   (`patch_embedding_wancamctrl`, `c2ws_hidden_states_layer1/2`, per block
   `cam_injector_layer1/2`, `cam_scale_layer`, `cam_shift_layer`). No text: it is trained
   with the engine's empty-prompt context (one zero token).{keep_text}
