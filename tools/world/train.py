@@ -243,10 +243,11 @@ def edge_l1(y, x):
     return (dx(y) - dx(x)).abs().mean() + (dy(y) - dy(x)).abs().mean()
 
 
-def stage_vae(work, steps, minutes=0.0, edge=0.0, first=0.0, colour=0.0):
+def stage_vae(work, steps, minutes=0.0, edge=0.0, first=0.0, colour=0.0, init=None):
     """Crops of 9-frame windows, then (the last quarter of a time budget) whole clips.
     With `minutes` the cosine follows the clock and a checkpoint is written every 100
-    steps (`vae_ckpt.pt`), from which a later run resumes."""
+    steps (`vae_ckpt.pt`), from which a later run resumes. `init` starts from a trained
+    VAE's weights (a fresh optimiser and schedule), to train it further on new terms."""
     out = work / "vae.pt"
     if out.exists():
         return
@@ -256,6 +257,10 @@ def stage_vae(work, steps, minutes=0.0, edge=0.0, first=0.0, colour=0.0):
     vae = AutoencoderKLWan(**VAE_CFG)
     log(f"vae: {sum(p.numel() for p in vae.parameters()) / 1e6:.2f} M parameters, {VAE_CFG}")
     max_lr = 1e-3
+    if init:
+        vae.load_state_dict(torch.load(init)["state"])
+        max_lr = 4e-4
+        log(f"vae: starting from {init}")
     opt = torch.optim.AdamW(vae.parameters(), lr=max_lr, weight_decay=0.0)
     rng = np.random.default_rng(0)
     curve, step, spent, evals = [], 0, 0.0, []
@@ -303,18 +308,18 @@ def stage_vae(work, steps, minutes=0.0, edge=0.0, first=0.0, colour=0.0):
         step += 1
         if minutes and step % 100 == 0:
             if clock() - last_eval > 600:
-                whole, first = vae_psnr(vae.eval(), held)
+                whole, first_db = vae_psnr(vae.eval(), held)
                 vae.train()
                 evals.append(dict(step=step, minutes=round(clock() / 60, 1),
-                                  heldout_psnr=whole, heldout_first_frame_psnr=first))
-                log(f"vae {step}: held-out PSNR {whole:.2f} dB, frame 0 {first:.2f} dB")
+                                  heldout_psnr=whole, heldout_first_frame_psnr=first_db))
+                log(f"vae {step}: held-out PSNR {whole:.2f} dB, frame 0 {first_db:.2f} dB")
                 last_eval = clock()
             torch.save(dict(state=vae.state_dict(), opt=opt.state_dict(), curve=curve, step=step,
                             spent=clock(), evals=evals), ckpt)
-    whole, first = vae_psnr(vae.eval(), held)
+    whole, first_db = vae_psnr(vae.eval(), held)
     evals.append(dict(step=step, minutes=round(clock() / 60, 1),
-                      heldout_psnr=whole, heldout_first_frame_psnr=first))
-    log(f"vae done at step {step}: held-out PSNR {whole:.2f} dB, frame 0 {first:.2f} dB")
+                      heldout_psnr=whole, heldout_first_frame_psnr=first_db))
+    log(f"vae done at step {step}: held-out PSNR {whole:.2f} dB, frame 0 {first_db:.2f} dB")
     torch.save(dict(state=vae.state_dict(), curve=curve, evals=evals, config=VAE_CFG), out)
 
 
@@ -533,13 +538,16 @@ def warm_start(model, adapter, path):
 
 
 def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf16=False,
-              max_lr=4e-4, init=None):
+              max_lr=4e-4, init=None, held_share=0.0):
     out = work / "dit.pt"
     if out.exists() and not resume:
         return
     data = torch.load(work / "latents.pt")
     lat, cond, scripts = data["latents"], data["cond"], data["scripts"]
     rays = torch.stack([block_rays(s) for s in scripts])
+    # Held-key sequences (one key for at least the first 5 latent frames, as data-held
+    # renders them): a curriculum draws them more often.
+    held = torch.tensor([i for i, s in enumerate(scripts) if len(set(s[:5])) == 1 and s[0] != "-"])
     msk = torch.zeros(1, 4, LATENT, h, w)
     msk[:, :, 0] = 1.0
     timesteps, sigmas = ref.dmd_schedule(4, 5.0)
@@ -582,6 +590,8 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
         mine = [dict(c, step=c["step"] + done, seconds=c["seconds"] + offset) for c in curve]
         run = dict(steps=step + 1, minutes=round(clock() / 60, 1), max_lr=max_lr,
                    camera_lr_mult=camera_lr_mult, bf16=bf16, clips=len(lat), **started)
+        if held_share:
+            run["held_share"] = held_share
         torch.save(dict(model=model.state_dict(), adapter=adapter.state_dict(),
                         curve=before["curve"] + mine, steps=done + step + 1, batch=batch,
                         runs=before.get("runs", []) + [run]), out)
@@ -596,6 +606,9 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
         for g in opt.param_groups:
             g["lr"] = lr_at(step, clock(), 0 if "fresh" in g else probe) * g["mult"]
         idx = torch.randint(len(lat), (batch,), generator=gen)
+        if held_share and len(held):
+            pick = torch.rand(batch, generator=gen) < held_share
+            idx[pick] = held[torch.randint(len(held), (int(pick.sum()),), generator=gen)]
         x0 = lat[idx]
         c = torch.cat([msk.expand(batch, -1, -1, -1, -1), cond[idx]], 1)
         k = torch.randint(4, (batch, LATENT // BLOCK), generator=gen)
@@ -696,6 +709,8 @@ def main():
                     help="weight of frame 0's own reconstruction term (the session's given image)")
     ap.add_argument("--vae-colour", type=float, default=0.0,
                     help="share of VAE training clips with their RGB channels shuffled")
+    ap.add_argument("--vae-init", type=pathlib.Path,
+                    help="start the VAE stage from this trained VAE (vae.pt / vae_long.pt)")
     ap.add_argument("--vae-z-dim", type=int, default=16)
     ap.add_argument("--vae-base-dim", type=int, default=16)
     ap.add_argument("--vae-res-blocks", type=int, default=1)
@@ -711,6 +726,8 @@ def main():
                     help="the camera adapter's learning rate over the network's")
     ap.add_argument("--held-clips", type=int, default=0,
                     help="extra clips of held keys (stage data-held), seeds 400 and up")
+    ap.add_argument("--held-share", type=float, default=0.0,
+                    help="share of DiT batch sequences drawn from the held-key flights")
     ap.add_argument("--dit-init", type=pathlib.Path,
                     help="warm-start a new DiT from this dit.pt (another VAE's; see warm_start)")
     ap.add_argument("--threads", type=int, default=2)
@@ -726,14 +743,15 @@ def main():
         if s == "data":
             stage_data(a.work, a.clips)
         elif s == "vae":
-            stage_vae(a.work, a.vae_steps, a.vae_minutes, a.vae_edge, a.vae_first, a.vae_colour)
+            stage_vae(a.work, a.vae_steps, a.vae_minutes, a.vae_edge, a.vae_first, a.vae_colour,
+                      a.vae_init)
         elif s == "vae-long":
             stage_vae_long(a.work, a.vae_long_minutes, a.vae_colour)
         elif s == "encode":
             stage_encode(a.work, a.encode_clips)
         elif s == "dit":
             stage_dit(a.work, a.dit_steps, a.dit_batch, a.dit_minutes, a.dit_resume,
-                      a.camera_lr_mult, a.dit_bf16, a.dit_lr, a.dit_init)
+                      a.camera_lr_mult, a.dit_bf16, a.dit_lr, a.dit_init, a.held_share)
         elif s == "data-held":
             stage_data_held(a.work, a.held_clips)
         else:
