@@ -538,7 +538,8 @@ def warm_start(model, adapter, path):
 
 
 def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf16=False,
-              max_lr=4e-4, init=None, held_share=0.0):
+              max_lr=4e-4, init=None, held_share=0.0, self_context=SELF_CONTEXT,
+              rollout_context=False):
     out = work / "dit.pt"
     if out.exists() and not resume:
         return
@@ -592,6 +593,8 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
                    camera_lr_mult=camera_lr_mult, bf16=bf16, clips=len(lat), **started)
         if held_share:
             run["held_share"] = held_share
+        if rollout_context or self_context != SELF_CONTEXT:
+            run.update(self_context=self_context, rollout_context=rollout_context)
         torch.save(dict(model=model.state_dict(), adapter=adapter.state_dict(),
                         curve=before["curve"] + mine, steps=done + step + 1, batch=batch,
                         runs=before.get("runs", []) + [run]), out)
@@ -617,7 +620,25 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
         xt = (1 - sig) * x0 + sig * eps
         r = rays[idx]
         ctx = x0
-        if torch.rand(1, generator=gen).item() < SELF_CONTEXT:
+        own_context = torch.rand(1, generator=gen).item() < self_context
+        if own_context and rollout_context:
+            # The engine's block 0 starts from pure noise with only the image before it,
+            # and the later blocks see what it made: sample every block over the 4 DMD
+            # steps from pure noise, each seeing the truth's earlier blocks, and train on
+            # those samples as context (frame 0 stays the image, as keep_first_frame has it).
+            with torch.no_grad():
+                xs = torch.randn(x0.shape, generator=gen)
+                for j in range(4):
+                    inp_j = torch.cat([torch.cat([x0, xs], 2), torch.cat([c, c], 2)], 1)
+                    ts_j = torch.cat([torch.zeros(batch, LATENT),
+                                      torch.full((batch, LATENT), float(timesteps[j]))], 1)
+                    with autocast():
+                        v_j = dit_forward(model, adapter, inp_j, ts_j, torch.cat([r, r], 2), mask)
+                    est = xs - sigmas[j] * v_j[:, :, LATENT:].float()
+                    if j < 3:
+                        xs = (1 - sigmas[j + 1]) * est + sigmas[j + 1] * torch.randn(x0.shape, generator=gen)
+                ctx = torch.cat([x0[:, :, :1], est[:, :, 1:]], 2)
+        elif own_context:
             # The engine commits its own last-step x0, not the truth: sometimes train on
             # that kind of context (the model's x0 from the last DMD step's noise level).
             with torch.no_grad():
@@ -728,6 +749,11 @@ def main():
                     help="extra clips of held keys (stage data-held), seeds 400 and up")
     ap.add_argument("--held-share", type=float, default=0.0,
                     help="share of DiT batch sequences drawn from the held-key flights")
+    ap.add_argument("--self-context", type=float, default=SELF_CONTEXT,
+                    help="share of DiT steps whose clean context is the model's own output")
+    ap.add_argument("--rollout-context", action="store_true",
+                    help="that output is a 4-step sample from pure noise (the engine's block 0), "
+                         "not the x0 of the truth at the last step's noise")
     ap.add_argument("--dit-init", type=pathlib.Path,
                     help="warm-start a new DiT from this dit.pt (another VAE's; see warm_start)")
     ap.add_argument("--threads", type=int, default=2)
@@ -751,7 +777,8 @@ def main():
             stage_encode(a.work, a.encode_clips)
         elif s == "dit":
             stage_dit(a.work, a.dit_steps, a.dit_batch, a.dit_minutes, a.dit_resume,
-                      a.camera_lr_mult, a.dit_bf16, a.dit_lr, a.dit_init, a.held_share)
+                      a.camera_lr_mult, a.dit_bf16, a.dit_lr, a.dit_init, a.held_share,
+                      a.self_context, a.rollout_context)
         elif s == "data-held":
             stage_data_held(a.work, a.held_clips)
         else:
