@@ -21,12 +21,40 @@ def mean_of(curve, key, first, last):
 
 
 def run_note(run):
-    """A DiT run's note: its own, or where a warm start came from."""
+    """A DiT run's note: where a warm start came from, its curriculum and context, its own."""
+    parts = []
     if "init" in run:
-        return (f"warm start from a {run['init_steps']}-step DiT on another VAE's latents "
-                "(`train.py --dit-init`: blocks and camera adapter carried over, fresh "
-                "patch embedding and output projection)")
-    return run.get("note", "")
+        parts.append(f"warm start from a {run['init_steps']}-step DiT on another VAE's latents "
+                     "(`train.py --dit-init`: blocks and camera adapter carried over, fresh "
+                     "patch embedding and output projection)")
+    if run.get("held_share"):
+        parts.append(f"{run['held_share']:.0%} of each batch from held-key flights (`--held-share`)")
+    if run.get("rollout_context"):
+        parts.append(f"{run['self_context']:.0%} of steps on the model's own 4-step samples from pure "
+                     "noise as context (`--rollout-context`)")
+    if run.get("note"):
+        parts.append(run["note"])
+    return "; ".join(parts)
+
+
+def vae_section(tr, vae_short, vae_long, decoder):
+    """The VAE's training: its runs where training.json lists them, else its curve."""
+    if tr.get("vae_runs"):
+        rows = "\n".join(f"   | {i + 1} | {r['steps']} | {r['minutes']:.0f} | {r['what']} |"
+                         for i, r in enumerate(tr["vae_runs"]))
+        return f"""1. VAE, in {len(tr['vae_runs'])} runs (1 thread each), each from the last one's weights:
+
+   | run | steps | minutes | what |
+   |---|---|---|---|
+{rows}
+
+   Reconstruction PSNR on whole training clips after training:
+   {tr['vae_psnr_full_clips']:.2f} dB.{decoder}"""
+    return f"""1. VAE: {len(vae_short)} steps of L1 + L2 + 1e-4·KL on 64×64 crops of 9-frame windows,
+   then {len(vae_long)} steps on whole 33-frame clips at 128×96 (over 33 frames the
+   window-trained VAE drifted from 21 to 15 dB; the long fine-tune fixes its caches).
+   Reconstruction PSNR on whole training clips after training:
+   {tr['vae_psnr_full_clips']:.2f} dB.{decoder}"""
 
 
 def main():
@@ -128,18 +156,13 @@ camera with the engine's default intrinsics, moving by the keys with `camera.rs`
 semantics (one key set per latent frame: w/s 0.05 forward/back, a/d 0.05 sideways, i/k
 pitch ±4°, j/l yaw ±6°; latent frame f at the pose after keys 0..f, its four pixel frames
 moving there in quarter steps), 33 frames a clip; every clip also mirrored left-right
-with a↔d, j↔l. The VAE trained on seeds 0–399 with random key scripts (runs of one key,
-sometimes none); the DiT's first run on seeds 0–239; the decoder fine-tune and later DiT
-runs on seeds 0–319 of those scripts plus seeds 400–559 with one key held for the
-flight (sometimes switching once: `train.py --stage data-held`).
+with a↔d, j↔l. Both networks trained on seeds 0–319 with random key scripts (runs of
+one key, sometimes none) plus seeds 400–559 with one key held for the flight (sometimes
+switching once: `train.py --stage data-held`), 480 clips, 960 with their mirrors.
 
 ## Training (`tools/world/train.py`, PyTorch CPU, 2 threads)
 
-1. VAE: {len(vae_short)} steps of L1 + L2 + 1e-4·KL on 64×64 crops of 9-frame windows,
-   then {len(vae_long)} steps on whole 33-frame clips at 128×96 (over 33 frames the
-   window-trained VAE drifted from 21 to 15 dB; the long fine-tune fixes its caches).
-   Reconstruction PSNR on whole training clips after training:
-   {tr['vae_psnr_full_clips']:.2f} dB.{decoder}
+{vae_section(tr, vae_short, vae_long, decoder)}
 2. DiT: {tr["dit_steps"]} steps of batch {tr["dit_batch"]} in {len(runs)} run(s), each resuming the
    last (AdamW, warm-up then a cosine that follows the run's CPU clock; clips counted
    with their mirrors):
@@ -155,7 +178,10 @@ flight (sometimes switching once: `train.py --stage data-held`).
    the same frame positions, and each block draws its own timestep from the 4 DMD
    steps of shift 5; the loss is the x0 error `x_t − σ·v` against the clean latents.
    In 30 % of the steps the clean context is the model's own x0 (no gradient) from the
-   last DMD step's noise level, as the engine commits its own output.
+   last DMD step's noise level, as the engine commits its own output; in runs with
+   `--rollout-context`, in half the steps it is each block sampled over the 4 DMD steps
+   from pure noise (the engine's block 0 has nothing before it but the image, and the
+   blocks after it see what it made).
 
 x0 mean squared error (normalised latents), mean over the step range, overall and per
 DMD step (σ = 1, 0.9375, 0.833, 0.625):

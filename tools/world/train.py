@@ -320,7 +320,12 @@ def stage_vae(work, steps, minutes=0.0, edge=0.0, first=0.0, colour=0.0, init=No
     evals.append(dict(step=step, minutes=round(clock() / 60, 1),
                       heldout_psnr=whole, heldout_first_frame_psnr=first_db))
     log(f"vae done at step {step}: held-out PSNR {whole:.2f} dB, frame 0 {first_db:.2f} dB")
-    torch.save(dict(state=vae.state_dict(), curve=curve, evals=evals, config=VAE_CFG), out)
+    what = (f"{'from ' + str(init) if init else 'from scratch'}: L1 + L2 + 1e-4·KL on 64×64 crops "
+            f"of 9-frame windows, the last quarter on whole clips; frame 0 weighted {first}, "
+            f"edges {edge}, RGB shuffled in {colour:.0%} of clips")
+    runs = (torch.load(init).get("runs", []) if init else []) + [
+        dict(steps=step, minutes=round(clock() / 60, 1), what=what)]
+    torch.save(dict(state=vae.state_dict(), curve=curve, evals=evals, config=VAE_CFG, runs=runs), out)
 
 
 def stage_vae_long(work, minutes, colour=0.0):
@@ -350,7 +355,9 @@ def stage_vae_long(work, minutes, colour=0.0):
         if step % 10 == 0:
             log(f"vae-long {step}: rec {rec.item():.4f} psnr {psnr:.2f} dB ({clock():.0f} s)")
         step += 1
-    torch.save(dict(state=vae.state_dict(), curve=ck["curve"] + curve), out)
+    runs = ck.get("runs", []) + [dict(steps=step, minutes=round(clock() / 60, 1),
+                                      what=f"whole 33-frame clips, RGB shuffled in {colour:.0%}")]
+    torch.save(dict(state=vae.state_dict(), curve=ck["curve"] + curve, runs=runs), out)
 
 
 def vae_path(work):
@@ -702,7 +709,7 @@ def stage_export(work, folder):
     save_file(weights, path, metadata={"format": "pt"})
     vck = torch.load(vae_path(work))
     curves = dict(vae=vck["curve"], dit=ck["curve"], dit_steps=ck["steps"],
-                  dit_runs=ck.get("runs", []),
+                  dit_runs=ck.get("runs", []), vae_runs=vck.get("runs", []),
                   vae_decoder=vck.get("decoder_curve", []),
                   vae_decoder_evals=vck.get("decoder_evals", []),
                   dit_batch=ck["batch"], vae_psnr_full_clips=data["vae_psnr"])
