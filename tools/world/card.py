@@ -97,6 +97,17 @@ def main():
    L1 + L2 with frame 0's own term weighted in, on whole clips and on batches of
    64×64 crops of the first block. Held-out whole clips (4 seeds from 100000): {e0['heldout_psnr']:.2f} →
    {e1['heldout_psnr']:.2f} dB, their frame 0: {e0['heldout_first_frame_psnr']:.2f} → {e1['heldout_first_frame_psnr']:.2f} dB."""
+    data_text = ("""Both networks trained on seeds 0–319 with random key scripts (runs of
+one key, sometimes none) plus seeds 400–559 with one key held for the flight (sometimes
+switching once: `train.py --stage data-held`), 480 clips, 960 with their mirrors."""
+                 if tr.get("vae_runs") else """The VAE trained on seeds 0–399 with random key scripts (runs of one key,
+sometimes none); the DiT's first run on seeds 0–239; the decoder fine-tune and later DiT
+runs on seeds 0–319 of those scripts plus seeds 400–559 with one key held for the
+flight (sometimes switching once: `train.py --stage data-held`).""")
+    rollout_text = ("""; in runs with
+   `--rollout-context`, in half the steps it is each block sampled over the 4 DMD steps
+   from pure noise (the engine's block 0 has nothing before it but the image, and the
+   blocks after it see what it made)""" if any(r.get("rollout_context") for r in runs) else "")
     cases = "\n".join(
         f"| {c['seed']} | `{c['actions']}` | {c['psnr_db']:.2f} | {c['baseline_db']:.2f} | "
         f"{c['psnr_db'] - c['baseline_db']:+.2f} |" for c in ev["per_case"])
@@ -156,9 +167,7 @@ camera with the engine's default intrinsics, moving by the keys with `camera.rs`
 semantics (one key set per latent frame: w/s 0.05 forward/back, a/d 0.05 sideways, i/k
 pitch ±4°, j/l yaw ±6°; latent frame f at the pose after keys 0..f, its four pixel frames
 moving there in quarter steps), 33 frames a clip; every clip also mirrored left-right
-with a↔d, j↔l. Both networks trained on seeds 0–319 with random key scripts (runs of
-one key, sometimes none) plus seeds 400–559 with one key held for the flight (sometimes
-switching once: `train.py --stage data-held`), 480 clips, 960 with their mirrors.
+with a↔d, j↔l. {data_text}
 
 ## Training (`tools/world/train.py`, PyTorch CPU, 2 threads)
 
@@ -178,10 +187,7 @@ switching once: `train.py --stage data-held`), 480 clips, 960 with their mirrors
    the same frame positions, and each block draws its own timestep from the 4 DMD
    steps of shift 5; the loss is the x0 error `x_t − σ·v` against the clean latents.
    In 30 % of the steps the clean context is the model's own x0 (no gradient) from the
-   last DMD step's noise level, as the engine commits its own output; in runs with
-   `--rollout-context`, in half the steps it is each block sampled over the 4 DMD steps
-   from pure noise (the engine's block 0 has nothing before it but the image, and the
-   blocks after it see what it made).
+   last DMD step's noise level, as the engine commits its own output{rollout_text}.
 
 x0 mean squared error (normalised latents), mean over the step range, overall and per
 DMD step (σ = 1, 0.9375, 0.833, 0.625):
