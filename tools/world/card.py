@@ -57,6 +57,37 @@ def vae_section(tr, vae_short, vae_long, decoder):
    {tr['vae_psnr_full_clips']:.2f} dB.{decoder}"""
 
 
+def guidance_section(ev, gv, default):
+    """The committed eval beside the same eval with camera guidance (`eval_guided.json`)."""
+    def row(e, name):
+        st = " | ".join(
+            f"{v['per_latent_frame']['sign_share']:.0%} · {v['per_latent_frame']['magnitude_ratio']:.2f}"
+            f"{' ✓' if v['per_latent_frame']['passes'] else ''}" for v in e["steering"].values())
+        return (f"| {name} | {e['psnr_db']:.2f} | {e['gain_db']:+.2f} | "
+                f"{e['flights_below_baseline']}/{e['cases']} | {st} |")
+    g = gv["camera_guidance"]
+    keys = " | ".join(f"`{k}` sign · magnitude" for k in gv["steering"])
+    return f"""
+## Camera guidance
+
+`headroom generate --camera-guidance G` (or the transformer config's `camera_guidance`,
+headroom's own key; this folder's is {default:g}) runs each DMD step twice, with the
+block's camera and with a camera that stands still over the block, and takes
+`v_still + G·(v_keys − v_still)`. The same eval with `--camera-guidance {g:g}`
+(`tools/world/eval.py … --camera-guidance {g:g}`, in `eval_guided.json`):
+
+| camera guidance | mean PSNR | gain | below | {keys} |
+|---|---|---|---|---|---|---|---|
+{row(ev, f"{default:g} (this folder's)")}
+{row(gv, f"{g:g}")}
+
+Guidance makes all four keys move the picture as far as the truth does, and costs the
+flights' PSNR: where the picture moves, the model now draws what the first frame did not
+show, and at pitch (`i`/`k`) it overshoots into streaks, so the folder keeps
+{default:g}.
+"""
+
+
 def main():
     tr = json.loads((FOLDER / "training.json").read_text())
     ev = json.loads((FOLDER / "eval.json").read_text())
@@ -118,6 +149,9 @@ flight (sometimes switching once: `train.py --stage data-held`).""")
         f"{'yes' if v['per_latent_frame']['passes'] else 'no'} |"
         for k, v in ev["steering"].items())
     sa, yl = ev["strafe_d_vs_a"], ev["yaw_l_vs_j"]
+    guided = FOLDER / "eval_guided.json"
+    guidance = (guidance_section(ev, json.loads(guided.read_text()),
+                                 t_cfg.get("camera_guidance", 1.0)) if guided.exists() else "")
     ceiling = ""
     if "vae_db" in ev:
         pl = ev["per_latent_frame"]
@@ -228,7 +262,7 @@ Strafe d vs a: opposite directions {sa['opposite']}, same direction as the truth
 {sa['matches_truth']}, frames agreeing with the truth's sign {sa['frame_agreement'][0]:.0%} / {sa['frame_agreement'][1]:.0%}.
 Yaw l vs j: opposite {yl['opposite']}, as the truth {yl['matches_truth']}, frames agreeing
 {yl['frame_agreement'][0]:.0%} / {yl['frame_agreement'][1]:.0%}.
-
+{guidance}
 ## Limits
 
 - 128×96, 33 frames (three blocks); longer videos run but were never trained.

@@ -61,13 +61,15 @@ def psnr(a, b):
     return 10 * np.log10(255.0 ** 2 / max(mse, 1e-10))
 
 
-def generate(headroom, model, seed, first, actions, workdir):
+def generate(headroom, model, seed, first, actions, workdir, guidance=None):
     first_png = workdir / "first.png"
     Image.fromarray(first).save(first_png)
     out = workdir / "gen"
     cmd = [headroom, "generate", "--model", model, "--image", str(first_png),
            f"--actions={actions}", "--frames", str(FRAMES), "--width", str(first.shape[1]),
            "--height", str(first.shape[0]), "--seed", str(seed), "--out", str(out), "--json"]
+    if guidance is not None:
+        cmd.append(f"--camera-guidance={guidance}")
     subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     return np.stack([np.array(Image.open(out / f"frame_{i:05d}.png").convert("RGB"))
                      for i in range(FRAMES)])
@@ -148,6 +150,8 @@ def main():
     ap.add_argument("--cases", type=int, default=16)
     ap.add_argument("--out", type=pathlib.Path)
     ap.add_argument("--strip", type=pathlib.Path)
+    ap.add_argument("--camera-guidance", type=float,
+                    help="run generate with this camera guidance (default: the model's)")
     a = ap.parse_args()
     rng = np.random.default_rng(99)
     cases = [(HELD_OUT_SEED + i, held_out_script(rng)) for i in range(a.cases)]
@@ -159,7 +163,7 @@ def main():
         tmp = pathlib.Path(tmp)
         for n, (seed, keys) in enumerate(cases):
             truth = render.render(seed, keys, FRAMES)
-            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp)
+            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp, a.camera_guidance)
             g = float(np.mean([psnr(video[i], truth[i]) for i in range(1, FRAMES)]))
             b = float(np.mean([psnr(truth[0], truth[i]) for i in range(1, FRAMES)]))
             f0 = float(psnr(video[0], truth[0]))
@@ -186,7 +190,7 @@ def main():
         for name, keys in STEER.items():
             seed = HELD_OUT_SEED + 500 + ord(name)
             truth = render.render(seed, keys, FRAMES)
-            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp)
+            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp, a.camera_guidance)
             sg, st = shifts(video), shifts(truth)
             lg, lt = latent_shifts(video), latent_shifts(truth)
             bar = steering_bar(lg, lt)
@@ -209,7 +213,7 @@ def main():
                                        sq == np.sign(steer[q]["truth_mean_px"])),
                     frame_agreement=agree)
     summary = dict(
-        cases=len(cases), frames=FRAMES,
+        cases=len(cases), frames=FRAMES, camera_guidance=a.camera_guidance,
         psnr_db=float(np.mean(gen_psnr)), baseline_repeat_first_db=float(np.mean(base_psnr)),
         gain_db=float(np.mean(gen_psnr) - np.mean(base_psnr)),
         flights_below_baseline=int(sum(g < b for g, b in zip(gen_psnr, base_psnr))),

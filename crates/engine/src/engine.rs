@@ -427,6 +427,20 @@ impl Engine {
         if r.steps == 0 {
             return Err(EngineError::request("steps", "must be at least 1"));
         }
+        if let Some(g) = r.camera_guidance {
+            if !(g.is_finite() && g >= 0.0) {
+                return Err(EngineError::request(
+                    "camera_guidance",
+                    format!("must be a finite number ≥ 0, got {g}"),
+                ));
+            }
+            if g != 1.0 && !self.dit.has_camera() {
+                return Err(EngineError::request(
+                    "camera_guidance",
+                    "needs a model with a camera adapter (this one takes no camera)",
+                ));
+            }
+        }
         crate::model_source::check_camera(
             r.num_frames,
             r.actions.len(),

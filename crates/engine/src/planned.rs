@@ -44,7 +44,7 @@ pub(crate) fn span_key(
         format!("keys{}", r.actions.len())
     };
     format!(
-        "{} {:?} {}x{} f{} steps{} shift{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} threads{} rank{:?} kv{}/{}",
+        "{} {:?} {}x{} f{} steps{} shift{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} guidance:{:?} threads{} rank{:?} kv{}/{}",
         config.model,
         config.weight_dtype,
         r.width,
@@ -55,6 +55,7 @@ pub(crate) fn span_key(
         r.image.is_some(),
         r.overlap,
         r.reuse_last_step_kv,
+        r.camera_guidance,
         headroom_tensor::parallel::num_threads(),
         rank,
         config.sink_frames,

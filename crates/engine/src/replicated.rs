@@ -52,6 +52,7 @@ struct OpenSpec {
     trajectory: Option<Trajectory>,
     overlap: bool,
     reuse_last_step_kv: bool,
+    camera_guidance: Option<f64>,
     text_embeds: Option<WireTensor>,
     image: Option<WireTensor>,
     noise: Option<WireTensor>,
@@ -212,6 +213,7 @@ impl OpenSpec {
             trajectory: r.trajectory.clone(),
             overlap: r.overlap,
             reuse_last_step_kv: r.reuse_last_step_kv,
+            camera_guidance: r.camera_guidance,
             text_embeds: r
                 .text_embeds
                 .as_ref()
@@ -240,6 +242,7 @@ impl OpenSpec {
             trajectory: self.trajectory.clone(),
             overlap: self.overlap,
             reuse_last_step_kv: self.reuse_last_step_kv,
+            camera_guidance: self.camera_guidance,
             noise: match tensor(&self.noise)? {
                 Some(t) => NoiseSource::Supplied(t),
                 None => NoiseSource::Generator,

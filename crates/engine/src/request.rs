@@ -38,6 +38,9 @@ pub struct SessionRequest {
     /// Commit the last DMD step's keys/values instead of running the commit forward
     /// (one forward fewer per block; changes the output).
     pub reuse_last_step_kv: bool,
+    /// Camera guidance scale (`None`: the model's `camera_guidance`, 1 = off): each DMD
+    /// step's velocity pushed away from a still camera's, two forwards a step.
+    pub camera_guidance: Option<f64>,
     /// Where the loop's noise comes from (the seeded generator by default).
     pub noise: NoiseSource,
     /// Receives each block's clean latents before its decode, if set.
@@ -61,6 +64,7 @@ impl SessionRequest {
             trajectory: None,
             overlap: false,
             reuse_last_step_kv: false,
+            camera_guidance: None,
             noise: NoiseSource::Generator,
             latent_sink: None,
         }

@@ -110,8 +110,11 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
         if batch.is_empty() {
             break;
         }
+        // Under camera guidance a session's still-camera forward rides in the same batch,
+        // after every session's own: `guided[n]` is entry n's place among them.
+        let mut guided = vec![None; batch.len()];
         let outputs = {
-            let items: Vec<_> = batch
+            let mut items: Vec<_> = batch
                 .iter()
                 .map(|(j, step)| {
                     let (i, _, run) = &runs[*j];
@@ -120,15 +123,29 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
                     sessions[*i].batch_item(run, step)
                 })
                 .collect();
+            for (n, (j, step)) in batch.iter().enumerate() {
+                let (i, _, run) = &runs[*j];
+                let run = run.as_ref().expect("a session in the batch has its run");
+                if let Some(item) = sessions[*i].guided_item(run, step) {
+                    guided[n] = Some(items.len() - batch.len());
+                    items.push(item);
+                }
+            }
             dit.forward_batch(&items, Mask::None)
         };
         match outputs {
-            Ok(outputs) => {
-                for ((j, step), (v, own)) in batch.into_iter().zip(outputs) {
+            Ok(mut outputs) => {
+                let mut still: Vec<_> = outputs
+                    .split_off(batch.len())
+                    .into_iter()
+                    .map(|(v, _)| Some(v))
+                    .collect();
+                for (n, ((j, step), (v, own))) in batch.into_iter().zip(outputs).enumerate() {
+                    let still_v = guided[n].and_then(|g| still[g].take());
                     let (i, _, run) = &mut runs[j];
                     let block = run.as_mut().expect("a session in the batch has its run");
                     let _inside = sessions[*i].enter_span();
-                    if let Err(e) = sessions[*i].step_output(block, step, v, own) {
+                    if let Err(e) = sessions[*i].step_output(block, step, v, own, still_v) {
                         *run = None;
                         results[*i] = Some(settled(sessions[*i], e));
                     }

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use headroom_mem::{MemoryStats, Phase, SpanGuard, SpanId};
 use headroom_model::camera::{
-    default_intrinsics, framewise_deltas, ray_embedding, CameraUpdate, Controller,
+    default_intrinsics, framewise_deltas, identity, ray_embedding, CameraUpdate, Controller,
     InteractionHandler, Keys, Pose, STEP,
 };
 use headroom_model::dit::config::IMAGE_MASK_CHANNELS;
 use headroom_model::dit::{BatchItem, KeyValues, TextKeyValues, TokenGrid};
-use headroom_model::dmd::{renoise, x0_from_velocity, DmdSchedule};
+use headroom_model::dmd::{guided_velocity, renoise, x0_from_velocity, DmdSchedule};
 use headroom_model::kv::SessionKv;
 use headroom_model::{
     OutputFormat, StreamingDecodeState, StreamingDecoder, WanTransformer, WanVae,
@@ -63,6 +63,8 @@ pub(crate) struct BlockRun {
     first: usize,
     past: Option<Vec<KeyValues>>,
     camera: Option<Tensor>,
+    /// A still camera's tokens for the block, under camera guidance.
+    still: Option<Tensor>,
     x: Tensor,
     x0: Tensor,
     /// The next forward: DMD step `k` while `k < steps`, then the commit.
@@ -178,6 +180,8 @@ pub struct Session {
     trajectory: Option<(Vec<Pose>, Vec<[f64; 4]>)>,
     overlap: bool,
     reuse_last_step_kv: bool,
+    /// Camera guidance scale (1 = off).
+    camera_guidance: f64,
     /// The next block, denoised ahead while the previous one decoded (overlap).
     pending: Option<Denoised>,
     /// The engine's text encoder, for prompt changes.
@@ -213,6 +217,10 @@ impl Session {
                 return Err(EngineError::request("noise", rule));
             }
         }
+        // Checked with the rest of the request by the engine's validation.
+        let camera_guidance = request
+            .camera_guidance
+            .unwrap_or(dit.config().camera_guidance);
         let horizon = blocks.unwrap_or(0);
         request.noise.check([
             horizon,
@@ -255,6 +263,7 @@ impl Session {
             },
             overlap: request.overlap,
             reuse_last_step_kv: request.reuse_last_step_kv,
+            camera_guidance,
             pending: None,
             prompts: None,
             pending_text: None,
@@ -428,6 +437,20 @@ impl Session {
             fold,
             &self.device,
         )?;
+        Ok(self.dit.camera_tokens(&rays)?)
+    }
+
+    /// The tokens of a camera that stands still over the block (the negative of camera
+    /// guidance): identity deltas with the block's intrinsics.
+    fn still_camera_tokens(&self, first_frame: usize) -> Result<Option<Tensor>> {
+        let [h, w] = self.video_hw;
+        let ks = match &self.trajectory {
+            Some((_, ks)) => ks[first_frame..first_frame + BLOCK_FRAMES].to_vec(),
+            None => vec![default_intrinsics(w, h)],
+        };
+        let deltas = [identity(); BLOCK_FRAMES];
+        let fold = self.vae.config().spatial_factor();
+        let rays = ray_embedding(&deltas, h, w, &ks, fold, &self.device)?;
         Ok(self.dit.camera_tokens(&rays)?)
     }
 
@@ -623,11 +646,16 @@ impl Session {
             .transpose()?
             .flatten();
         let camera = self.camera_tokens(first)?;
+        let still = match camera {
+            Some(_) if self.camera_guidance != 1.0 => self.still_camera_tokens(first)?,
+            _ => None,
+        };
         let x = self.noise(&[1, out_c, BLOCK_FRAMES, h, w])?;
         Ok(BlockRun {
             first,
             past,
             camera,
+            still,
             x0: x.clone(),
             x,
             k: 0,
@@ -679,14 +707,30 @@ impl Session {
         }
     }
 
-    /// Takes the forward's velocity `v` and keys/values `own`: a DMD step's x0 and the
-    /// next step's noisy latents, or the commit's keys/values.
+    /// Under camera guidance, the still camera's part of a DMD step's forward (the same
+    /// tokens, history and text); `None` for the commit and without guidance.
+    pub(crate) fn guided_item<'a>(
+        &'a self,
+        run: &'a BlockRun,
+        step: &'a StepInput,
+    ) -> Option<BatchItem<'a>> {
+        let still = run.still.as_ref()?;
+        (run.k < self.schedule.len()).then(|| BatchItem {
+            camera: Some(still),
+            ..self.batch_item(run, step)
+        })
+    }
+
+    /// Takes the forward's velocity `v` and keys/values `own` (and the still camera's
+    /// velocity under guidance): a DMD step's x0 and the next step's noisy latents, or
+    /// the commit's keys/values.
     pub(crate) fn step_output(
         &mut self,
         run: &mut BlockRun,
         step: StepInput,
         v: Tensor,
         own: Vec<KeyValues>,
+        still_v: Option<Tensor>,
     ) -> Result<()> {
         let steps = self.schedule.len();
         let k = run.k;
@@ -700,6 +744,10 @@ impl Session {
         } else {
             drop(own);
         }
+        let v = match still_v {
+            Some(still_v) => guided_velocity(&v, &still_v, self.camera_guidance)?,
+            None => v,
+        };
         let v = self.dit.unpatchify(&v, step.grid)?;
         drop(step);
         run.x0 = x0_from_velocity(&run.x, &v, self.schedule.sigmas[k])?;
@@ -742,6 +790,7 @@ impl Session {
             first,
             past,
             camera,
+            still,
             x0,
             own,
             start,
@@ -750,6 +799,7 @@ impl Session {
         } = run;
         drop(past);
         drop(camera);
+        drop(still);
         let own = own.ok_or_else(|| {
             EngineError::request("commit", "the block ended before its keys/values")
         })?;
@@ -770,16 +820,23 @@ impl Session {
     fn denoise_block(&mut self, n: usize) -> Result<Denoised> {
         let mut run = self.begin_block(n)?;
         while let Some(step) = self.step_input(&run)? {
-            let (v, own) = self.dit.forward_tokens(
-                &step.tokens,
-                &step.positions,
-                step.t,
-                &self.text,
-                run.past.as_deref(),
-                Mask::None,
-                run.camera.as_ref(),
-            )?;
-            self.step_output(&mut run, step, v, own)?;
+            let forward = |item: BatchItem| {
+                self.dit.forward_tokens(
+                    item.tokens,
+                    item.positions,
+                    item.t,
+                    item.text,
+                    item.past,
+                    Mask::None,
+                    item.camera,
+                )
+            };
+            let (v, own) = forward(self.batch_item(&run, &step))?;
+            let still_v = match self.guided_item(&run, &step) {
+                Some(item) => Some(forward(item)?.0),
+                None => None,
+            };
+            self.step_output(&mut run, step, v, own, still_v)?;
         }
         self.finish_block(run)
     }

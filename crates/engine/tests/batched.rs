@@ -1,6 +1,7 @@
 //! Sessions stepped together by the scheduler (their forwards batched) stream the bytes
 //! each gives alone: 1, 2 and 4 sessions with different prompts, camera scripts, seeds,
-//! lengths and start times, one of them hung up mid-stream (tiny model).
+//! lengths and start times, camera guidance or none, one of them hung up mid-stream (tiny
+//! model).
 
 use headroom_engine::{scheduler, Engine, EngineConfig, EngineError, Session, SessionRequest};
 use headroom_mem::{AllocatorConfig, AllocatorPolicy, PlannedOptions};
@@ -32,7 +33,8 @@ fn engine_with(policy: AllocatorPolicy) -> Engine {
 }
 
 /// Four different sessions: two sizes (ragged token runs in one forward, token pages of
-/// one KV pool), two lengths, prompts or none, keys or none.
+/// one KV pool), two lengths, prompts or none, keys or none, two camera guidance scales
+/// (their still-camera forwards ride in the same batch) or none.
 fn request(k: usize) -> SessionRequest {
     let keys = |s: &str| s.split(' ').map(|k| Keys::parse(k).unwrap()).collect();
     let dev = Device::cpu().unwrap();
@@ -46,6 +48,7 @@ fn request(k: usize) -> SessionRequest {
             2 => keys("a s k"),
             _ => Vec::new(),
         },
+        camera_guidance: [Some(2.0), None, Some(0.5), None][k],
         ..SessionRequest::new([48, 64, 48, 64][k], [32, 48, 32, 48][k], frames)
     }
 }

@@ -111,6 +111,34 @@ fn the_keys_change_the_world_models_video_deterministically() {
     assert_ne!(right, run(&e, request("")));
 }
 
+#[test]
+fn camera_guidance_pushes_away_from_a_still_camera_and_is_checked() {
+    let e = engine(AllocatorPolicy::Planned, ReclaimPolicy::BeforeDecode);
+    let block = |keys: &str, g: f64| SessionRequest {
+        camera_guidance: Some(g),
+        ..SessionRequest {
+            num_frames: 9,
+            ..request(keys)
+        }
+    };
+    // Scale 0 keeps only the still camera's velocity: the block a session without keys
+    // makes (one block, so no keys/values of the keys' camera reach a later one).
+    assert_eq!(run(&e, block("lll", 0.0)), run(&e, block("", 1.0)));
+    let guided = run(&e, block("lll", 2.0));
+    assert_eq!(guided, run(&e, block("lll", 2.0)));
+    assert_ne!(guided, run(&e, block("lll", 1.0)));
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        let Err(err) = e.open_session(block("lll", bad)) else {
+            panic!("camera_guidance {bad} must be refused")
+        };
+        let err = err.to_string();
+        assert!(
+            err.contains("camera_guidance") && err.contains("≥ 0"),
+            "{err}"
+        );
+    }
+}
+
 /// A copy of the world model's folder whose transformer config sets `keep_first_frame`.
 fn world_with_keep(dir: &std::path::Path, keep: bool) -> String {
     let src = std::path::Path::new(WORLD);

@@ -75,6 +75,10 @@ pub struct GenerateArgs {
     /// Commit the last DMD step's keys/values instead of running the commit forward.
     #[arg(long)]
     reuse_last_step_kv: bool,
+    /// Camera guidance: each step's velocity pushed away from a still camera's by this
+    /// scale (two forwards a step; default: the model's `camera_guidance`, 1 = off).
+    #[arg(long)]
+    camera_guidance: Option<f64>,
     /// Noise to use instead of the seeded generator: an f32 .npy `[blocks, steps, C, 3,
     /// h, w]` holding every tensor the loop draws, in draw order (per block: the initial
     /// noise, then each re-noise), e.g. from `tools/reference_rollout.py`.
@@ -531,6 +535,7 @@ where
         trajectory: prepared.trajectory.clone(),
         overlap: args.overlap,
         reuse_last_step_kv: args.reuse_last_step_kv,
+        camera_guidance: args.camera_guidance,
         noise,
         latent_sink: recorder.clone().map(|r| r as _),
         ..SessionRequest::new(width, height, args.shape.frames)

@@ -57,6 +57,12 @@ pub fn x0_from_velocity(x: &Tensor, v: &Tensor, sigma: f64) -> Result<Tensor> {
     Ok(x.sub(&v.mul_scalar(sigma as f32)?)?)
 }
 
+/// Camera guidance: `v_still + g·(v_keys − v_still)`, the velocity pushed away from the
+/// still camera's by scale `g` (1 gives `v_keys`).
+pub fn guided_velocity(v_keys: &Tensor, v_still: &Tensor, scale: f64) -> Result<Tensor> {
+    Ok(v_still.add(&v_keys.sub(v_still)?.mul_scalar(scale as f32)?)?)
+}
+
 /// `(1 − σ)·x0 + σ·ε`.
 pub fn renoise(x0: &Tensor, noise: &Tensor, sigma: f64) -> Result<Tensor> {
     Ok(x0
@@ -89,5 +95,21 @@ mod tests {
             .to_string()
             .contains("flow_shift"));
         assert!(DmdSchedule::shifted(4, f64::NAN).is_err());
+    }
+
+    #[test]
+    fn guidance_scales_the_velocity_away_from_the_still_cameras() {
+        let cpu = headroom_tensor::Device::cpu().unwrap();
+        let t = |v: &[f32]| Tensor::from_slice(v, &[2], &cpu).unwrap();
+        let (keys, still) = (t(&[1.0, -2.0]), t(&[0.5, 1.0]));
+        let at = |g| {
+            guided_velocity(&keys, &still, g)
+                .unwrap()
+                .to_f32_vec()
+                .unwrap()
+        };
+        assert_eq!(at(1.0), [1.0, -2.0]);
+        assert_eq!(at(0.0), [0.5, 1.0]);
+        assert_eq!(at(2.0), [1.5, -5.0]);
     }
 }

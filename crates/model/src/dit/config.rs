@@ -44,6 +44,9 @@ pub struct DitConfig {
     /// given image's latents, not the network's x0 for it (image-conditioned models only;
     /// the loop of a model trained with that frame as the truth, Wan 2.2 TI2V's way).
     pub keep_first_frame: bool,
+    /// headroom's own key: each DMD step's velocity is pushed away from a still camera's,
+    /// `v_still + g·(v_keys − v_still)` (two forwards a step; 1 = off, camera models only).
+    pub camera_guidance: f64,
 }
 
 impl Default for DitConfig {
@@ -66,6 +69,7 @@ impl Default for DitConfig {
             added_kv_proj_dim: None,
             pos_embed_seq_len: None,
             keep_first_frame: false,
+            camera_guidance: 1.0,
         }
     }
 }
@@ -128,6 +132,12 @@ impl DitConfig {
                 ),
             ));
         }
+        if !(self.camera_guidance.is_finite() && self.camera_guidance >= 0.0) {
+            return Err(ModelError::config(
+                "camera_guidance",
+                format!("must be a finite number ≥ 0, got {}", self.camera_guidance),
+            ));
+        }
         Ok(())
     }
 
@@ -180,5 +190,29 @@ mod tests {
         let err = keep(16, 16).validate().unwrap_err().to_string();
         assert!(err.contains("keep_first_frame"), "{err}");
         assert!(err.contains("in 16 / out 16"), "{err}");
+    }
+
+    #[test]
+    fn camera_guidance_is_a_finite_number_of_at_least_zero() {
+        let json = |g: serde_json::Value| serde_json::json!({ "camera_guidance": g });
+        let parsed = DitConfig::from_json(&json(serde_json::json!(2.0))).unwrap();
+        assert_eq!(parsed.camera_guidance, 2.0);
+        assert_eq!(
+            DitConfig::from_json(&serde_json::json!({}))
+                .unwrap()
+                .camera_guidance,
+            1.0
+        );
+        for bad in [-0.5, f64::INFINITY] {
+            let config = DitConfig {
+                camera_guidance: bad,
+                ..DitConfig::default()
+            };
+            let err = config.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("camera_guidance") && err.contains("≥ 0"),
+                "{err}"
+            );
+        }
     }
 }
