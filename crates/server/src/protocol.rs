@@ -83,6 +83,9 @@ pub struct StartRequest {
     pub actions: Vec<Keys>,
     /// `extra_params.overlap`: decode a chunk while the next one denoises.
     pub overlap: bool,
+    /// `extra_params.camera_guidance`: the session's camera guidance scale (`None`: the
+    /// model's).
+    pub camera_guidance: Option<f64>,
 }
 
 /// Largest width or height the H.264 encoder takes.
@@ -166,7 +169,25 @@ impl StartRequest {
                     ))
                 }
             },
+            camera_guidance: match extra.get("camera_guidance") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_f64().ok_or_else(|| {
+                    ServerError::request(
+                        "extra_params.camera_guidance",
+                        format!("must be a number, got {}", short(v)),
+                    )
+                })?),
+            },
         };
+        if let Some(g) = request
+            .camera_guidance
+            .filter(|g| !(g.is_finite() && *g >= 0.0))
+        {
+            return Err(ServerError::request(
+                "extra_params.camera_guidance",
+                format!("must be a finite number ≥ 0, got {g}"),
+            ));
+        }
         if !(request.flow_shift.is_finite() && request.flow_shift > 0.0) {
             return Err(ServerError::request(
                 "flow_shift",
@@ -196,6 +217,7 @@ impl StartRequest {
             "flow_shift": self.flow_shift,
             "image_reference": self.image_url.is_some(),
             "camera_action_script": !self.actions.is_empty(),
+            "camera_guidance": self.camera_guidance,
             "chunks": self.chunks(),
         })
     }
@@ -632,10 +654,11 @@ mod tests {
     fn sampling_params_and_extra_params_fill_missing_top_level_fields() {
         let r = start(
             r#"{"type":"session.start","sampling_params":{"seed":7,"num_frames":9},
-               "extra_params":{"flow_shift":3.0,"camera_action_script":[[["w"],[],"wd"]]},"size":"64x48"}"#,
+               "extra_params":{"flow_shift":3.0,"camera_guidance":2,"camera_action_script":[[["w"],[],"wd"]]},"size":"64x48"}"#,
         )
         .unwrap();
         assert_eq!((r.seed, r.num_frames, r.flow_shift), (7, 9, 3.0));
+        assert_eq!(r.camera_guidance, Some(2.0));
         assert_eq!((r.width, r.height), (64, 48));
         assert_eq!(r.actions.len(), 3);
         assert!(r.actions[0].w && !r.actions[1].w && r.actions[2].d);
@@ -650,6 +673,14 @@ mod tests {
             (r#"{"type":"session.start","format":"mp4"}"#, "format"),
             (r#"{"type":"session.start","flow_shift":-2}"#, "flow_shift"),
             (r#"{"type":"session.start","prompt":5}"#, "prompt"),
+            (
+                r#"{"type":"session.start","extra_params":{"camera_guidance":-1}}"#,
+                "extra_params.camera_guidance",
+            ),
+            (
+                r#"{"type":"session.start","extra_params":{"camera_guidance":"2"}}"#,
+                "extra_params.camera_guidance",
+            ),
             (
                 r#"{"type":"session.start","extra_params":{"camera_action_script":[["w"]]}}"#,
                 "camera_action_script[0]",

@@ -359,6 +359,7 @@ fn open(
         image,
         actions: r.actions.clone(),
         overlap: r.overlap,
+        camera_guidance: r.camera_guidance,
         ..SessionRequest::new(r.width, r.height, r.num_frames)
     };
     match world {
