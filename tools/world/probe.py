@@ -26,7 +26,7 @@ import train as T
 
 
 def rollout(model, adapter, vae, mean, std, video, script, truth_block0, guidance=1.0,
-            guided_steps=4, rescale=0.0, guide_from=0):
+            guided_steps=4, rescale=0.0, guide_from=0, guided_blocks=99):
     """Decoded uint8 frames [33, H, W, 3] of the engine's loop from `video`'s first frame."""
     L, B = T.LATENT, T.BLOCK
     view = lambda t: t.view(1, -1, 1, 1, 1)
@@ -48,7 +48,7 @@ def rollout(model, adapter, vae, mean, std, video, script, truth_block0, guidanc
             inp = torch.cat([torch.cat([ctx, xt], 2), torch.cat([c, c], 2)], 1)
             tt = torch.cat([torch.zeros(1, L), torch.full((1, L), float(ts[k]))], 1)
             v = T.dit_forward(model, adapter, inp, tt, torch.cat([rays, rays], 2), mask)[:, :, L:]
-            if guidance != 1.0 and guide_from <= k < guided_steps:
+            if guidance != 1.0 and guide_from <= k < guided_steps and b < guided_blocks:
                 v0 = T.dit_forward(model, adapter, inp, tt, still, mask)[:, :, L:]
                 g = v0 + guidance * (v - v0)
                 if rescale:
@@ -81,6 +81,7 @@ def main():
     ap.add_argument("--seeds", type=int, default=1, help="scenes per key")
     ap.add_argument("--guided-steps", type=int, default=4, help="guide the first N DMD steps")
     ap.add_argument("--guide-from", type=int, default=0, help="and from DMD step N on")
+    ap.add_argument("--guided-blocks", type=int, default=99, help="guide the first N blocks")
     ap.add_argument("--rescale", type=float, default=0.0, help="guidance rescale (0 = off)")
     ap.add_argument("--token-guidance", type=float, default=1.0,
                     help="camera tokens pushed away from a still camera's (one forward a step)")
@@ -110,7 +111,7 @@ def main():
         T.camera_tokens = amplified
     roll = lambda video, script: rollout(model, adapter, vae, data["mean"], data["std"], video,
                                          script, a.truth_block0, a.guidance, a.guided_steps,
-                                         a.rescale, a.guide_from)
+                                         a.rescale, a.guide_from, a.guided_blocks)
     if a.cases:
         rng = np.random.default_rng(99)  # as eval.py
         cases = [(E.HELD_OUT_SEED + i, E.held_out_script(rng)) for i in range(16)]
