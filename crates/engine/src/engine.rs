@@ -428,11 +428,8 @@ impl Engine {
             return Err(EngineError::request("steps", "must be at least 1"));
         }
         if let Some(g) = r.camera_guidance {
-            if !(g.is_finite() && g >= 0.0) {
-                return Err(EngineError::request(
-                    "camera_guidance",
-                    format!("must be a finite number ≥ 0, got {g}"),
-                ));
+            if let Some(rule) = headroom_model::dmd::guidance_scale_error(g) {
+                return Err(EngineError::request("camera_guidance", rule));
             }
             if g != 1.0 && !self.dit.has_camera() {
                 return Err(EngineError::request(

@@ -114,23 +114,18 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
         // after every session's own: `guided[n]` is entry n's place among them.
         let mut guided = vec![None; batch.len()];
         let outputs = {
-            let mut items: Vec<_> = batch
-                .iter()
-                .map(|(j, step)| {
-                    let (i, _, run) = &runs[*j];
-                    let run = run.as_ref().expect("a session in the batch has its run");
-                    let _inside = sessions[*i].enter_span();
-                    sessions[*i].batch_item(run, step)
-                })
-                .collect();
+            let (mut items, mut still_items) = (Vec::new(), Vec::new());
             for (n, (j, step)) in batch.iter().enumerate() {
                 let (i, _, run) = &runs[*j];
                 let run = run.as_ref().expect("a session in the batch has its run");
+                let _inside = sessions[*i].enter_span();
+                items.push(sessions[*i].batch_item(run, step));
                 if let Some(item) = sessions[*i].guided_item(run, step) {
-                    guided[n] = Some(items.len() - batch.len());
-                    items.push(item);
+                    guided[n] = Some(still_items.len());
+                    still_items.push(item);
                 }
             }
+            items.append(&mut still_items);
             dit.forward_batch(&items, Mask::None)
         };
         match outputs {

@@ -57,6 +57,13 @@ pub fn x0_from_velocity(x: &Tensor, v: &Tensor, sigma: f64) -> Result<Tensor> {
     Ok(x.sub(&v.mul_scalar(sigma as f32)?)?)
 }
 
+/// The rule a camera guidance scale breaks, if any (it must be finite and ≥ 0): the one
+/// check of a config's, a request's and a client's scale.
+pub fn guidance_scale_error(scale: f64) -> Option<String> {
+    (!(scale.is_finite() && scale >= 0.0))
+        .then(|| format!("must be a finite number ≥ 0, got {scale}"))
+}
+
 /// Camera guidance: `v_still + g·(v_keys − v_still)`, the velocity pushed away from the
 /// still camera's by scale `g` (1 gives `v_keys`).
 pub fn guided_velocity(v_keys: &Tensor, v_still: &Tensor, scale: f64) -> Result<Tensor> {

@@ -179,14 +179,11 @@ impl StartRequest {
                 })?),
             },
         };
-        if let Some(g) = request
+        if let Some(rule) = request
             .camera_guidance
-            .filter(|g| !(g.is_finite() && *g >= 0.0))
+            .and_then(headroom_model::dmd::guidance_scale_error)
         {
-            return Err(ServerError::request(
-                "extra_params.camera_guidance",
-                format!("must be a finite number ≥ 0, got {g}"),
-            ));
+            return Err(ServerError::request("extra_params.camera_guidance", rule));
         }
         if !(request.flow_shift.is_finite() && request.flow_shift > 0.0) {
             return Err(ServerError::request(

@@ -132,11 +132,8 @@ impl DitConfig {
                 ),
             ));
         }
-        if !(self.camera_guidance.is_finite() && self.camera_guidance >= 0.0) {
-            return Err(ModelError::config(
-                "camera_guidance",
-                format!("must be a finite number ≥ 0, got {}", self.camera_guidance),
-            ));
+        if let Some(rule) = crate::dmd::guidance_scale_error(self.camera_guidance) {
+            return Err(ModelError::config("camera_guidance", rule));
         }
         Ok(())
     }
