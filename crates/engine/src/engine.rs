@@ -9,7 +9,7 @@ use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy, Sp
 use headroom_model::dit::Sharding;
 use headroom_model::import::{self, ImportOptions};
 use headroom_model::kv::{KvPool, PageLayout, SessionKv};
-use headroom_model::{StreamingDecoder, WanTransformer, WanVae};
+use headroom_model::{DecoderKind, TinyDecoder, VideoDecoder, WanTransformer, WanVae};
 use headroom_tensor::{DType, Device, Tensor};
 use headroom_text::{TextEncoderMode, TextEncoderReport};
 
@@ -66,6 +66,13 @@ pub struct EngineConfig {
     /// A folder where the planned allocator's plans are kept across runs
     /// ([`crate::plan_cache`]); none: plans live in memory only.
     pub plan_cache: Option<std::path::PathBuf>,
+    /// The decoder sessions get unless their request names one.
+    pub decoder: DecoderKind,
+    /// A TAEHV tiny decoder file (`.pth` or `.safetensors`), loaded beside the model so
+    /// sessions may choose it. Without one, `decoder: Tiny` takes the model folder's
+    /// `tiny_decoder.safetensors`, or for a built-in model seeded weights of the
+    /// released decoder's shapes.
+    pub tiny_decoder: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -88,6 +95,8 @@ impl Default for EngineConfig {
             text_cache_bytes: 64 << 20,
             kv_page_tokens: 16,
             plan_cache: None,
+            decoder: DecoderKind::Full,
+            tiny_decoder: None,
         }
     }
 }
@@ -99,6 +108,8 @@ pub struct Engine {
     device: Device,
     dit: Arc<WanTransformer>,
     vae: Arc<WanVae>,
+    /// The tiny decoder, when one is loaded.
+    tiny: Option<Arc<TinyDecoder>>,
     pool: Mutex<Option<Arc<KvPool>>>,
     next_id: AtomicU64,
     prompts: Arc<Prompts>,
@@ -308,6 +319,7 @@ impl Engine {
                 ),
             ));
         }
+        let tiny = load_tiny(&config, &source, &vae, &device, dtype)?;
         let prompts = Prompts::new(
             &config.model,
             c.text_dim,
@@ -334,6 +346,7 @@ impl Engine {
             device,
             dit: Arc::new(dit),
             vae: Arc::new(vae),
+            tiny,
             pool: Mutex::new(None),
             next_id: AtomicU64::new(1),
             meta: None,
@@ -391,6 +404,26 @@ impl Engine {
         &self.vae
     }
 
+    /// The tiny decoder, when one is loaded.
+    pub fn tiny_decoder(&self) -> Option<&Arc<TinyDecoder>> {
+        self.tiny.as_ref()
+    }
+
+    /// The decoder a session asking for `kind` (`None`: the engine's default) gets, or
+    /// the error naming `decoder` when that is a tiny one and none is loaded.
+    pub fn decoder_for(&self, kind: Option<DecoderKind>) -> Result<Arc<dyn VideoDecoder>> {
+        match kind.unwrap_or(self.config.decoder) {
+            DecoderKind::Full => Ok(Arc::clone(&self.vae) as Arc<dyn VideoDecoder>),
+            DecoderKind::Tiny => match &self.tiny {
+                Some(tiny) => Ok(Arc::clone(tiny) as Arc<dyn VideoDecoder>),
+                None => Err(EngineError::request(
+                    "decoder",
+                    "\"tiny\" needs a tiny decoder, and this engine has none loaded (start it with --tiny-decoder FILE or --decoder tiny)",
+                )),
+            },
+        }
+    }
+
     /// The text encoder's memory and cache report, once a prompt (or a model folder's
     /// `text_encoder/`) created it.
     pub fn text_report(&self) -> Option<TextEncoderReport> {
@@ -427,6 +460,7 @@ impl Engine {
         if r.steps == 0 {
             return Err(EngineError::request("steps", "must be at least 1"));
         }
+        self.decoder_for(r.decoder)?;
         if let Some(g) = r.camera_guidance {
             if let Some(rule) = headroom_model::dmd::guidance_scale_error(g) {
                 return Err(EngineError::request("camera_guidance", rule));
@@ -587,11 +621,9 @@ impl Engine {
             BLOCK_FRAMES,
         )
         .map_err(|e| EngineError::Admission(e.to_string()))?;
-        let state = StreamingDecoder::new(&self.vae, None).declared_state_bytes(
-            request.height,
-            request.width,
-            DType::F32,
-        );
+        let state = self
+            .decoder_for(request.decoder)?
+            .state_bytes(request.height, request.width);
         // The image condition is streamed: one block's latents at a time.
         let s = self.vae.config().spatial_factor();
         let cond_bytes =
@@ -640,6 +672,7 @@ impl Engine {
             id,
             Arc::clone(&self.dit),
             Arc::clone(&self.vae),
+            self.decoder_for(request.decoder)?,
             kv,
             text,
             cond,
@@ -684,6 +717,57 @@ impl Engine {
         let settles = self.device.is_meta().then(|| self.condition_settle_block());
         ImageCondition::new(first, settles.flatten())
     }
+}
+
+/// The folder file a model may carry its own tiny decoder in.
+pub const TINY_DECODER_FILE: &str = "tiny_decoder.safetensors";
+
+/// The engine's tiny decoder: `config.tiny_decoder`, else (when sessions decode tiny by
+/// default) the model folder's [`TINY_DECODER_FILE`], else for a built-in model seeded
+/// weights of the released decoder of its latents; checked against the VAE's latents.
+fn load_tiny(
+    config: &EngineConfig,
+    source: &ModelSource,
+    vae: &WanVae,
+    device: &Device,
+    dtype: DType,
+) -> Result<Option<Arc<TinyDecoder>>> {
+    let (z, s) = (vae.config().z_dim, vae.config().spatial_factor());
+    let tiny = match (&config.tiny_decoder, source.folder(), config.decoder) {
+        (Some(path), _, _) => TinyDecoder::load(path, device, dtype)?,
+        (None, _, DecoderKind::Full) => return Ok(None),
+        (None, Some(folder), DecoderKind::Tiny) => {
+            let path = folder.join(TINY_DECODER_FILE);
+            if !path.is_file() {
+                return Err(EngineError::request(
+                    "decoder",
+                    format!(
+                        "\"tiny\" needs a tiny decoder: give --tiny-decoder FILE (taew2_1 decodes 16-channel latents, taew2_2 48) or put {TINY_DECODER_FILE} in {}",
+                        folder.display()
+                    ),
+                ));
+            }
+            TinyDecoder::load(&path, device, dtype)?
+        }
+        (None, None, DecoderKind::Tiny) => TinyDecoder::seeded(
+            headroom_model::TinyConfig::released_for(z)?,
+            config.weight_seed.wrapping_add(3),
+            device,
+            dtype,
+        )?,
+    };
+    let c = tiny.config();
+    if c.latent_channels != z || c.spatial_factor() != s {
+        return Err(EngineError::request(
+            "tiny_decoder",
+            format!(
+                "decodes {}-channel latents {}× in space, and the model's VAE makes {z}-channel latents {s}×",
+                c.latent_channels,
+                c.spatial_factor()
+            ),
+        ));
+    }
+    Ok(Some(Arc::new(tiny)))
 }
 
 /// Text embeddings `[L, text_dim]` zero-padded to the 512 tokens the Wan pipelines feed

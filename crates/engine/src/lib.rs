@@ -22,7 +22,7 @@ pub mod step_queue;
 mod text;
 
 pub use cancel::{CancelReason, CancelToken, Checkpoint};
-pub use engine::{Admitted, Engine, EngineConfig, Resident};
+pub use engine::{Admitted, Engine, EngineConfig, Resident, TINY_DECODER_FILE};
 pub use error::{EngineError, Result};
 pub use loop_io::{LatentRecorder, LatentSink, NoiseSource};
 pub use mesh::{Mesh, RankGroups};

@@ -44,7 +44,7 @@ pub(crate) fn span_key(
         format!("keys{}", r.actions.len())
     };
     format!(
-        "{} {:?} {}x{} f{} steps{} shift{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} guidance:{:?} threads{} rank{:?} kv{}/{}",
+        "{} {:?} {}x{} f{} steps{} shift{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} guidance:{:?} decoder:{}{} threads{} rank{:?} kv{}/{}",
         config.model,
         config.weight_dtype,
         r.width,
@@ -56,6 +56,11 @@ pub(crate) fn span_key(
         r.overlap,
         r.reuse_last_step_kv,
         r.camera_guidance,
+        r.decoder.unwrap_or(config.decoder),
+        config
+            .tiny_decoder
+            .as_ref()
+            .map_or(String::new(), |p| format!("({})", p.display())),
         headroom_tensor::parallel::num_threads(),
         rank,
         config.sink_frames,

@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use headroom_model::camera::{CameraUpdate, Keys, Trajectory};
 use headroom_model::dit::Sharding;
+use headroom_model::DecoderKind;
 use headroom_tensor::comm::Communicator;
 use headroom_tensor::{Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -53,6 +54,7 @@ struct OpenSpec {
     overlap: bool,
     reuse_last_step_kv: bool,
     camera_guidance: Option<f64>,
+    decoder: Option<DecoderKind>,
     text_embeds: Option<WireTensor>,
     image: Option<WireTensor>,
     noise: Option<WireTensor>,
@@ -214,6 +216,7 @@ impl OpenSpec {
             overlap: r.overlap,
             reuse_last_step_kv: r.reuse_last_step_kv,
             camera_guidance: r.camera_guidance,
+            decoder: r.decoder,
             text_embeds: r
                 .text_embeds
                 .as_ref()
@@ -243,6 +246,7 @@ impl OpenSpec {
             overlap: self.overlap,
             reuse_last_step_kv: self.reuse_last_step_kv,
             camera_guidance: self.camera_guidance,
+            decoder: self.decoder,
             noise: match tensor(&self.noise)? {
                 Some(t) => NoiseSource::Supplied(t),
                 None => NoiseSource::Generator,

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use headroom_model::camera::{Keys, Trajectory};
+use headroom_model::DecoderKind;
 use headroom_tensor::Tensor;
 
 use crate::loop_io::{LatentSink, NoiseSource};
@@ -41,6 +42,9 @@ pub struct SessionRequest {
     /// Camera guidance scale (`None`: the model's `camera_guidance`, 1 = off): each DMD
     /// step's velocity pushed away from a still camera's, two forwards a step.
     pub camera_guidance: Option<f64>,
+    /// The decoder the session's blocks go through (`None`: the engine's default). A
+    /// tiny decoder needs the engine to have one loaded.
+    pub decoder: Option<DecoderKind>,
     /// Where the loop's noise comes from (the seeded generator by default).
     pub noise: NoiseSource,
     /// Receives each block's clean latents before its decode, if set.
@@ -65,6 +69,7 @@ impl SessionRequest {
             overlap: false,
             reuse_last_step_kv: false,
             camera_guidance: None,
+            decoder: None,
             noise: NoiseSource::Generator,
             latent_sink: None,
         }

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use headroom_mem::{MemoryStats, Phase};
-use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder};
+use headroom_model::{OutputFormat, StreamingDecodeState};
 use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::Tensor;
 
@@ -228,11 +228,11 @@ fn decode(
     results: &mut [Option<Result<Chunk>>],
 ) {
     let groups = group_by(denoised.into_iter().map(|(i, n, block)| {
-        let (vae, state) = sessions[i].decoder();
+        let (decoder, state) = sessions[i].decoder();
         let key = (
             block.x0.shape().to_vec(),
             state.chunks_decoded == 0,
-            Arc::as_ptr(vae) as usize,
+            decoder.id(),
         );
         (key, (i, n, block))
     }));
@@ -251,17 +251,17 @@ fn decode(
         for (i, n, block) in members {
             let _inside = sessions[i].enter_span();
             match sessions[i].decode_input(n, &block) {
-                Ok(z) => inputs.push((i, n, block, z)),
+                Ok(()) => inputs.push((i, n, block)),
                 Err(e) => results[i] = Some(settled(sessions[i], e)),
             }
         }
         let Some(&(first, ..)) = inputs.first() else {
             continue;
         };
-        let vae = Arc::clone(sessions[first].decoder().0);
+        let decoder = Arc::clone(sessions[first].decoder().0);
         let owners: Vec<usize> = inputs.iter().map(|(i, ..)| *i).collect();
         let decoded = {
-            let zs: Vec<&Tensor> = inputs.iter().map(|(.., z)| z).collect();
+            let zs: Vec<&Tensor> = inputs.iter().map(|(_, _, block)| &block.x0).collect();
             // Session order on both sides: `inputs` follows the sessions' order.
             let mut states: Vec<&mut StreamingDecodeState> = sessions
                 .iter_mut()
@@ -269,17 +269,14 @@ fn decode(
                 .filter(|(i, _)| owners.contains(i))
                 .map(|(_, s)| s.decoder().1)
                 .collect();
-            StreamingDecoder::new(&vae, None).decode_batch(
-                &zs,
-                &mut states,
-                OutputFormat::PlanarUint8,
-            )
+            decoder.decode_streams(&zs, &mut states, OutputFormat::PlanarUint8, &|_| true)
         };
-        match decoded {
+        match decoded.and_then(|out| {
+            out.ok_or_else(|| headroom_model::ModelError::input("decode", "no frames produced"))
+        }) {
             Ok(pixels) => {
-                for ((i, n, block, z), pixels) in inputs.into_iter().zip(pixels) {
+                for ((i, n, block), pixels) in inputs.into_iter().zip(pixels) {
                     let _inside = sessions[i].enter_span();
-                    drop(z);
                     let chunk = frames_of(pixels).map(|frames| {
                         sessions[i].delivered(n, &block, frames, start.elapsed(), stats.clone())
                     });

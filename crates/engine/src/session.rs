@@ -15,9 +15,7 @@ use headroom_model::dit::config::IMAGE_MASK_CHANNELS;
 use headroom_model::dit::{BatchItem, KeyValues, TextKeyValues, TokenGrid};
 use headroom_model::dmd::{guided_velocity, renoise, x0_from_velocity, DmdSchedule};
 use headroom_model::kv::SessionKv;
-use headroom_model::{
-    OutputFormat, StreamingDecodeState, StreamingDecoder, WanTransformer, WanVae,
-};
+use headroom_model::{OutputFormat, StreamingDecodeState, VideoDecoder, WanTransformer, WanVae};
 use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::{DType, Device, Tensor};
 
@@ -97,7 +95,7 @@ pub(crate) struct Denoised {
 /// Decodes clean block latents into u8 frames `[T, H, W, 3]` through the session's
 /// decoder state, looking at `cancel` before it starts and between latent frames.
 fn decode_block(
-    vae: &WanVae,
+    decoder: &dyn VideoDecoder,
     state: &mut StreamingDecodeState,
     x0: &Tensor,
     cancel: &CancelToken,
@@ -107,7 +105,6 @@ fn decode_block(
         return Err(e);
     }
     let start = Instant::now();
-    let z = vae.denormalize(x0)?;
     let stopped_after = std::cell::Cell::new(None);
     let go_on = |frames| {
         let stop = cancel.stop_reason().is_some();
@@ -116,13 +113,9 @@ fn decode_block(
         }
         !stop
     };
-    let pixels = StreamingDecoder::new(vae, None).decode_chunk_until(
-        &z,
-        state,
-        OutputFormat::PlanarUint8,
-        true,
-        &go_on,
-    )?;
+    let pixels = decoder
+        .decode_streams(&[x0], &mut [state], OutputFormat::PlanarUint8, &go_on)?
+        .and_then(|mut v| v.pop());
     let Some(pixels) = pixels else {
         let at = Checkpoint::DecodedFrames {
             frames: stopped_after.get().unwrap_or(0),
@@ -154,6 +147,8 @@ pub struct Session {
     id: String,
     dit: Arc<WanTransformer>,
     vae: Arc<WanVae>,
+    /// The decoder the session's blocks go through (the VAE's own or a tiny one).
+    decoder: Arc<dyn VideoDecoder>,
     device: Device,
     kv: Option<SessionKv>,
     text: TextKeyValues,
@@ -200,6 +195,7 @@ impl Session {
         id: String,
         dit: Arc<WanTransformer>,
         vae: Arc<WanVae>,
+        decoder: Arc<dyn VideoDecoder>,
         kv: SessionKv,
         text: TextKeyValues,
         cond: Option<ImageCondition>,
@@ -236,6 +232,7 @@ impl Session {
             device: dit.device().clone(),
             dit,
             vae,
+            decoder,
             kv: Some(kv),
             text,
             cond,
@@ -522,7 +519,7 @@ impl Session {
             sink.accept(n, &block.x0)?;
         }
         let (frames, decode) = decode_block(
-            &self.vae,
+            self.decoder.as_ref(),
             &mut self.decode_state,
             &block.x0,
             &self.cancel,
@@ -532,18 +529,17 @@ impl Session {
     }
 
     /// What a batched decode of block `n` takes from this session: the block goes to
-    /// the latent sink, the cancel token is looked at, and the latents are denormalised.
-    pub(crate) fn decode_input(&self, n: usize, block: &Denoised) -> Result<Tensor> {
+    /// the latent sink and the cancel token is looked at.
+    pub(crate) fn decode_input(&self, n: usize, block: &Denoised) -> Result<()> {
         if let Some(sink) = &self.latent_sink {
             sink.accept(n, &block.x0)?;
         }
-        self.checkpoint(Checkpoint::Decode)?;
-        Ok(self.vae.denormalize(&block.x0)?)
+        self.checkpoint(Checkpoint::Decode)
     }
 
-    /// The session's decoder state and VAE, for a batched decode.
-    pub(crate) fn decoder(&mut self) -> (&Arc<WanVae>, &mut StreamingDecodeState) {
-        (&self.vae, &mut self.decode_state)
+    /// The session's decoder and its state, for a batched decode.
+    pub(crate) fn decoder(&mut self) -> (&Arc<dyn VideoDecoder>, &mut StreamingDecodeState) {
+        (&self.decoder, &mut self.decode_state)
     }
 
     /// The session's image condition, VAE and video size, for a batched encode.
@@ -598,7 +594,7 @@ impl Session {
             // decoder state moves to that thread and back.
             let placeholder = StreamingDecodeState::new(&self.id)?;
             let mut state = std::mem::replace(&mut self.decode_state, placeholder);
-            let vae = Arc::clone(&self.vae);
+            let decoder = Arc::clone(&self.decoder);
             let x0 = block.x0.clone();
             let (cancel, id) = (self.cancel.clone(), self.id.clone());
             // The decode belongs to this session's planned span on that thread too.
@@ -606,7 +602,7 @@ impl Session {
             let (decoded, next) = std::thread::scope(|scope| {
                 let worker = scope.spawn(move || {
                     let _inside = allocator.enter_span(span);
-                    let out = decode_block(&vae, &mut state, &x0, &cancel, &id);
+                    let out = decode_block(decoder.as_ref(), &mut state, &x0, &cancel, &id);
                     (out, state)
                 });
                 let next = self.denoise_block(n + 1);

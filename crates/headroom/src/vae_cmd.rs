@@ -1,11 +1,13 @@
-//! `headroom vae …`: decode and encode with a diffusers Wan VAE folder, .npy in and out.
+//! `headroom vae …`: decode and encode with a Wan VAE (any layout) or decode with a TAEHV
+//! tiny decoder file, .npy in and out.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use headroom_model::import::{load_vae, ImportOptions};
-use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder, WanVae};
+use headroom_model::taehv::is_taehv_file;
+use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder, TinyDecoder, WanVae};
 use headroom_tensor::io::npy::{read_npy, write_npy};
 use headroom_tensor::{DType, Device, Tensor};
 
@@ -20,7 +22,8 @@ pub struct VaeArgs {
 
 #[derive(Debug, Subcommand)]
 enum VaeCommand {
-    /// Decode latents [1, C, T, H, W] (already denormalised) to video.
+    /// Decode latents [1, C, T, H, W] to video: denormalised for a Wan VAE, in the DiT's
+    /// space for a TAEHV tiny decoder file.
     Decode(DecodeArgs),
     /// Encode video [1, 3, T, H, W] in [-1, 1] to the latent mean.
     Encode(EncodeArgs),
@@ -29,13 +32,15 @@ enum VaeCommand {
 #[derive(Debug, Args)]
 struct DecodeArgs {
     /// The VAE in any layout: a diffusers pipeline or vae folder, an original Wan folder
-    /// (its Wan2.1_VAE.pth), or a checkpoint file in original names (.pth, .safetensors).
+    /// (its Wan2.1_VAE.pth), a checkpoint file in original names (.pth, .safetensors), or
+    /// a TAEHV tiny decoder file (taew2_1, taew2_2: .pth or .safetensors).
     #[arg(long)]
     model: PathBuf,
     /// A diffusers vae config.json overriding the folder's or the one inferred from shapes.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Latents .npy, f32 [1, C, T, H, W], denormalised as diffusers' vae.decode takes them.
+    /// Latents .npy, f32 [1, C, T, H, W]: denormalised as diffusers' vae.decode takes them,
+    /// or, for a TAEHV file, as the DiT makes them.
     #[arg(long)]
     latents: PathBuf,
     /// Split T into streaming chunks, e.g. 3,3,3 (must sum to T); one chunk by default.
@@ -50,6 +55,9 @@ struct DecodeArgs {
     /// What the VAE's weights are held and computed in.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: DtypeArg,
+    /// A reference decode .npy of the same shape: print the max abs difference.
+    #[arg(long)]
+    compare: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -91,31 +99,48 @@ fn load(
         .with_context(|| format!("loading the VAE from {}", model.display()))
 }
 
+/// The decoder `vae decode` was given.
+enum Loaded {
+    Full(WanVae),
+    Tiny(TinyDecoder),
+}
+
 fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
     let format: OutputFormat = args.format.parse()?;
-    let vae = load(
-        &args.model,
-        args.config.as_ref(),
-        device,
-        args.dtype.dtype(),
-    )?;
     let latents = read_npy(&args.latents, device)?;
     let t = latents.shape().get(2).copied().unwrap_or(0);
-    let chunks = args.chunks.unwrap_or_else(|| vec![t]);
+    let chunks = args.chunks.clone().unwrap_or_else(|| vec![t]);
     if chunks.iter().sum::<usize>() != t || chunks.contains(&0) {
         bail!("--chunks {chunks:?} must be positive and sum to the latent frames T = {t}");
     }
-    let decoder = StreamingDecoder::new(&vae, None);
     let mut state = StreamingDecodeState::new("cli")?;
     let mut outs = Vec::new();
     let mut at = 0;
+    let dtype = args.dtype.dtype();
+    let loaded = if is_taehv_file(&args.model) {
+        Loaded::Tiny(
+            TinyDecoder::load(&args.model, device, dtype)
+                .with_context(|| format!("loading the tiny decoder {}", args.model.display()))?,
+        )
+    } else {
+        Loaded::Full(load(&args.model, args.config.as_ref(), device, dtype)?)
+    };
+    let start = std::time::Instant::now();
     for n in chunks {
-        let chunk = latents.narrow(2, at, n)?;
-        if let Some(out) = decoder.decode_chunk(&chunk, &mut state, format, true)? {
-            outs.push(out);
-        }
+        let chunk = latents.narrow(2, at, n)?.contiguous()?;
+        let out = match &loaded {
+            // The Wan VAE here takes denormalised latents, as diffusers' vae.decode does.
+            Loaded::Full(vae) => {
+                StreamingDecoder::new(vae, None).decode_chunk(&chunk, &mut state, format, true)?
+            }
+            Loaded::Tiny(tiny) => tiny
+                .decode_streams(&[&chunk], &mut [&mut state], format, &|_| true)?
+                .and_then(|mut v| v.pop()),
+        };
+        outs.push(out.context("the decode produced no frames")?);
         at += n;
     }
+    let elapsed = start.elapsed();
     let axis = match format {
         OutputFormat::Video => 2,
         OutputFormat::PlanarUint8 => 1,
@@ -123,13 +148,36 @@ fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
     let video = Tensor::cat(&outs.iter().collect::<Vec<_>>(), axis)?;
     write_npy(&args.out, &video)?;
     eprintln!(
-        "decoded {} latent frames in {} chunks → {} frames {:?} → {}",
+        "{} decoder: {} latent frames in {} chunks → {} frames {:?} in {:.1} ms → {}",
+        match loaded {
+            Loaded::Full(_) => "full",
+            Loaded::Tiny(_) => "tiny",
+        },
         t,
         state.chunks_decoded,
         state.frames_decoded,
         video.shape(),
+        elapsed.as_secs_f64() * 1e3,
         args.out.display()
     );
+    if let Some(path) = &args.compare {
+        let reference = read_npy(path, device)?;
+        if reference.shape() != video.shape() {
+            bail!(
+                "--compare {}: shape {:?}, the decode's is {:?}",
+                path.display(),
+                reference.shape(),
+                video.shape()
+            );
+        }
+        let (a, b) = (video.to_f32_vec()?, reference.to_f32_vec()?);
+        let err = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        println!("max abs difference from {}: {err:e}", path.display());
+    }
     Ok(())
 }
 

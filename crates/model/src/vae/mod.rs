@@ -2,7 +2,7 @@
 //! encode, whole decode, latent (de)normalisation, and the session-owned streaming
 //! decoder in [`stream`].
 
-mod batch;
+pub(crate) mod batch;
 pub mod blocks;
 pub mod coder;
 pub mod config;
@@ -23,6 +23,12 @@ use blocks::Slots;
 use coder::{Decoder, Encoder};
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A process-unique decoder id (full and tiny decoders share the sequence, so a state
+/// never mistakes one for the other).
+pub(crate) fn next_decoder_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
 
 /// A 1×1×1 conv without cache (`quant_conv`, `post_quant_conv`).
 #[derive(Debug)]
@@ -114,7 +120,7 @@ impl WanVae {
     pub fn from_store(config: VaeConfig, w: &WeightStore) -> Result<Self> {
         config.validate()?;
         Ok(Self {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            id: next_decoder_id(),
             encoder: Encoder::load(w, &config)?,
             decoder: Decoder::load(w, &config)?,
             quant_conv: PointConv::load(w, "quant_conv", 2 * config.z_dim)?,

@@ -52,9 +52,9 @@ impl fmt::Display for OutputFormat {
 #[derive(Debug)]
 pub struct StreamingDecodeState {
     session_id: String,
-    vae_id: Option<u64>,
-    slots: Vec<Option<Tensor>>,
-    latent_frames: usize,
+    pub(crate) vae_id: Option<u64>,
+    pub(crate) slots: Vec<Option<Tensor>>,
+    pub(crate) latent_frames: usize,
     /// Chunks decoded since creation or the last release.
     pub chunks_decoded: usize,
     /// Video frames produced since creation or the last release.
@@ -95,7 +95,7 @@ impl StreamingDecodeState {
     }
 
     /// Counts a decoded chunk of `latent_frames` latent frames and `frames` video frames.
-    fn advance(&mut self, latent_frames: usize, frames: usize) {
+    pub(crate) fn advance(&mut self, latent_frames: usize, frames: usize) {
         self.latent_frames += latent_frames;
         self.chunks_decoded += 1;
         self.frames_decoded += frames;

@@ -207,6 +207,7 @@ pub fn unary(l: &dyn Launcher, op: &'static str, x: &Tensor, out: &Tensor) -> Re
         "sqrt" => "sqrt_f32",
         "rsqrt" => "rsqrt_f32",
         "silu" => "silu_f32",
+        "tanh" => "tanh_f32",
         "gelu_tanh" => "gelu_tanh_f32",
         "gelu_erf" => "gelu_erf_f32",
         _ => return Err(unsupported(op, "no unary kernel of this name")),

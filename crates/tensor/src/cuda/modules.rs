@@ -110,6 +110,7 @@ pub const MODULES: &[KernelModule] = &[
             ("sqrt_f32", Elementwise),
             ("rsqrt_f32", Elementwise),
             ("silu_f32", Elementwise),
+            ("tanh_f32", Elementwise),
             ("gelu_tanh_f32", Elementwise),
             ("gelu_erf_f32", Elementwise),
             ("affine_f32", Elementwise),

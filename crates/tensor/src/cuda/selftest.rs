@@ -121,6 +121,12 @@ fn cases() -> Vec<Case> {
     );
     add(
         "elementwise",
+        "tanh, relu",
+        1e-5,
+        Box::new(|d| input(d, &[4096], 8, 3.0)?.tanh()?.affine(2.0, -0.5)?.relu()),
+    );
+    add(
+        "elementwise",
         "affine, clamp",
         1e-6,
         Box::new(|d| {

@@ -201,6 +201,14 @@ impl Tensor {
     pub fn silu(&self) -> Result<Tensor> {
         unary("silu", self, activation::silu)
     }
+    /// `tanh x`.
+    pub fn tanh(&self) -> Result<Tensor> {
+        unary("tanh", self, f32::tanh)
+    }
+    /// `max(x, 0)` (NaN stays NaN, as in PyTorch).
+    pub fn relu(&self) -> Result<Tensor> {
+        self.clamp(0.0, f32::INFINITY)
+    }
     /// GELU with the tanh approximation (PyTorch `approximate="tanh"`).
     pub fn gelu_tanh(&self) -> Result<Tensor> {
         unary_slices("gelu_tanh", self, activation::gelu_tanh_into, |l, i, o| {

@@ -37,6 +37,7 @@ UNARY(cos, cosf(x))
 UNARY(sqrt, sqrtf(x))
 UNARY(rsqrt, 1.0f / sqrtf(x))
 UNARY(silu, x / (1.0f + expf(-x)))
+UNARY(tanh, tanhf(x))
 UNARY(gelu_tanh, 0.5f * x * (1.0f + tanhf(0.7978846f * (x + 0.044715f * x * x * x))))
 UNARY(gelu_erf, 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)))
 

@@ -1,0 +1,377 @@
+//! TAEHV's tiny video decoder (github.com/madebyollin/taehv, `taehv.py`): the decoder
+//! half of the released `taew2_1` / `taew2_2` files, streamed per session.
+//!
+//! The network is one sequence of 2-D layers over frames: `tanh(x/3)·3`, a 3×3 conv to
+//! the first width, then three stages of three [`MemBlock`]s, a nearest ×2 upsample, a
+//! `TGrow` (a 1×1 conv whose channel groups become successive frames) and a 3×3 conv to
+//! the next width; a ReLU, a last 3×3 conv to `3·p²` channels, a pixel shuffle by `p`,
+//! and a clamp to [0, 1]. A memory block sees its own input at the previous frame, so a
+//! stream's state is one frame per memory block (nine), a few tens of MiB where the
+//! full VAE keeps GiBs; nothing else carries from frame to frame. The first
+//! `t_upscale − 1` output frames of a stream are dropped, so latent frame 0 gives one
+//! frame and every later one `t_upscale` (4), as the Wan VAE does.
+//!
+//! Decoding runs one latent frame at a time (each frame's work is the same whatever the
+//! chunking, so chunked decodes equal one call byte for byte), with the sessions of a
+//! batch stacked along the batch axis.
+
+mod load;
+mod stream;
+
+use std::path::Path;
+
+use headroom_tensor::{DType, Device, Tensor};
+
+use crate::error::{ModelError, Result};
+use crate::weights::{Init, WeightStore};
+
+pub use load::{is_taehv, is_taehv_file, recognise, TinyFileInfo};
+
+/// Memory blocks per stage.
+const MEM_BLOCKS: usize = 3;
+
+/// Shape of a TAEHV decoder: what the file's shapes say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TinyConfig {
+    /// Latent channels it decodes (16 for `taew2_1`, 48 for `taew2_2`).
+    pub latent_channels: usize,
+    /// Output pixel-shuffle factor (1 for `taew2_1`, 2 for `taew2_2`).
+    pub patch: usize,
+    /// Widths of the three stages and of the output conv (`[256, 128, 64, 64]`).
+    pub widths: [usize; 4],
+    /// Frames each stage's `TGrow` makes of one (`[1, 2, 2]`: 4 frames a latent frame).
+    pub time_strides: [usize; 3],
+}
+
+impl TinyConfig {
+    /// `taew2_1`'s shapes: Wan 2.1 latents (16 channels), no patch.
+    pub fn taew2_1() -> Self {
+        Self {
+            latent_channels: 16,
+            patch: 1,
+            widths: [256, 128, 64, 64],
+            time_strides: [1, 2, 2],
+        }
+    }
+
+    /// `taew2_2`'s shapes: Wan 2.2-5B latents (48 channels), patch 2.
+    pub fn taew2_2() -> Self {
+        Self {
+            latent_channels: 48,
+            patch: 2,
+            ..Self::taew2_1()
+        }
+    }
+
+    /// The released decoder for latents of `channels` channels (16 → `taew2_1`, 48 →
+    /// `taew2_2`), for plans made without a file.
+    pub fn released_for(channels: usize) -> Result<Self> {
+        match channels {
+            16 => Ok(Self::taew2_1()),
+            48 => Ok(Self::taew2_2()),
+            c => Err(ModelError::config(
+                "decoder",
+                format!("no released tiny decoder decodes {c}-channel latents (taew2_1 has 16, taew2_2 48): give a --tiny-decoder file"),
+            )),
+        }
+    }
+
+    /// Output frames per latent frame.
+    pub fn t_upscale(&self) -> usize {
+        self.time_strides.iter().product()
+    }
+
+    /// Pixels per latent cell along each side (three ×2 upsamples, then the patch).
+    pub fn spatial_factor(&self) -> usize {
+        8 * self.patch
+    }
+
+    /// Refuses empty widths and strides.
+    pub fn validate(&self) -> Result<()> {
+        if self.latent_channels == 0 || self.patch == 0 {
+            return Err(ModelError::config(
+                "tiny decoder",
+                "latent channels and patch must be at least 1",
+            ));
+        }
+        if self.widths.contains(&0) || self.time_strides.contains(&0) {
+            return Err(ModelError::config(
+                "tiny decoder",
+                format!(
+                    "widths {:?} and time strides {:?} must be at least 1",
+                    self.widths, self.time_strides
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Per stage: (width, frames per latent frame, pixels per latent cell) of the memory
+    /// blocks' inputs, which a stream's state holds one frame of per block.
+    fn stages(&self) -> [(usize, usize, usize); 3] {
+        let mut frames = 1;
+        let mut out = [(0, 0, 0); 3];
+        for (k, stage) in out.iter_mut().enumerate() {
+            *stage = (self.widths[k], frames, 1 << k);
+            frames *= self.time_strides[k];
+        }
+        out
+    }
+
+    /// Bytes a stream's state holds for video of `height × width` in `dtype` (after its
+    /// first latent frame; nothing before).
+    pub fn state_bytes(&self, height: usize, width: usize, dtype: DType) -> u64 {
+        let s = self.spatial_factor();
+        let (h, w) = (height / s, width / s);
+        self.stages()
+            .iter()
+            .map(|&(c, _, scale)| (MEM_BLOCKS * c * h * scale * w * scale * dtype.size()) as u64)
+            .sum()
+    }
+}
+
+/// A 3×3 (or 1×1) conv2d with optional bias.
+#[derive(Debug)]
+struct Conv {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    pad: usize,
+}
+
+impl Conv {
+    fn load(w: &WeightStore, key: &str, cin: usize, cout: usize, bias: bool) -> Result<Self> {
+        Ok(Self {
+            weight: w.get(&format!("{key}.weight"), &[cout, cin, 3, 3], Init::FanIn)?,
+            bias: bias
+                .then(|| {
+                    w.get_as(
+                        &format!("{key}.bias"),
+                        &[cout],
+                        Init::Scaled(0.05),
+                        DType::F32,
+                    )
+                })
+                .transpose()?,
+            pad: 1,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.conv2d(
+            &self.weight,
+            self.bias.as_ref(),
+            [1, 1],
+            [self.pad, self.pad],
+        )?)
+    }
+}
+
+/// `MemBlock(n, n)`: `relu(conv(relu(conv(relu(conv(cat[x, past]))))) + x)`, where
+/// `past` is the block's input at the previous frame.
+#[derive(Debug)]
+struct MemBlock {
+    convs: [Conv; 3],
+}
+
+impl MemBlock {
+    fn load(w: &WeightStore, key: &str, n: usize) -> Result<Self> {
+        Ok(Self {
+            convs: [
+                Conv::load(w, &format!("{key}.conv.0"), 2 * n, n, true)?,
+                Conv::load(w, &format!("{key}.conv.2"), n, n, true)?,
+                Conv::load(w, &format!("{key}.conv.4"), n, n, true)?,
+            ],
+        })
+    }
+
+    /// `x [B·s, n, H, W]` holds `s` successive frames of each of `B` streams; `slot` the
+    /// streams' previous frames `[B, n, H, W]` (zeros for fresh streams). Returns the
+    /// block's output and leaves each stream's last frame in `slot`.
+    fn forward(
+        &self,
+        x: &Tensor,
+        s: usize,
+        slot: &mut Option<Tensor>,
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let [bs, n, h, w] = *x.shape() else {
+            unreachable!("frames are 4-D")
+        };
+        let b = bs / s;
+        // The state may be narrower (bf16) than the frames: the conv rounds its input
+        // to the weights' dtype anyway, so widening it back changes no product.
+        let prev = match slot {
+            Some(t) => t.to_dtype(x.dtype())?,
+            None => Tensor::zeros(&[b, n, h, w], x.dtype(), x.device())?,
+        };
+        let past = if s == 1 {
+            prev
+        } else {
+            let mut parts = Vec::with_capacity(2 * b);
+            for k in 0..b {
+                parts.push(prev.narrow(0, k, 1)?);
+                parts.push(x.narrow(0, k * s, s - 1)?);
+            }
+            Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?
+        };
+        let y = self.convs[0].forward(&Tensor::cat(&[x, &past], 1)?)?;
+        drop(past);
+        let y = self.convs[1].forward(&y.relu()?)?.relu()?;
+        let y = self.convs[2].forward(&y)?.add(x)?.relu()?;
+        let last = if s == 1 {
+            x.copy_as(dtype)?
+        } else {
+            let parts = (0..b)
+                .map(|k| x.narrow(0, k * s + s - 1, 1))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?.copy_as(dtype)?
+        };
+        *slot = Some(last);
+        Ok(y)
+    }
+}
+
+/// One stage: three memory blocks, ×2 upsample, `TGrow`, conv to the next width.
+#[derive(Debug)]
+struct Stage {
+    blocks: Vec<MemBlock>,
+    /// `TGrow`'s 1×1 weight `[n·stride, n, 1, 1]`.
+    grow: Tensor,
+    stride: usize,
+    conv: Conv,
+}
+
+/// The TAEHV decoder; immutable once loaded (streams keep their state themselves).
+#[derive(Debug)]
+pub struct TinyDecoder {
+    id: u64,
+    config: TinyConfig,
+    first: Conv,
+    stages: Vec<Stage>,
+    last: Conv,
+    device: Device,
+    dtype: DType,
+}
+
+impl TinyDecoder {
+    /// Builds the decoder from a store under TAEHV's keys (`decoder.{index}.…`).
+    pub fn from_store(config: TinyConfig, w: &WeightStore) -> Result<Self> {
+        config.validate()?;
+        let n = config.widths;
+        let first = Conv::load(w, "decoder.1", config.latent_channels, n[0], true)?;
+        let mut stages = Vec::with_capacity(3);
+        for k in 0..3 {
+            let base = 3 + 6 * k;
+            let blocks = (0..MEM_BLOCKS)
+                .map(|j| MemBlock::load(w, &format!("decoder.{}", base + j), n[k]))
+                .collect::<Result<Vec<_>>>()?;
+            let stride = config.time_strides[k];
+            let grow = load::grow_weight(
+                w,
+                &format!("decoder.{}.conv.weight", base + 4),
+                n[k],
+                stride,
+            )?;
+            let conv = Conv::load(w, &format!("decoder.{}", base + 5), n[k], n[k + 1], false)?;
+            stages.push(Stage {
+                blocks,
+                grow,
+                stride,
+                conv,
+            });
+        }
+        let last = Conv::load(w, "decoder.22", n[3], 3 * config.patch * config.patch, true)?;
+        Ok(Self {
+            id: crate::vae::next_decoder_id(),
+            first,
+            stages,
+            last,
+            device: w.device().clone(),
+            dtype: w.dtype(),
+            config,
+        })
+    }
+
+    /// Loads a TAEHV file (`.pth` in f16 or f32, or `.safetensors`), its shapes read
+    /// from the file, weights in `dtype` (f32 or bf16).
+    pub fn load(path: &Path, device: &Device, dtype: DType) -> Result<Self> {
+        let (config, store) = load::open(path, device, dtype)?;
+        Self::from_store(config, &store)
+    }
+
+    /// Seeded random weights for `config` (tests, plans without a file).
+    pub fn seeded(config: TinyConfig, seed: u64, device: &Device, dtype: DType) -> Result<Self> {
+        Self::from_store(config, &WeightStore::seeded(seed, device, dtype))
+    }
+
+    /// The shapes.
+    pub fn config(&self) -> &TinyConfig {
+        &self.config
+    }
+
+    /// A process-unique id (states remember which decoder they belong to).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The dtype the weights (and the streams' state) are kept in.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Memory-block slots a stream's state holds.
+    pub fn slot_count(&self) -> usize {
+        3 * MEM_BLOCKS
+    }
+
+    /// The state dtype: bf16 state for a bf16 decoder (its convs round their inputs to
+    /// bf16 anyway, so nothing is lost), else f32.
+    pub fn state_dtype(&self) -> DType {
+        if self.dtype == DType::BF16 {
+            DType::BF16
+        } else {
+            DType::F32
+        }
+    }
+
+    /// Decodes one latent frame of `B` streams, `z [B, C, h, w]`, against their stacked
+    /// `slots` (one per memory block): frames `[B·t_upscale, 3, H, W]` in [0, 1],
+    /// `t_upscale` successive frames per stream.
+    pub fn forward_frame(&self, z: &Tensor, slots: &mut [Option<Tensor>]) -> Result<Tensor> {
+        let dtype = self.state_dtype();
+        let x = z.mul_scalar(1.0 / 3.0)?.tanh()?.mul_scalar(3.0)?;
+        let mut x = self.first.forward(&x)?.relu()?;
+        let mut frames = 1;
+        let mut slot = 0;
+        for stage in &self.stages {
+            for block in &stage.blocks {
+                x = block.forward(&x, frames, &mut slots[slot], dtype)?;
+                slot += 1;
+            }
+            x = x.upsample_nearest2x()?;
+            let [bs, n, h, w] = *x.shape() else {
+                unreachable!("frames are 4-D")
+            };
+            x = x.conv2d(&stage.grow, None, [1, 1], [0, 0])?.reshape(&[
+                bs * stage.stride,
+                n,
+                h,
+                w,
+            ])?;
+            frames *= stage.stride;
+            x = stage.conv.forward(&x)?;
+        }
+        let x = self.last.forward(&x.relu()?)?;
+        let x = if self.config.patch > 1 {
+            x.pixel_shuffle(self.config.patch)?
+        } else {
+            x
+        };
+        Ok(x.clamp(0.0, 1.0)?)
+    }
+}

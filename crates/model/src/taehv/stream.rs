@@ -1,0 +1,153 @@
+//! A stream's chunks through the tiny decoder: latents in the DiT's space, the state one
+//! frame per memory block, sessions of one shape and one point of their stream batched
+//! along the batch axis.
+
+use headroom_mem::Phase;
+use headroom_tensor::Tensor;
+
+use super::TinyDecoder;
+use crate::error::{ModelError, Result};
+use crate::vae::{OutputFormat, StreamingDecodeState};
+
+impl TinyDecoder {
+    /// Decodes `latents[k]` (each `[1, C, T, h, w]` in the DiT's space, one shape for
+    /// all) as the next chunk of the stream of `states[k]`: each stream's frames in
+    /// `format` (`Video` is `[1, 3, T′, H, W]` in [−1, 1]). `go_on(frames_done)` is asked
+    /// before each latent frame after the first; `None` when it said stop (the states
+    /// are then part-way through the chunk, fit only to be released).
+    pub fn decode_streams(
+        &self,
+        latents: &[&Tensor],
+        states: &mut [&mut StreamingDecodeState],
+        format: OutputFormat,
+        go_on: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<Vec<Tensor>>> {
+        self.device.platform().phase(Phase::DecodeStart);
+        self.check(latents, states)?;
+        for state in states.iter_mut() {
+            if state.slots.len() != self.slot_count() {
+                state.slots = (0..self.slot_count()).map(|_| None).collect();
+            }
+            state.vae_id = Some(self.id);
+        }
+        let fresh = states[0].latent_frames == 0;
+        let lists: Vec<&[Option<Tensor>]> = states.iter().map(|s| &s.slots[..]).collect();
+        let mut slots = crate::vae::batch::stack_slots(&lists)?;
+        drop(lists);
+        let z = Tensor::cat(latents, 0)?;
+        let [b, _, t, _, _] = *z.shape() else {
+            unreachable!("checked 5-D")
+        };
+        let up = self.config.t_upscale();
+        let mut outs = Vec::with_capacity(t);
+        for i in 0..t {
+            if i > 0 && !go_on(i) {
+                return Ok(None);
+            }
+            let frame = z.narrow(2, i, 1)?.squeeze(2)?.contiguous()?;
+            let y = self.forward_frame(&frame, &mut slots)?;
+            let [_, c, h, w] = *y.shape() else {
+                unreachable!("frames are 4-D")
+            };
+            let y = y.reshape(&[b, up, c, h, w])?;
+            // A stream's first `up − 1` frames only align it with the full VAE.
+            outs.push(if fresh && i == 0 {
+                y.narrow(1, up - 1, 1)?
+            } else {
+                y
+            });
+        }
+        drop(z);
+        let frames: usize = outs.iter().map(|o| o.shape()[1]).sum();
+        let video = Tensor::cat(&outs.iter().collect::<Vec<_>>(), 1)?;
+        drop(outs);
+        let video = video.permute(&[0, 2, 1, 3, 4])?.affine(2.0, -1.0)?;
+        for (state, own) in states
+            .iter_mut()
+            .zip(crate::vae::batch::unstack_slots(slots, b)?)
+        {
+            state.slots = own;
+            state.advance(t, frames);
+        }
+        (0..b)
+            .map(|k| {
+                let mine = video.narrow(0, k, 1)?;
+                Ok(match format {
+                    OutputFormat::Video => mine.contiguous()?,
+                    OutputFormat::PlanarUint8 => mine.squeeze(0)?.to_pixels()?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// Decodes latents `[1, C, T, h, w]` (the DiT's space) in one call: `[1, 3, T′, H, W]`
+    /// in [−1, 1], `T′ = 1 + 4·(T − 1)`.
+    pub fn decode(&self, z: &Tensor) -> Result<Tensor> {
+        let mut state = StreamingDecodeState::new("decode")?;
+        self.decode_streams(&[z], &mut [&mut state], OutputFormat::Video, &|_| true)?
+            .and_then(|mut v| v.pop())
+            .ok_or_else(|| ModelError::input("tiny decode", "no output produced"))
+    }
+
+    /// Refuses latents that are not `[1, C, T ≥ 1, h ≥ 1, w ≥ 1]` of one shape, states
+    /// of another decoder, and states at different points of their streams.
+    fn check(&self, latents: &[&Tensor], states: &[&mut StreamingDecodeState]) -> Result<()> {
+        let op = "tiny decode";
+        if latents.is_empty() || latents.len() != states.len() {
+            return Err(ModelError::input(
+                op,
+                format!(
+                    "{} latents for {} states (at least one, as many of each)",
+                    latents.len(),
+                    states.len()
+                ),
+            ));
+        }
+        let c = self.config.latent_channels;
+        for (latent, state) in latents.iter().zip(states) {
+            let [1, lc, t, h, w] = *latent.shape() else {
+                return Err(ModelError::input(
+                    op,
+                    format!("latent must be [1, {c}, T, h, w], got {:?}", latent.shape()),
+                ));
+            };
+            if lc != c || t == 0 || h == 0 || w == 0 {
+                return Err(ModelError::input(
+                    op,
+                    format!(
+                        "latent {:?} must have {c} channels (the decoder's), T ≥ 1 and a non-empty h, w",
+                        latent.shape()
+                    ),
+                ));
+            }
+            if latent.shape() != latents[0].shape() {
+                return Err(ModelError::input(
+                    op,
+                    format!(
+                        "latents {:?} and {:?}: a batch has one shape",
+                        latents[0].shape(),
+                        latent.shape()
+                    ),
+                ));
+            }
+            latent.require_float(op)?;
+            if state.vae_id.is_some_and(|id| id != self.id) {
+                return Err(ModelError::input(
+                    op,
+                    format!(
+                        "state of session {:?} belongs to another decoder; release it or make a new one",
+                        state.session_id()
+                    ),
+                ));
+            }
+            if (state.latent_frames == 0) != (states[0].latent_frames == 0) {
+                return Err(ModelError::input(
+                    op,
+                    "a batch needs streams at the same point: all fresh or all past their first chunk",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
