@@ -101,19 +101,25 @@ def write_case(t, out, name, widths):
     model = seeded_model(t, seed, ckpt, widths)
     case = out / name
     case.mkdir(parents=True, exist_ok=True)
+    # The narrow cases keep only the encoder's first conv (the loader must skip it).
+    g = torch.Generator().manual_seed(100 + seed)
+    latents = torch.randn(1, c, frames, h, w, generator=g)
+    # A decoder whose every output is clamped would prove little: the last conv is
+    # scaled down (in powers of two, exact in f16) until most outputs are inside.
+    for _ in range(12):
+        expected = decode(model, latents)
+        inside = ((expected > -1) & (expected < 1)).float().mean().item()
+        if inside > 0.6:
+            break
+        with torch.no_grad():
+            model.decoder[-1].weight.mul_(0.5)
+    assert inside > 0.5, f"{name}: only {inside:.0%} of the outputs are inside (-1, 1)"
     state = model.state_dict()
     if widths is not None:
-        # The narrow cases keep only the encoder's first conv (the loader must skip it).
         state = {k: v for k, v in state.items()
                  if k.startswith("decoder.") or k.startswith("encoder.0.")}
     torch.save({k: v.half() for k, v in state.items()}, case / "decoder.pth")
     save_file({k: v.float().contiguous() for k, v in state.items()}, case / "decoder_f32.safetensors")
-    g = torch.Generator().manual_seed(100 + seed)
-    latents = torch.randn(1, c, frames, h, w, generator=g)
-    expected = decode(model, latents)
-    # A decoder whose every output is clamped would prove little.
-    inside = ((expected > -1) & (expected < 1)).float().mean().item()
-    assert inside > 0.5, f"{name}: only {inside:.0%} of the outputs are inside (-1, 1)"
     np.save(case / "latents.npy", latents.numpy().astype("<f4"))
     np.save(case / "decoded.npy", expected.numpy().astype("<f4"))
     bf16 = decode(model.to(torch.bfloat16), latents.to(torch.bfloat16))

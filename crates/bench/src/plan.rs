@@ -11,7 +11,6 @@ use headroom_mem::{
     AllocatorConfig, AllocatorPolicy, CachingPlatform, MemoryStats, PlanBook, Platform,
     ReclaimPolicy, TraceAction, TraceEvent,
 };
-use headroom_model::StreamingDecoder;
 use headroom_tensor::DType;
 use serde::Serialize;
 
@@ -58,6 +57,10 @@ pub struct PlanConfig {
     pub history: usize,
     /// Sim (predict) or cpu (measure).
     pub platform: PlanPlatform,
+    /// The session's decoder.
+    pub decoder: headroom_model::DecoderKind,
+    /// A tiny decoder file (`None`: the model folder's, or the released shapes).
+    pub tiny_decoder: Option<std::path::PathBuf>,
 }
 
 /// One rank's memory under one policy.
@@ -152,6 +155,8 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
         kv_fraction: config.kv_fraction,
         weight_dtype: config.weight_dtype,
         capacity: Some(config.capacity),
+        decoder: config.decoder,
+        tiny_decoder: config.tiny_decoder.clone(),
         ..EngineConfig::default()
     };
     let platform = |_rank: usize| -> headroom_engine::Result<Arc<dyn Platform>> {
@@ -201,8 +206,9 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
             let mut session = engine.open_session(request)?;
             peaks.stretch(platform, &platform.memory_stats(), "open");
             let kv_bytes = engine.kv_pool().map_or(0, |p| p.bytes());
-            let decoder_state_bytes = StreamingDecoder::new(engine.vae(), None)
-                .declared_state_bytes(config.height, config.width, DType::F32);
+            let decoder_state_bytes = engine
+                .decoder_for(None)?
+                .state_bytes(config.height, config.width);
             let conditioning_bytes = session.conditioning_bytes();
             let chunks = chunks_to_run(config, engine, &session);
             for k in 0..chunks {

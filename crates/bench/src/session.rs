@@ -56,6 +56,10 @@ pub struct SessionBenchConfig {
     pub capacity: Option<u64>,
     /// Weight (and compute) dtype of the model.
     pub dtype: headroom_tensor::DType,
+    /// The sessions' decoder.
+    pub decoder: headroom_model::DecoderKind,
+    /// A tiny decoder file (`None`: the model folder's, or the released shapes).
+    pub tiny_decoder: Option<PathBuf>,
     /// This rank's groups when the benchmark runs on a TP × SP mesh (every rank runs it;
     /// rank 0 writes the files).
     pub groups: Option<headroom_engine::RankGroups>,
@@ -244,6 +248,8 @@ fn run_once(
         reclaim: policy,
         capacity: config.capacity,
         weight_dtype: config.dtype,
+        decoder: config.decoder,
+        tiny_decoder: config.tiny_decoder.clone(),
         ..EngineConfig::default()
     };
     let engine = match &config.groups {

@@ -129,6 +129,8 @@ fn planned_bytes_per_chunk(
         weight_dtype: config.dtype,
         history: 0,
         platform: PlanPlatform::Sim,
+        decoder: config.decoder,
+        tiny_decoder: config.tiny_decoder.clone(),
     })?;
     let chunks = (config.frames + 3) / 12;
     Ok(plan

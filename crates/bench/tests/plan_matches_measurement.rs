@@ -30,6 +30,8 @@ fn config(
         weight_dtype: DType::F32,
         history: 0,
         platform,
+        decoder: headroom_model::DecoderKind::Full,
+        tiny_decoder: None,
     }
 }
 

@@ -148,6 +148,8 @@ struct SessionArgs {
     #[arg(long, default_value = "bench-session")]
     out: std::path::PathBuf,
     #[command(flatten)]
+    decoders: crate::session_args::DecoderArgs,
+    #[command(flatten)]
     ranks: crate::ranks::RankArgs,
 }
 
@@ -243,6 +245,8 @@ struct BatchArgs {
     /// Allocator: planned, pytorch or expandable.
     #[arg(long, default_value = "pytorch")]
     allocator: String,
+    #[command(flatten)]
+    decoders: crate::session_args::DecoderArgs,
     /// Print the rows as JSON.
     #[arg(long)]
     json: bool,
@@ -251,12 +255,12 @@ struct BatchArgs {
 fn batch(args: BatchArgs) -> Result<()> {
     let policy: AllocatorPolicy = args.allocator.parse()?;
     let config = headroom_bench::BatchBenchConfig {
-        engine: headroom_engine::EngineConfig {
+        engine: args.decoders.apply(headroom_engine::EngineConfig {
             model: crate::builtin_world::resolve(&args.model)?,
             allocator: headroom_mem::AllocatorConfig::with_policy(policy),
             reclaim: headroom_mem::ReclaimPolicy::BeforeDecode,
             ..headroom_engine::EngineConfig::default()
-        },
+        }),
         width: args.width,
         height: args.height,
         frames: args.frames,
@@ -268,8 +272,9 @@ fn batch(args: BatchArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "# bench batch: {} at {}x{}, {} frames per session, {} allocator, {} threads, {}\n",
+        "# bench batch: {} ({} decoder) at {}x{}, {} frames per session, {} allocator, {} threads, {}\n",
         args.model,
+        args.decoders.decoder,
         args.width,
         args.height,
         args.frames,
@@ -469,6 +474,8 @@ fn session(args: SessionArgs) -> Result<()> {
         seed: args.shape.seed,
         capacity: args.shape.capacity_bytes()?,
         dtype: args.shape.dtype.dtype(),
+        decoder: args.decoders.decoder,
+        tiny_decoder: args.decoders.tiny_decoder.clone(),
         groups: None,
     };
     let summary = if args.ranks.is_single()? {

@@ -30,6 +30,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct GenerateArgs {
     #[command(flatten)]
     shape: SessionShape,
+    #[command(flatten)]
+    decoders: crate::session_args::DecoderArgs,
     /// A transformer checkpoint over --model's VAE and text encoder (any layout: a
     /// Self-Forcing .pt, a LingBot-World or original Wan folder, a ComfyUI file).
     #[arg(long)]
@@ -318,7 +320,7 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
     let text_cache_bytes = parse_size(&args.text_cache).context("--text-cache")?;
     let model = args.shape.resolved_model(crate::builtin_world::WORLD)?;
     let (width, height) = args.shape.size(&model);
-    let config = EngineConfig {
+    let config = args.decoders.apply(EngineConfig {
         model,
         transformer: args.transformer.clone(),
         transformer_config: args.config.clone(),
@@ -331,7 +333,7 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
         weight_dtype: args.shape.dtype.dtype(),
         plan_cache: args.plan_cache.clone(),
         ..EngineConfig::default()
-    };
+    });
     crate::session_args::require_end("generate writes a file, which", args.shape.frames)?;
     headroom_engine::model_source::check_request(
         &config,

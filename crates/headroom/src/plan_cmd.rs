@@ -73,6 +73,8 @@ pub struct PlanArgs {
     /// predicts (small models only).
     #[arg(long)]
     measure: bool,
+    #[command(flatten)]
+    decoders: crate::session_args::DecoderArgs,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -137,6 +139,8 @@ pub fn run(args: PlanArgs) -> Result<()> {
         } else {
             PlanPlatform::Sim
         },
+        decoder: args.decoders.decoder,
+        tiny_decoder: args.decoders.tiny_decoder.clone(),
     };
     let start = std::time::Instant::now();
     let (rows, overflow) = match run_plan(&config) {
@@ -235,8 +239,9 @@ fn file_safe(s: &str) -> String {
 fn table(args: &PlanArgs, capacity: u64, rows: &[RankPlan]) -> String {
     let gb = |b: u64| format!("{:.2}", b as f64 / 1e9);
     let mut out = format!(
-        "# plan: {} at {}x{}, {}, TP{} x SP{}, {} per card ({} allocator)\n\n",
+        "# plan: {} ({} decoder) at {}x{}, {}, TP{} x SP{}, {} per card ({} allocator)\n\n",
         args.model,
+        args.decoders.decoder,
         args.width,
         args.height,
         match args.frames {

@@ -24,6 +24,8 @@ pub struct ServeArgs {
     /// transformer/ and vae/, or an original Wan repo folder.
     #[arg(long, default_value = "world")]
     model: String,
+    #[command(flatten)]
+    decoders: crate::session_args::DecoderArgs,
     /// What the model's weights are held and computed in.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: crate::dtype_arg::DtypeArg,
@@ -166,7 +168,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     }
     let model = crate::builtin_world::resolve(&args.model)?;
     let (width, height) = crate::session_args::video_size(args.width, args.height, &model);
-    let engine = EngineConfig {
+    let engine = args.decoders.apply(EngineConfig {
         model,
         transformer: args.transformer.clone(),
         transformer_config: args.config.clone(),
@@ -177,7 +179,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         weight_dtype: args.dtype.dtype(),
         plan_cache: args.plan_cache.clone(),
         ..EngineConfig::default()
-    };
+    });
     let config = ServerConfig {
         model_name: args.model.clone(),
         max_sessions: args.max_sessions,

@@ -40,6 +40,31 @@ pub struct SessionShape {
     pub dtype: crate::dtype_arg::DtypeArg,
 }
 
+/// Which decoder sessions decode with: `--decoder` and `--tiny-decoder`.
+#[derive(Debug, Clone, Args)]
+pub struct DecoderArgs {
+    /// full (the model's own VAE) or tiny (a TAEHV tiny decoder: `--tiny-decoder`, else
+    /// the model folder's tiny_decoder.safetensors, else for a built-in model seeded
+    /// weights of taew2_1's or taew2_2's shapes).
+    #[arg(long, default_value = "full")]
+    pub decoder: headroom_model::DecoderKind,
+    /// A TAEHV tiny decoder file (taew2_1 / taew2_2, .pth or .safetensors), loaded beside
+    /// the model so sessions may choose it.
+    #[arg(long)]
+    pub tiny_decoder: Option<std::path::PathBuf>,
+}
+
+impl DecoderArgs {
+    /// `config` with these choices.
+    pub fn apply(&self, config: headroom_engine::EngineConfig) -> headroom_engine::EngineConfig {
+        headroom_engine::EngineConfig {
+            decoder: self.decoder,
+            tiny_decoder: self.tiny_decoder.clone(),
+            ..config
+        }
+    }
+}
+
 /// Video size when neither the command line nor the model gives one.
 pub const DEFAULT_SIZE: (usize, usize) = (416, 240);
 

@@ -114,6 +114,7 @@ fn wire_field(engine_field: &str) -> &str {
         "steps" => "num_inference_steps",
         "image" => "image_reference",
         "actions" => "extra_params.camera_action_script",
+        "decoder" => "extra_params.decoder",
         "width/height" => "width/height",
         other => other,
     }

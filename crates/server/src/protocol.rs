@@ -8,6 +8,7 @@
 //! `33` or `33.0`, and `null` counts as absent.
 
 use headroom_model::camera::{CameraUpdate, Keys, UpdateMode};
+use headroom_model::DecoderKind;
 use serde_json::{Map, Value};
 
 use crate::config::{Defaults, Limits};
@@ -86,6 +87,8 @@ pub struct StartRequest {
     /// `extra_params.camera_guidance`: the session's camera guidance scale (`None`: the
     /// model's).
     pub camera_guidance: Option<f64>,
+    /// `extra_params.decoder`: `"full"` or `"tiny"` (`None`: the server's default).
+    pub decoder: Option<DecoderKind>,
 }
 
 /// Largest width or height the H.264 encoder takes.
@@ -178,6 +181,21 @@ impl StartRequest {
                     )
                 })?),
             },
+            decoder: match extra.get("decoder") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(name)) => Some(name.parse().map_err(|_| {
+                    ServerError::request(
+                        "extra_params.decoder",
+                        format!("must be \"full\" or \"tiny\", got {name:?}"),
+                    )
+                })?),
+                Some(other) => {
+                    return Err(ServerError::request(
+                        "extra_params.decoder",
+                        format!("must be \"full\" or \"tiny\", got {}", short(other)),
+                    ))
+                }
+            },
         };
         if let Some(rule) = request
             .camera_guidance
@@ -200,8 +218,9 @@ impl StartRequest {
         (self.num_frames != 0).then_some((self.num_frames + 3) / 12)
     }
 
-    /// The accepted configuration echoed in `video.start` (the image as a flag, not bytes).
-    pub fn config(&self, model: &str) -> Value {
+    /// The accepted configuration echoed in `video.start` (the image as a flag, not
+    /// bytes; the decoder the session gets, `default_decoder` when it named none).
+    pub fn config(&self, model: &str, default_decoder: DecoderKind) -> Value {
         serde_json::json!({
             "model": model,
             "prompt": self.prompt,
@@ -215,6 +234,7 @@ impl StartRequest {
             "image_reference": self.image_url.is_some(),
             "camera_action_script": !self.actions.is_empty(),
             "camera_guidance": self.camera_guidance,
+            "decoder": self.decoder.unwrap_or(default_decoder).as_str(),
             "chunks": self.chunks(),
         })
     }
@@ -648,6 +668,13 @@ mod tests {
     }
 
     #[test]
+    fn the_decoder_is_taken_from_extra_params_and_echoed() {
+        let r = start(r#"{"type":"session.start","extra_params":{"decoder":"tiny"}}"#).unwrap();
+        assert_eq!(r.decoder, Some(DecoderKind::Tiny));
+        assert_eq!(r.config("m", DecoderKind::Full)["decoder"], "tiny");
+    }
+
+    #[test]
     fn sampling_params_and_extra_params_fill_missing_top_level_fields() {
         let r = start(
             r#"{"type":"session.start","sampling_params":{"seed":7,"num_frames":9},
@@ -656,6 +683,8 @@ mod tests {
         .unwrap();
         assert_eq!((r.seed, r.num_frames, r.flow_shift), (7, 9, 3.0));
         assert_eq!(r.camera_guidance, Some(2.0));
+        assert_eq!(r.decoder, None);
+        assert_eq!(r.config("m", DecoderKind::Full)["decoder"], "full");
         assert_eq!((r.width, r.height), (64, 48));
         assert_eq!(r.actions.len(), 3);
         assert!(r.actions[0].w && !r.actions[1].w && r.actions[2].d);
@@ -677,6 +706,14 @@ mod tests {
             (
                 r#"{"type":"session.start","extra_params":{"camera_guidance":"2"}}"#,
                 "extra_params.camera_guidance",
+            ),
+            (
+                r#"{"type":"session.start","extra_params":{"decoder":"small"}}"#,
+                "extra_params.decoder",
+            ),
+            (
+                r#"{"type":"session.start","extra_params":{"decoder":1}}"#,
+                "extra_params.decoder",
             ),
             (
                 r#"{"type":"session.start","extra_params":{"camera_action_script":[["w"]]}}"#,

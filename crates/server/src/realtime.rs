@@ -16,6 +16,7 @@
 //! reports its end (it releases everything first); a closed socket cancels the token too.
 //! The stall clock starts at admission: time in the queue never counts against it.
 
+use headroom_model::DecoderKind;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::TrySendError;
@@ -266,7 +267,14 @@ impl Connection {
         }
         let request_id = state.new_request_id();
         self.request_id = Some(request_id.clone());
-        let config = request.config(&state.config.model_name);
+        if request.decoder == Some(DecoderKind::Tiny) && state.engine.tiny_decoder().is_none() {
+            let e = ServerError::request(
+                "extra_params.decoder",
+                "\"tiny\" needs a tiny decoder, and this server has none loaded (start it with --tiny-decoder FILE or --decoder tiny)",
+            );
+            return self.send_error(&e, None).await;
+        }
+        let config = request.config(&state.config.model_name, state.engine.config().decoder);
         let deadline = TokioInstant::from_std(started_at) + state.config.queue_timeout;
         let mut requeued = false;
         let mut waited = std::time::Duration::ZERO;

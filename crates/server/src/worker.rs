@@ -360,6 +360,7 @@ fn open(
         actions: r.actions.clone(),
         overlap: r.overlap,
         camera_guidance: r.camera_guidance,
+        decoder: r.decoder,
         ..SessionRequest::new(r.width, r.height, r.num_frames)
     };
     match world {
