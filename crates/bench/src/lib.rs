@@ -4,6 +4,7 @@
 
 pub mod alloc;
 pub mod batch;
+pub mod decoders;
 pub mod kernels;
 pub mod models;
 pub mod plan;
@@ -16,6 +17,7 @@ pub mod vae;
 
 pub use alloc::{run_alloc_bench, AllocBenchConfig, AllocBenchRow};
 pub use batch::{run_batch_bench, BatchBenchConfig, BatchRow};
+pub use decoders::{run_decoder_bench, DecoderBenchConfig, DecoderBenchReport, DecoderRow};
 pub use kernels::{run_kernel_bench, KernelBenchConfig, KernelRow};
 pub use models::{run_model_bench, ModelBenchConfig, ModelRow};
 pub use session::{run_session_bench, SessionBenchConfig, SessionBenchSummary};

@@ -167,6 +167,29 @@ struct VaeArgs {
     /// Latent frames to decode, one chunk each.
     #[arg(long, default_value_t = 4)]
     frames: usize,
+    /// full (the streaming decode of --config, per latent frame) or both: the model's
+    /// full VAE against a TAEHV tiny decoder, a block (3 latent frames) at a time, with
+    /// --model, --tiny-decoder, --dtype, --reps and --reference.
+    #[arg(long, default_value = "full")]
+    decoder: String,
+    /// With --decoder both: wan2.1 (the real VAE config, seeded), world, or a model
+    /// folder (its vae/ and tiny_decoder.safetensors).
+    #[arg(long, default_value = "wan2.1")]
+    model: String,
+    /// With --decoder both: a TAEHV file (default: the model folder's, else seeded
+    /// weights of taew2_1's or taew2_2's shapes).
+    #[arg(long)]
+    tiny_decoder: Option<std::path::PathBuf>,
+    /// With --decoder both: weights and compute dtype of both decoders.
+    #[arg(long, value_enum, default_value = "f32")]
+    dtype: crate::dtype_arg::DtypeArg,
+    /// With --decoder both: timed fresh streams per decoder; the best counts.
+    #[arg(long, default_value_t = 2)]
+    reps: usize,
+    /// With --decoder both: taehv.py timed on the same shapes in the same run, e.g.
+    /// "python tools/bench_taehv.py --taehv /path/to/taehv.py".
+    #[arg(long)]
+    reference: Option<String>,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -510,6 +533,11 @@ raw samples, summary.json and summary.md in {}",
 }
 
 fn vae(args: VaeArgs) -> Result<()> {
+    match args.decoder.as_str() {
+        "full" => {}
+        "both" => return decoders(args),
+        other => anyhow::bail!("--decoder {other:?}: use full or both"),
+    }
     let report = run_vae_bench(&VaeBenchConfig {
         config: args.config,
         height: args.height,
@@ -547,6 +575,57 @@ fn vae(args: VaeArgs) -> Result<()> {
         format_bytes(report.state_bytes),
         format_bytes(report.declared_state_bytes)
     );
+    Ok(())
+}
+
+/// `bench vae --decoder both`: full against tiny on one block.
+fn decoders(args: VaeArgs) -> Result<()> {
+    let report = headroom_bench::run_decoder_bench(&headroom_bench::DecoderBenchConfig {
+        model: if args.model == "wan2.1" {
+            args.model.clone()
+        } else {
+            crate::builtin_world::resolve(&args.model)?
+        },
+        tiny_decoder: args.tiny_decoder.clone(),
+        height: args.height,
+        width: args.width,
+        dtype: args.dtype.dtype(),
+        reps: args.reps,
+        reference: args.reference.clone(),
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "# bench vae --decoder both: {} at {}x{}, {}, one block = 3 latent frames, best of {}, {} threads, {}\n",
+        args.model, report.width, report.height, report.dtype, args.reps, report.threads, report.cpu
+    );
+    println!("| decoder | first block ms (9 frames) | later block ms (12 frames) | state MiB | allocated peak MiB |");
+    println!("|---|---|---|---|---|");
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    for r in &report.rows {
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            r.decoder,
+            r.first_block_ms,
+            r.later_block_ms,
+            mib(r.state_bytes),
+            mib(r.allocated_peak_bytes)
+        );
+    }
+    if let Some(ms) = report.reference_first_block_ms {
+        println!("| taehv.py (PyTorch) | {ms:.1} | — | — | — |");
+    }
+    println!(
+        "\nfull / tiny: {:.1}× the time of a first block, {:.1}× a later one; state {:.0}× smaller",
+        report.full_over_tiny,
+        report.rows[0].later_block_ms / report.rows[1].later_block_ms,
+        report.rows[0].state_bytes as f64 / report.rows[1].state_bytes.max(1) as f64
+    );
+    if let Some(r) = report.reference_over_tiny {
+        println!("taehv.py / tiny: {r:.2}× the time of a first block");
+    }
     Ok(())
 }
 

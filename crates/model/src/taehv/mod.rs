@@ -232,13 +232,19 @@ impl MemBlock {
 }
 
 /// One stage: three memory blocks, ×2 upsample, `TGrow`, conv to the next width.
+///
+/// Run in an order with fewer products and the same sums: `TGrow` is a 1×1 conv, so it
+/// runs before the nearest upsample (each upsampled pixel is a copy); and a 3×3 conv of
+/// a ×2 nearest upsample is four 2×2 convs of the small image, one per output phase
+/// (`phase`: [`phase_weights`]), 16/36 of the products. No upsampled tensor is made.
 #[derive(Debug)]
 struct Stage {
     blocks: Vec<MemBlock>,
     /// `TGrow`'s 1×1 weight `[n·stride, n, 1, 1]`.
     grow: Tensor,
     stride: usize,
-    conv: Conv,
+    /// The conv's four phases, `[4·cout, cin, 2, 2]`, output channel `4c + 2a + b`.
+    phase: Tensor,
 }
 
 /// The TAEHV decoder; immutable once loaded (streams keep their state themselves).
@@ -277,7 +283,7 @@ impl TinyDecoder {
                 blocks,
                 grow,
                 stride,
-                conv,
+                phase: phase_weights(&conv.weight)?,
             });
         }
         let last = Conv::load(w, "decoder.22", n[3], 3 * config.patch * config.patch, true)?;
@@ -340,20 +346,27 @@ impl TinyDecoder {
     }
 
     /// Decodes one latent frame of `B` streams, `z [B, C, h, w]`, against their stacked
-    /// `slots` (one per memory block): frames `[B·t_upscale, 3, H, W]` in [0, 1],
-    /// `t_upscale` successive frames per stream.
-    pub fn forward_frame(&self, z: &Tensor, slots: &mut [Option<Tensor>]) -> Result<Tensor> {
+    /// `slots` (one per memory block): frames `[B·f, 3, H, W]` in [0, 1], `f` successive
+    /// frames per stream: the last `t_upscale − skip` of the frame's `t_upscale` (the
+    /// first `skip` are dropped before the full-size layers; their memory-block inputs
+    /// still reach the state).
+    pub fn forward_frame(
+        &self,
+        z: &Tensor,
+        slots: &mut [Option<Tensor>],
+        skip: usize,
+    ) -> Result<Tensor> {
         let dtype = self.state_dtype();
         let x = z.mul_scalar(1.0 / 3.0)?.tanh()?.mul_scalar(3.0)?;
         let mut x = self.first.forward(&x)?.relu()?;
         let mut frames = 1;
         let mut slot = 0;
-        for stage in &self.stages {
+        let last = self.stages.len() - 1;
+        for (k, stage) in self.stages.iter().enumerate() {
             for block in &stage.blocks {
                 x = block.forward(&x, frames, &mut slots[slot], dtype)?;
                 slot += 1;
             }
-            x = x.upsample_nearest2x()?;
             let [bs, n, h, w] = *x.shape() else {
                 unreachable!("frames are 4-D")
             };
@@ -364,7 +377,15 @@ impl TinyDecoder {
                 w,
             ])?;
             frames *= stage.stride;
-            x = stage.conv.forward(&x)?;
+            if k == last && skip > 0 {
+                let b = bs * stage.stride / frames;
+                x = x
+                    .reshape(&[b, frames, n, h, w])?
+                    .narrow(1, skip, frames - skip)?
+                    .contiguous()?
+                    .reshape(&[b * (frames - skip), n, h, w])?;
+            }
+            x = upsampled_conv(&x, &stage.phase)?;
         }
         let x = self.last.forward(&x.relu()?)?;
         let x = if self.config.patch > 1 {
@@ -374,4 +395,66 @@ impl TinyDecoder {
         };
         Ok(x.clamp(0.0, 1.0)?)
     }
+}
+
+/// Which rows of a 3×3 kernel land on each of a 2×2 kernel's rows, per output phase:
+/// output row `2i + a` of a conv over a ×2 nearest upsample reads upsampled rows
+/// `2i + a − 1 … 2i + a + 1`, which are small rows `i − 1, i, i` (phase 0) or
+/// `i, i, i + 1` (phase 1).
+const PHASE_TAPS: [[&[usize]; 2]; 2] = [[&[0], &[1, 2]], [&[0, 1], &[2]]];
+
+/// A 3×3 conv weight `[cout, cin, 3, 3]` as the four 2×2 convs of its phases over the
+/// small image, `[4·cout, cin, 2, 2]` with output channel `4c + 2a + b` for output row
+/// phase `a` and column phase `b` (summed in f32, then held in the weight's dtype).
+fn phase_weights(weight: &Tensor) -> Result<Tensor> {
+    let [cout, cin, 3, 3] = *weight.shape() else {
+        unreachable!("loaded as [cout, cin, 3, 3]")
+    };
+    let shape = [4 * cout, cin, 2, 2];
+    if weight.device().is_meta() {
+        return Ok(Tensor::zeros(&shape, weight.dtype(), weight.device())?);
+    }
+    let w = weight.to_f32_vec()?;
+    let mut out = vec![0f32; 4 * cout * cin * 4];
+    for c in 0..cout {
+        for ci in 0..cin {
+            let src = &w[(c * cin + ci) * 9..][..9];
+            for (a, rows) in PHASE_TAPS.iter().enumerate() {
+                for (b, cols) in PHASE_TAPS.iter().enumerate() {
+                    let dst = (((4 * c + 2 * a + b) * cin) + ci) * 4;
+                    for ty in 0..2 {
+                        for tx in 0..2 {
+                            out[dst + 2 * ty + tx] = rows[ty]
+                                .iter()
+                                .flat_map(|&ky| cols[tx].iter().map(move |&kx| src[3 * ky + kx]))
+                                .sum();
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(Tensor::from_slice(&out, &shape, weight.device())?.to_dtype(weight.dtype())?)
+}
+
+/// `conv3×3(upsample_nearest2x(x))` without bias from the conv's phase weights: one
+/// 2×2 conv of `x [n, cin, h, w]` with padding 1 (`[n, 4·cout, h + 1, w + 1]`), phase
+/// `(a, b)` read at offset `(a, b)`, interleaved into `[n, cout, 2h, 2w]`.
+fn upsampled_conv(x: &Tensor, phase: &Tensor) -> Result<Tensor> {
+    let [n, _, h, w] = *x.shape() else {
+        unreachable!("frames are 4-D")
+    };
+    let cout = phase.shape()[0] / 4;
+    let y = x
+        .conv2d(phase, None, [1, 1], [1, 1])?
+        .reshape(&[n, cout, 4, h + 1, w + 1])?;
+    let parts = (0..4)
+        .map(|p| {
+            let (a, b) = (p / 2, p % 2);
+            y.narrow(2, p, 1)?.narrow(3, a, h)?.narrow(4, b, w)
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let phases = Tensor::cat(&parts.iter().collect::<Vec<_>>(), 2)?;
+    drop((parts, y));
+    Ok(phases.reshape(&[n, 4 * cout, h, w])?.pixel_shuffle(2)?)
 }

@@ -45,17 +45,13 @@ impl TinyDecoder {
                 return Ok(None);
             }
             let frame = z.narrow(2, i, 1)?.squeeze(2)?.contiguous()?;
-            let y = self.forward_frame(&frame, &mut slots)?;
+            // A stream's first `up − 1` frames only align it with the full VAE.
+            let skip = if fresh && i == 0 { up - 1 } else { 0 };
+            let y = self.forward_frame(&frame, &mut slots, skip)?;
             let [_, c, h, w] = *y.shape() else {
                 unreachable!("frames are 4-D")
             };
-            let y = y.reshape(&[b, up, c, h, w])?;
-            // A stream's first `up − 1` frames only align it with the full VAE.
-            outs.push(if fresh && i == 0 {
-                y.narrow(1, up - 1, 1)?
-            } else {
-                y
-            });
+            outs.push(y.reshape(&[b, up - skip, c, h, w])?);
         }
         drop(z);
         let frames: usize = outs.iter().map(|o| o.shape()[1]).sum();

@@ -1,0 +1,241 @@
+//! `headroom bench vae --decoder both`: the model's full VAE decode against a TAEHV tiny
+//! decode of the same latents, a block (3 latent frames) at a time, in one run: time per
+//! block (a stream's first and a later one), decoder state and allocated peak, and with
+//! `reference`, `taehv.py` timed on the same shapes.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use headroom_model::import::{load_vae, ImportOptions};
+use headroom_model::{
+    OutputFormat, StreamingDecodeState, TinyConfig, TinyDecoder, VaeConfig, VideoDecoder, WanVae,
+};
+use headroom_tensor::{DType, Device, Tensor};
+use serde::Serialize;
+
+use crate::{BenchError, Result};
+
+/// What to compare.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecoderBenchConfig {
+    /// `wan2.1` (the real VAE config, seeded) or a model folder (its `vae/`).
+    pub model: String,
+    /// A tiny decoder file; `None`: the folder's `tiny_decoder.safetensors`, else seeded
+    /// weights of the released decoder's shapes.
+    pub tiny_decoder: Option<PathBuf>,
+    /// Video height in pixels.
+    pub height: usize,
+    /// Video width in pixels.
+    pub width: usize,
+    /// Weights (and compute) dtype of both decoders.
+    pub dtype: DType,
+    /// Timed repetitions (fresh streams); the best counts.
+    pub reps: usize,
+    /// The `taehv.py` timing command (`tools/bench_taehv.py …`), if any.
+    pub reference: Option<String>,
+}
+
+/// One decoder's figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DecoderRow {
+    /// `full` or `tiny`.
+    pub decoder: String,
+    /// Best milliseconds of a stream's first block (3 latent frames → 9 frames).
+    pub first_block_ms: f64,
+    /// Best milliseconds of a later block (3 latent frames → 12 frames).
+    pub later_block_ms: f64,
+    /// Bytes of the stream's state after a block.
+    pub state_bytes: u64,
+    /// Peak bytes allocated while decoding (weights excluded).
+    pub allocated_peak_bytes: u64,
+}
+
+/// The comparison.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DecoderBenchReport {
+    /// The model.
+    pub model: String,
+    /// CPU model name.
+    pub cpu: String,
+    /// Kernel threads.
+    pub threads: usize,
+    /// Video size.
+    pub width: usize,
+    /// Video size.
+    pub height: usize,
+    /// `f32` or `bf16`.
+    pub dtype: String,
+    /// Full, then tiny.
+    pub rows: Vec<DecoderRow>,
+    /// Full first-block time over tiny's.
+    pub full_over_tiny: f64,
+    /// `taehv.py`'s best seconds for the first block, when a reference ran.
+    pub reference_first_block_ms: Option<f64>,
+    /// `taehv.py`'s time over tiny's first block.
+    pub reference_over_tiny: Option<f64>,
+}
+
+fn invalid(field: &'static str, rule: impl Into<String>) -> BenchError {
+    BenchError::InvalidConfig {
+        field,
+        rule: rule.into(),
+    }
+}
+
+/// The two decoders of `config.model`.
+fn load(config: &DecoderBenchConfig, device: &Device) -> Result<(WanVae, TinyDecoder)> {
+    let model = |e: headroom_model::ModelError| invalid("model", e.to_string());
+    let folder = Path::new(&config.model);
+    let vae = if config.model == "wan2.1" {
+        WanVae::seeded(VaeConfig::default(), 0, device, config.dtype).map_err(model)?
+    } else if folder.is_dir() {
+        load_vae(folder, &ImportOptions::default(), device, config.dtype).map_err(model)?
+    } else {
+        return Err(invalid(
+            "model",
+            format!("{:?} is neither wan2.1 nor a model folder", config.model),
+        ));
+    };
+    let own = folder.join("tiny_decoder.safetensors");
+    let tiny = match &config.tiny_decoder {
+        Some(path) => TinyDecoder::load(path, device, config.dtype),
+        None if own.is_file() => TinyDecoder::load(&own, device, config.dtype),
+        None => TinyConfig::released_for(vae.config().z_dim)
+            .and_then(|c| TinyDecoder::seeded(c, 1, device, config.dtype)),
+    }
+    .map_err(|e| invalid("tiny_decoder", e.to_string()))?;
+    Ok((vae, tiny))
+}
+
+/// Times `decoder` on two blocks of `z` per rep (fresh streams).
+fn measure(
+    name: &str,
+    decoder: &dyn VideoDecoder,
+    blocks: &[Tensor; 2],
+    reps: usize,
+    device: &Device,
+) -> Result<DecoderRow> {
+    let (mut first, mut later) = (f64::INFINITY, f64::INFINITY);
+    let mut state_bytes = 0;
+    let platform = device.platform();
+    let base = platform.memory_stats().allocated_now();
+    platform.reset_peak_stats();
+    for _ in 0..reps.max(1) {
+        let mut state =
+            StreamingDecodeState::new("bench").map_err(|e| invalid("session", e.to_string()))?;
+        for (k, block) in blocks.iter().enumerate() {
+            let start = Instant::now();
+            decoder
+                .decode_streams(
+                    &[block],
+                    &mut [&mut state],
+                    OutputFormat::PlanarUint8,
+                    &|_| true,
+                )
+                .map_err(|e| invalid("decode", e.to_string()))?;
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            if k == 0 {
+                first = first.min(ms);
+            } else {
+                later = later.min(ms);
+            }
+        }
+        state_bytes = state.nbytes();
+    }
+    let peak = platform.memory_stats().allocated_bytes.all().peak as u64;
+    Ok(DecoderRow {
+        decoder: name.to_string(),
+        first_block_ms: first,
+        later_block_ms: later,
+        state_bytes,
+        allocated_peak_bytes: peak.saturating_sub(base),
+    })
+}
+
+/// `taehv.py`'s first-block milliseconds through the reference command.
+fn reference(config: &DecoderBenchConfig, channels: usize) -> Result<Option<f64>> {
+    let Some(cmd) = &config.reference else {
+        return Ok(None);
+    };
+    let mut parts = cmd.split_whitespace();
+    let program = parts
+        .next()
+        .ok_or_else(|| invalid("reference", "empty command"))?;
+    let dtype = if config.dtype == DType::BF16 {
+        "bf16"
+    } else {
+        "f32"
+    };
+    let mut command = Command::new(program);
+    command
+        .args(parts)
+        .args(["--latent-channels", &channels.to_string()])
+        .args(["--height", &config.height.to_string()])
+        .args(["--width", &config.width.to_string()])
+        .args(["--frames", "3", "--dtype", dtype])
+        .args([
+            "--threads",
+            &headroom_tensor::parallel::num_threads().to_string(),
+        ])
+        .args(["--reps", &config.reps.max(1).to_string()]);
+    if let Some(file) = &config.tiny_decoder {
+        command.arg("--file").arg(file);
+    }
+    let output = command
+        .output()
+        .map_err(|e| invalid("reference", format!("cannot run {cmd:?}: {e}")))?;
+    if !output.status.success() {
+        return Err(invalid(
+            "reference",
+            format!(
+                "{cmd:?} failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        ));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    let seconds = text
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .and_then(|v| v["decode_s"].as_f64())
+        .ok_or_else(|| invalid("reference", format!("no decode_s in its output: {text}")))?;
+    Ok(Some(seconds * 1e3))
+}
+
+/// Runs the comparison.
+pub fn run_decoder_bench(config: &DecoderBenchConfig) -> Result<DecoderBenchReport> {
+    let device = Device::cpu()?;
+    let (vae, tiny) = load(config, &device)?;
+    let s = vae.config().spatial_factor();
+    if config.height == 0 || config.width == 0 || config.height % s != 0 || config.width % s != 0 {
+        return Err(invalid(
+            "height / width",
+            format!("positive multiples of the VAE's spatial factor {s}"),
+        ));
+    }
+    let z = vae.config().z_dim;
+    let shape = [1, z, 3, config.height / s, config.width / s];
+    let blocks = [
+        Tensor::randn(&shape, 1, 0, DType::F32, &device)?,
+        Tensor::randn(&shape, 2, 0, DType::F32, &device)?,
+    ];
+    let rows = vec![
+        measure("full", &vae, &blocks, config.reps, &device)?,
+        measure("tiny", &tiny, &blocks, config.reps, &device)?,
+    ];
+    let reference_ms = reference(config, z)?;
+    Ok(DecoderBenchReport {
+        model: config.model.clone(),
+        cpu: headroom_tensor::kernels::cpu::model_name(),
+        threads: headroom_tensor::parallel::num_threads(),
+        width: config.width,
+        height: config.height,
+        dtype: format!("{:?}", config.dtype).to_lowercase(),
+        full_over_tiny: rows[0].first_block_ms / rows[1].first_block_ms,
+        reference_over_tiny: reference_ms.map(|r| r / rows[1].first_block_ms),
+        reference_first_block_ms: reference_ms,
+        rows,
+    })
+}
