@@ -317,6 +317,30 @@ fn conv3d_row(
     Ok(row(name, flops, secs, &reference, ref_secs, scratch))
 }
 
+/// A 3×3 conv2d with padding 1 over `frames` images: TAEHV's memory-block conv
+/// (`cat[x, past]`, 2n → n channels).
+fn conv2d_row(
+    device: &Device,
+    (cin, cout): (usize, usize),
+    frames: usize,
+    h: usize,
+    w: usize,
+    reps: usize,
+) -> Result<KernelRow> {
+    let x = random(&[frames, cin, h, w], 9, device)?.to_dtype(DType::F32)?;
+    let weight = random(&[cout, cin, 3, 3], 10, device)?;
+    let bias = random(&[cout], 11, device)?.to_dtype(DType::F32)?;
+    let pixels = frames * h * w;
+    let mut reference = Reference::new(device, cout, cin * 9, pixels)?;
+    let out_bytes = (cout * pixels * 4) as u64;
+    let (secs, ref_secs, scratch) = compare(device, reps, out_bytes, &mut reference, || {
+        Ok(x.conv2d(&weight, Some(&bias), [1, 1], [1, 1])?)
+    })?;
+    let flops = 2.0 * (cout * cin * 9 * pixels) as f64;
+    let name = format!("conv2d {cin}->{cout} 3x3 {frames}x{h}x{w}");
+    Ok(row(name, flops, secs, &reference, ref_secs, scratch))
+}
+
 /// The kernels at Wan shapes in the current path and compute.
 fn kernel_rows(device: &Device, config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     let s = config.shrink.max(1);
@@ -334,6 +358,16 @@ fn kernel_rows(device: &Device, config: &KernelBenchConfig) -> Result<Vec<Kernel
             device,
             96,
             4,
+            (60 / s).max(3),
+            (104 / s).max(3),
+            config.reps,
+        )?,
+        // The tiny decoder's second-stage memory block at 240×416 video (one latent
+        // frame: one 60×104 image).
+        conv2d_row(
+            device,
+            (256, 128),
+            1,
             (60 / s).max(3),
             (104 / s).max(3),
             config.reps,

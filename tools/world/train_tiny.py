@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Trains `world`'s own tiny decoder: TAEHV's decoder architecture (github.com/madebyollin/
+taehv; our own PyTorch module here, built from its description) at narrow widths,
+distilled from `world`'s full VAE decoder on the renderer's clips.
+
+The tiny decoder reads the DiT's latents (the VAE's posterior means normalised by the
+per-channel statistics of models/world/vae/config.json) and is trained to give what the
+full decoder gives for them (L1 + L2, in [0, 1]); the truth frames are only measured.
+Stages (resumable under --work):
+
+  data    render --clips training clips (seeds 2000 and up) and --held held-out ones
+          (seeds 300000 and up), 33 frames each, random key scripts
+  encode  the full VAE's posterior means of every clip, their DiT-space latents and the
+          full decode of those means (the teacher)
+  train   the tiny decoder for --minutes (Adam, lr 1e-3 then cosine to 1e-4, batch 4)
+  export  models/world/tiny_decoder.safetensors (f32, TAEHV's decoder.{index} keys) and
+          models/world/tiny_decoder.json: held-out PSNR against the truth and against the
+          full decode, the widths and the training's length
+
+    ~/.headroom-reference/bin/python tools/world/train_tiny.py --work /tmp/world-tiny
+"""
+
+import argparse
+import json
+import math
+import multiprocessing
+import pathlib
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import render  # noqa: E402
+from diffusers import AutoencoderKLWan  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parent.parent.parent
+WORLD = REPO / "models" / "world"
+FRAMES = 33
+KEYS = "wasdjlik-"
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def key_script(rng, n=9):
+    """A key set per latent frame, changing every few frames."""
+    out, key = "", rng.choice(list(KEYS))
+    while len(out) < n:
+        out += key * int(rng.integers(1, 4))
+        key = rng.choice(list(KEYS))
+    return out[:n]
+
+
+def _render(job):
+    seed, script = job
+    return render.render(seed, script, FRAMES)
+
+
+def stage_data(work, clips, held):
+    path = work / "clips.npz"
+    if path.exists():
+        return
+    rng = np.random.default_rng(77)
+    jobs = [(2000 + i, key_script(rng)) for i in range(clips)]
+    jobs += [(300_000 + i, key_script(rng)) for i in range(held)]
+    t0 = time.time()
+    with multiprocessing.Pool(2) as pool:
+        videos = list(pool.imap(_render, jobs, chunksize=2))
+    log(f"data: {len(videos)} clips in {time.time() - t0:.0f} s")
+    np.savez(path, train=np.stack(videos[:clips]), held=np.stack(videos[clips:]))
+
+
+def to_video(frames):
+    """uint8 [F, H, W, 3] -> f32 [3, F, H, W] in [-1, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(frames)).permute(3, 0, 1, 2).float() / 127.5 - 1.0
+
+
+@torch.no_grad()
+def stage_encode(work):
+    path = work / "teacher.pt"
+    if path.exists():
+        return
+    vae = AutoencoderKLWan.from_pretrained(WORLD / "vae", torch_dtype=torch.float32).eval()
+    cfg = json.loads((WORLD / "vae" / "config.json").read_text())
+    mean = torch.tensor(cfg["latents_mean"]).view(1, -1, 1, 1, 1)
+    std = torch.tensor(cfg["latents_std"]).view(1, -1, 1, 1, 1)
+    data = np.load(work / "clips.npz")
+    out = {}
+    for split in ("train", "held"):
+        lat, full, truth = [], [], []
+        for i, clip in enumerate(data[split]):
+            for mirrored in (False, True) if split == "train" else (False,):
+                frames = clip[:, :, ::-1] if mirrored else clip
+                x = to_video(frames)[None]
+                z = vae.encode(x).latent_dist.mode()
+                y = vae.decode(z).sample.clamp(-1, 1)
+                lat.append(((z - mean) / std)[0])
+                full.append(((y + 1) / 2)[0].half())
+                truth.append(((x + 1) / 2)[0].half())
+            if i % 20 == 0:
+                log(f"encode {split}: {i}/{len(data[split])}")
+        out[split] = dict(latents=torch.stack(lat), full=torch.stack(full), truth=torch.stack(truth))
+    torch.save(out, path)
+
+
+class MemBlock(nn.Module):
+    """relu(f(cat[x, past]) + x), f three 3x3 convs with ReLUs between."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.conv = nn.Sequential(nn.Conv2d(2 * n, n, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(n, n, 3, padding=1), nn.ReLU(),
+                                  nn.Conv2d(n, n, 3, padding=1))
+
+    def forward(self, x, past):
+        return F.relu(self.conv(torch.cat([x, past], 1)) + x)
+
+
+class TGrow(nn.Module):
+    """A 1x1 conv to n*stride channels whose groups become successive frames."""
+
+    def __init__(self, n, stride):
+        super().__init__()
+        self.stride = stride
+        self.conv = nn.Conv2d(n, n * stride, 1, bias=False)
+
+    def forward(self, x):
+        nt, c, h, w = x.shape
+        return self.conv(x).reshape(nt * self.stride, c, h, w)
+
+
+class Clamp(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x / 3) * 3
+
+
+class TinyDecoder(nn.Module):
+    """TAEHV's decoder layout (indices are the checkpoint keys' decoder.{index})."""
+
+    def __init__(self, latent, widths, strides=(1, 2, 2)):
+        super().__init__()
+        layers = [Clamp(), nn.Conv2d(latent, widths[0], 3, padding=1), nn.ReLU()]
+        for k, s in enumerate(strides):
+            layers += [MemBlock(widths[k]) for _ in range(3)]
+            layers += [nn.Upsample(scale_factor=2), TGrow(widths[k], s),
+                       nn.Conv2d(widths[k], widths[k + 1], 3, padding=1, bias=False)]
+        layers += [nn.ReLU(), nn.Conv2d(widths[3], 3, 3, padding=1)]
+        self.decoder = nn.Sequential(*layers)
+        self.trim = math.prod(strides) - 1
+
+    def forward(self, z):
+        """DiT latents [N, C, T, h, w] -> frames [N, 3, T', H, W] in [0, 1] (unclamped)."""
+        n, _, t = z.shape[:3]
+        x = z.permute(0, 2, 1, 3, 4).reshape(n * t, *z.shape[1:2], *z.shape[3:])
+        for layer in self.decoder:
+            if isinstance(layer, MemBlock):
+                frames = x.shape[0] // n
+                seq = x.reshape(n, frames, *x.shape[1:])
+                past = F.pad(seq, (0, 0, 0, 0, 0, 0, 1, 0))[:, :frames].reshape(x.shape)
+                x = layer(x, past)
+            else:
+                x = layer(x)
+        frames = x.shape[0] // n
+        x = x.reshape(n, frames, *x.shape[1:])[:, self.trim:]
+        return x.permute(0, 2, 1, 3, 4)
+
+
+def psnr(a, b):
+    """Mean PSNR over frames of [0, 1] videos [3, F, H, W]."""
+    mse = ((a.float() - b.float()) ** 2).mean(dim=(0, 2, 3))
+    return float(np.mean([10 * math.log10(1.0 / max(m.item(), 1e-10)) for m in mse]))
+
+
+@torch.no_grad()
+def evaluate(model, held):
+    to_full, to_truth, full_truth = [], [], []
+    for z, full, truth in zip(held["latents"], held["full"], held["truth"]):
+        y = model(z[None])[0].clamp(0, 1)
+        to_full.append(psnr(y, full))
+        to_truth.append(psnr(y, truth))
+        full_truth.append(psnr(full, truth))
+    return dict(psnr_vs_full_decode=float(np.mean(to_full)), psnr_vs_truth=float(np.mean(to_truth)),
+                full_decode_psnr_vs_truth=float(np.mean(full_truth)))
+
+
+def stage_train(work, widths, minutes, batch):
+    path = work / "tiny.pt"
+    if path.exists():
+        return
+    data = torch.load(work / "teacher.pt")
+    train, held = data["train"], data["held"]
+    torch.manual_seed(0)
+    model = TinyDecoder(train["latents"].shape[1], widths)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    t0, step, curve = time.time(), 0, []
+    budget = minutes * 60
+    while time.time() - t0 < budget:
+        frac = (time.time() - t0) / budget
+        for g in opt.param_groups:
+            g["lr"] = 1e-4 + 0.5 * (1e-3 - 1e-4) * (1 + math.cos(math.pi * frac))
+        idx = torch.randint(0, len(train["latents"]), (batch,))
+        y = model(train["latents"][idx])
+        d = y - train["full"][idx].float()
+        loss = d.abs().mean() + (d ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        if step % 100 == 0:
+            ev = evaluate(model, held)
+            curve.append(dict(step=step, seconds=time.time() - t0, loss=loss.item(), **ev))
+            log(f"step {step}: loss {loss.item():.4f}, held-out {ev['psnr_vs_full_decode']:.2f} dB vs full, "
+                f"{ev['psnr_vs_truth']:.2f} dB vs truth")
+    torch.save(dict(state=model.state_dict(), widths=widths, steps=step,
+                    seconds=time.time() - t0, curve=curve), path)
+
+
+def stage_export(work):
+    run = torch.load(work / "tiny.pt")
+    data = torch.load(work / "teacher.pt")
+    model = TinyDecoder(data["train"]["latents"].shape[1], run["widths"])
+    model.load_state_dict(run["state"])
+    model.eval()
+    ev = evaluate(model, data["held"])
+    tensors = {k: v.float().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, WORLD / "tiny_decoder.safetensors")
+    report = dict(architecture="TAEHV decoder (taehv.py's layout and keys)", widths=run["widths"],
+                  time_strides=[1, 2, 2], parameters=sum(v.numel() for v in tensors.values()),
+                  train_clips=len(data["train"]["latents"]), held_out_clips=len(data["held"]["latents"]),
+                  steps=run["steps"], minutes=run["seconds"] / 60, loss="L1 + L2 against the full decode",
+                  **ev)
+    (WORLD / "tiny_decoder.json").write_text(json.dumps(report, indent=1) + "\n")
+    log(f"export: {report}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--stage", default="all", choices=["all", "data", "encode", "train", "export"])
+    ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/world-tiny"))
+    ap.add_argument("--clips", type=int, default=96)
+    ap.add_argument("--held", type=int, default=8)
+    ap.add_argument("--widths", type=int, nargs=4, default=[32, 24, 16, 16])
+    ap.add_argument("--minutes", type=float, default=20.0)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    stages = ["data", "encode", "train", "export"] if args.stage == "all" else [args.stage]
+    for stage in stages:
+        if stage == "data":
+            stage_data(args.work, args.clips, args.held)
+        elif stage == "encode":
+            stage_encode(args.work)
+        elif stage == "train":
+            stage_train(args.work, args.widths, args.minutes, args.batch)
+        else:
+            stage_export(args.work)
+
+
+if __name__ == "__main__":
+    main()
