@@ -209,7 +209,11 @@ pub fn run_decoder_bench(config: &DecoderBenchConfig) -> Result<DecoderBenchRepo
     let device = Device::cpu()?;
     let (vae, tiny) = load(config, &device)?;
     let s = vae.config().spatial_factor();
-    if config.height == 0 || config.width == 0 || config.height % s != 0 || config.width % s != 0 {
+    if config.height == 0
+        || config.width == 0
+        || !config.height.is_multiple_of(s)
+        || !config.width.is_multiple_of(s)
+    {
         return Err(invalid(
             "height / width",
             format!("positive multiples of the VAE's spatial factor {s}"),

@@ -101,8 +101,8 @@ fn load(
 
 /// The decoder `vae decode` was given.
 enum Loaded {
-    Full(WanVae),
-    Tiny(TinyDecoder),
+    Full(Box<WanVae>),
+    Tiny(Box<TinyDecoder>),
 }
 
 fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
@@ -118,12 +118,17 @@ fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
     let mut at = 0;
     let dtype = args.dtype.dtype();
     let loaded = if is_taehv_file(&args.model) {
-        Loaded::Tiny(
+        Loaded::Tiny(Box::new(
             TinyDecoder::load(&args.model, device, dtype)
                 .with_context(|| format!("loading the tiny decoder {}", args.model.display()))?,
-        )
+        ))
     } else {
-        Loaded::Full(load(&args.model, args.config.as_ref(), device, dtype)?)
+        Loaded::Full(Box::new(load(
+            &args.model,
+            args.config.as_ref(),
+            device,
+            dtype,
+        )?))
     };
     let start = std::time::Instant::now();
     for n in chunks {
