@@ -195,3 +195,44 @@ fn dit_forward_matches_the_diffusers_fixture_and_completes_image_channels() {
     ]);
     assert!(String::from_utf8_lossy(&res.stderr).contains("--image-latents"));
 }
+
+#[test]
+fn vae_decode_takes_a_taehv_file_and_chunks_equal_one_call_byte_for_byte() {
+    let dev = Device::cpu().unwrap();
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/taehv/taew2_1");
+    let tmp = tempfile::tempdir().unwrap();
+    let latents = dir.join("latents.npy");
+    let decode = |chunks: &str, name: &str| {
+        let out = tmp.path().join(name);
+        let res = headroom(&[
+            "vae",
+            "decode",
+            "--model",
+            dir.join("decoder.pth").to_str().unwrap(),
+            "--latents",
+            latents.to_str().unwrap(),
+            "--chunks",
+            chunks,
+            "--compare",
+            dir.join("decoded.npy").to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        common::assert_ok(&res);
+        let said = String::from_utf8_lossy(&res.stderr);
+        assert!(said.contains("tiny decoder"), "{said}");
+        read_npy(&out, &dev).unwrap().to_f32_vec().unwrap()
+    };
+    let whole = decode("3", "whole.npy");
+    let parts = decode("1,2", "parts.npy");
+    assert!(whole
+        .iter()
+        .zip(&parts)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    let expected = read_npy(dir.join("decoded.npy"), &dev)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    assert!(max_abs_diff(&whole, &expected) <= 1e-4);
+}

@@ -171,62 +171,105 @@ impl Conv {
 #[derive(Debug)]
 struct MemBlock {
     convs: [Conv; 3],
+    /// The first conv's weights on `x` alone (its first `n` input channels): a stream's
+    /// first frame has a zero past, whose products are all zero.
+    first_x: Tensor,
+}
+
+/// Frame `t` of each of `b` streams of `s` frames in `x [b·s, …]`, for `t` in `range`,
+/// stream-major: `[b·len, …]` (a view when `b` is 1).
+fn frames_of(x: &Tensor, b: usize, s: usize, range: std::ops::Range<usize>) -> Result<Tensor> {
+    let len = range.len();
+    if b == 1 {
+        return Ok(x.narrow(0, range.start, len)?);
+    }
+    let parts = (0..b)
+        .map(|k| x.narrow(0, k * s + range.start, len))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?)
+}
+
+/// `a [b·p, …]` and `c [b·q, …]` interleaved per stream: `[b·(p + q), …]`.
+fn per_stream_cat(a: &Tensor, c: &Tensor, b: usize) -> Result<Tensor> {
+    if b == 1 {
+        return Ok(Tensor::cat(&[a, c], 0)?);
+    }
+    let (p, q) = (a.shape()[0] / b, c.shape()[0] / b);
+    let mut parts = Vec::with_capacity(2 * b);
+    for k in 0..b {
+        parts.push(a.narrow(0, k * p, p)?);
+        parts.push(c.narrow(0, k * q, q)?);
+    }
+    Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?)
 }
 
 impl MemBlock {
     fn load(w: &WeightStore, key: &str, n: usize) -> Result<Self> {
+        let first = Conv::load(w, &format!("{key}.conv.0"), 2 * n, n, true)?;
+        let first_x = first.weight.narrow(1, 0, n)?.contiguous()?;
         Ok(Self {
             convs: [
-                Conv::load(w, &format!("{key}.conv.0"), 2 * n, n, true)?,
+                first,
                 Conv::load(w, &format!("{key}.conv.2"), n, n, true)?,
                 Conv::load(w, &format!("{key}.conv.4"), n, n, true)?,
             ],
+            first_x,
         })
     }
 
     /// `x [B·s, n, H, W]` holds `s` successive frames of each of `B` streams; `slot` the
-    /// streams' previous frames `[B, n, H, W]` (zeros for fresh streams). Returns the
-    /// block's output and leaves each stream's last frame in `slot`.
+    /// streams' previous frames `[B, n, H, W]` (`None`: fresh streams, a zero past).
+    /// Returns the block's output for frames `live..s` of each stream (`[B·(s − live),
+    /// …]`; the earlier ones feed nothing the caller keeps) and leaves each stream's last
+    /// frame in `slot`. A fresh stream's frame 0 skips the zero past's products.
     fn forward(
         &self,
         x: &Tensor,
         s: usize,
+        live: usize,
         slot: &mut Option<Tensor>,
         dtype: DType,
     ) -> Result<Tensor> {
-        let [bs, n, h, w] = *x.shape() else {
+        let [bs, ..] = *x.shape() else {
             unreachable!("frames are 4-D")
         };
         let b = bs / s;
-        // The state may be narrower (bf16) than the frames: the conv rounds its input
-        // to the weights' dtype anyway, so widening it back changes no product.
-        let prev = match slot {
-            Some(t) => t.to_dtype(x.dtype())?,
-            None => Tensor::zeros(&[b, n, h, w], x.dtype(), x.device())?,
-        };
-        let past = if s == 1 {
-            prev
-        } else {
-            let mut parts = Vec::with_capacity(2 * b);
-            for k in 0..b {
-                parts.push(prev.narrow(0, k, 1)?);
-                parts.push(x.narrow(0, k * s, s - 1)?);
-            }
-            Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?
-        };
-        let y = self.convs[0].forward(&Tensor::cat(&[x, &past], 1)?)?;
-        drop(past);
+        let zero_first = slot.is_none() && live == 0;
+        // Frames whose past is a real frame: `full..s`.
+        let full = live + usize::from(zero_first);
+        let mut y = None;
+        if full < s {
+            let past = if full > 0 {
+                frames_of(x, b, s, full - 1..s - 1)?
+            } else {
+                // The state may be narrower (bf16) than the frames: the conv rounds its
+                // input to the weights' dtype anyway, so widening it changes no product.
+                let prev = slot
+                    .as_ref()
+                    .map(|t| t.to_dtype(x.dtype()))
+                    .transpose()?
+                    .unwrap_or_else(|| unreachable!("full is 0 only with a state"));
+                per_stream_cat(&prev, &frames_of(x, b, s, 0..s - 1)?, b)?
+            };
+            let input = Tensor::cat(&[&frames_of(x, b, s, full..s)?, &past], 1)?;
+            drop(past);
+            y = Some(self.convs[0].forward(&input)?);
+        }
+        if zero_first {
+            let first = frames_of(x, b, s, 0..1)?;
+            let y0 = first.conv2d(&self.first_x, self.convs[0].bias.as_ref(), [1, 1], [1, 1])?;
+            y = Some(match y {
+                Some(rest) => per_stream_cat(&y0, &rest, b)?,
+                None => y0,
+            });
+        }
+        let y = y.unwrap_or_else(|| unreachable!("live < s"));
         let y = self.convs[1].forward(&y.relu()?)?.relu()?;
-        let y = self.convs[2].forward(&y)?.add(x)?.relu()?;
-        let last = if s == 1 {
-            x.copy_as(dtype)?
-        } else {
-            let parts = (0..b)
-                .map(|k| x.narrow(0, k * s + s - 1, 1))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?.copy_as(dtype)?
-        };
-        *slot = Some(last);
+        let y = self.convs[2]
+            .forward(&y)?
+            .add(&frames_of(x, b, s, live..s)?)?
+            .relu()?;
+        *slot = Some(frames_of(x, b, s, s - 1..s)?.copy_as(dtype)?);
         Ok(y)
     }
 }
@@ -363,27 +406,31 @@ impl TinyDecoder {
         let mut slot = 0;
         let last = self.stages.len() - 1;
         for (k, stage) in self.stages.iter().enumerate() {
-            for block in &stage.blocks {
-                x = block.forward(&x, frames, &mut slots[slot], dtype)?;
+            // Frames of the last stage whose outputs are all dropped need no last block.
+            let dead = if k == last { skip / stage.stride } else { 0 };
+            for (j, block) in stage.blocks.iter().enumerate() {
+                let live = if j + 1 == stage.blocks.len() { dead } else { 0 };
+                x = block.forward(&x, frames, live, &mut slots[slot], dtype)?;
                 slot += 1;
             }
             let [bs, n, h, w] = *x.shape() else {
                 unreachable!("frames are 4-D")
             };
+            let b = bs / (frames - dead);
             x = x.conv2d(&stage.grow, None, [1, 1], [0, 0])?.reshape(&[
                 bs * stage.stride,
                 n,
                 h,
                 w,
             ])?;
-            frames *= stage.stride;
-            if k == last && skip > 0 {
-                let b = bs * stage.stride / frames;
+            frames = (frames - dead) * stage.stride;
+            let rest = skip - dead * stage.stride;
+            if k == last && rest > 0 {
                 x = x
                     .reshape(&[b, frames, n, h, w])?
-                    .narrow(1, skip, frames - skip)?
+                    .narrow(1, rest, frames - rest)?
                     .contiguous()?
-                    .reshape(&[b * (frames - skip), n, h, w])?;
+                    .reshape(&[b * (frames - rest), n, h, w])?;
             }
             x = upsampled_conv(&x, &stage.phase)?;
         }
