@@ -92,6 +92,32 @@ seed 100000, `kkkkkjjww`, guided, above the truth). So the folder keeps guidance
 """
 
 
+def tiny_section():
+    """`tiny_decoder.json` (tools/world/train_tiny.py's export), when the folder has one."""
+    path = FOLDER / "tiny_decoder.json"
+    if not path.exists():
+        return ""
+    t = json.loads(path.read_text())
+    size = (FOLDER / "tiny_decoder.safetensors").stat().st_size
+    return f"""
+## Tiny decoder (`tiny_decoder.safetensors`, `--decoder tiny`)
+
+TAEHV's decoder architecture (taehv.py's layout and keys: three stages of three memory
+blocks, ×2 upsamples, temporal growth 1, 2, 2) at widths {t['widths']}, {t['parameters']:,}
+parameters ({size / 1024:.0f} KiB in f32), distilled from this folder's VAE decoder by
+`tools/world/train_tiny.py`: {t['train_clips']} rendered clips with their mirrors (seeds from
+2000), encoded by the VAE and decoded by it as the target, {t['loss']}, {t['steps']} steps
+in {t['minutes']:.0f} CPU-minutes (PyTorch, 2 threads). It reads the DiT's latents
+directly. On {t['held_out_clips']} held-out clips (seeds from 300000), 33 frames each, from the
+VAE's latents of the truth:
+
+| decoder | PSNR vs the truth | PSNR vs the full decode |
+|---|---|---|
+| full (the VAE) | {t['full_decode_psnr_vs_truth']:.2f} dB | — |
+| tiny | {t['psnr_vs_truth']:.2f} dB | {t['psnr_vs_full_decode']:.2f} dB |
+"""
+
+
 def main():
     tr = json.loads((FOLDER / "training.json").read_text())
     ev = json.loads((FOLDER / "eval.json").read_text())
@@ -266,7 +292,7 @@ Strafe d vs a: opposite directions {sa['opposite']}, same direction as the truth
 {sa['matches_truth']}, frames agreeing with the truth's sign {sa['frame_agreement'][0]:.0%} / {sa['frame_agreement'][1]:.0%}.
 Yaw l vs j: opposite {yl['opposite']}, as the truth {yl['matches_truth']}, frames agreeing
 {yl['frame_agreement'][0]:.0%} / {yl['frame_agreement'][1]:.0%}.
-{guidance}
+{guidance}{tiny_section()}
 ## Limits
 
 - 128×96, 33 frames (three blocks); longer videos run but were never trained.

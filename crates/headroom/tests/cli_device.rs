@@ -109,6 +109,35 @@ fn generate_on_cuda_check_runs_every_op_through_checked_launches() {
 }
 
 #[test]
+fn the_tiny_decoder_on_cuda_check_runs_its_ops_through_checked_launches() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("tiny.mp4");
+    let output = Command::new(env!("CARGO_BIN_EXE_headroom"))
+        .args(["generate", "--device", "cuda-check", "--model", "tiny"])
+        .args(["--frames", "21", "--width", "48", "--height", "32"])
+        .args(["--decoder", "tiny", "--json", "--out"])
+        .arg(&out)
+        .output()
+        .expect("the headroom binary runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("one JSON report");
+    let launches = report["checked_launches"]["launches"]
+        .as_object()
+        .expect("launch counts");
+    // The memory blocks' 3×3 convs, the latents' tanh clamp, the ReLUs (clamp) and the
+    // output's pixels.
+    for kernel in ["conv3d_f32", "tanh_f32", "clamp_f32", "f32_to_pixels"] {
+        assert!(
+            launches.contains_key(kernel),
+            "{kernel} never launched: {launches:?}"
+        );
+    }
+    assert!(out.exists(), "the video is written");
+}
+
+#[test]
 fn bench_kernels_on_cuda_check_runs_every_row_through_the_gpu_path() {
     let output = Command::new(env!("CARGO_BIN_EXE_headroom"))
         .args([
