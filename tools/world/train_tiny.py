@@ -189,21 +189,29 @@ def evaluate(model, held):
                 full_decode_psnr_vs_truth=float(np.mean(full_truth)))
 
 
-def stage_train(work, widths, minutes, batch):
+def stage_train(work, widths, minutes, batch, resume=False, max_lr=1e-3):
+    """Trains for `minutes` (lr cosine from `max_lr` to 1e-4); with `resume`, the saved
+    decoder further (a fresh optimiser), its steps and minutes added to the record."""
     path = work / "tiny.pt"
-    if path.exists():
+    if path.exists() and not resume:
         return
     data = torch.load(work / "teacher.pt")
     train, held = data["train"], data["held"]
     torch.manual_seed(0)
     model = TinyDecoder(train["latents"].shape[1], widths)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    t0, step, curve = time.time(), 0, []
+    before = dict(steps=0, seconds=0.0, curve=[])
+    if resume:
+        before = torch.load(path)
+        widths = before["widths"]
+        model = TinyDecoder(train["latents"].shape[1], widths)
+        model.load_state_dict(before["state"])
+    opt = torch.optim.Adam(model.parameters(), lr=max_lr)
+    t0, step, curve = time.time(), before["steps"], list(before["curve"])
     budget = minutes * 60
     while time.time() - t0 < budget:
         frac = (time.time() - t0) / budget
         for g in opt.param_groups:
-            g["lr"] = 1e-4 + 0.5 * (1e-3 - 1e-4) * (1 + math.cos(math.pi * frac))
+            g["lr"] = 1e-4 + 0.5 * (max_lr - 1e-4) * (1 + math.cos(math.pi * frac))
         idx = torch.randint(0, len(train["latents"]), (batch,))
         y = model(train["latents"][idx])
         d = y - train["full"][idx].float()
@@ -218,7 +226,7 @@ def stage_train(work, widths, minutes, batch):
             log(f"step {step}: loss {loss.item():.4f}, held-out {ev['psnr_vs_full_decode']:.2f} dB vs full, "
                 f"{ev['psnr_vs_truth']:.2f} dB vs truth")
     torch.save(dict(state=model.state_dict(), widths=widths, steps=step,
-                    seconds=time.time() - t0, curve=curve), path)
+                    seconds=before["seconds"] + time.time() - t0, curve=curve), path)
 
 
 def stage_export(work):
@@ -248,6 +256,8 @@ def main():
     ap.add_argument("--widths", type=int, nargs=4, default=[32, 24, 16, 16])
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--resume", action="store_true", help="train the saved tiny decoder further")
+    ap.add_argument("--max-lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -259,7 +269,7 @@ def main():
         elif stage == "encode":
             stage_encode(args.work)
         elif stage == "train":
-            stage_train(args.work, args.widths, args.minutes, args.batch)
+            stage_train(args.work, args.widths, args.minutes, args.batch, args.resume, args.max_lr)
         else:
             stage_export(args.work)
 

@@ -4,7 +4,6 @@
 //! `reference`, `taehv.py` timed on the same shapes.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Instant;
 
 use headroom_model::import::{load_vae, ImportOptions};
@@ -158,49 +157,33 @@ fn reference(config: &DecoderBenchConfig, channels: usize) -> Result<Option<f64>
     let Some(cmd) = &config.reference else {
         return Ok(None);
     };
-    let mut parts = cmd.split_whitespace();
-    let program = parts
-        .next()
-        .ok_or_else(|| invalid("reference", "empty command"))?;
     let dtype = if config.dtype == DType::BF16 {
         "bf16"
     } else {
         "f32"
     };
-    let mut command = Command::new(program);
-    command
-        .args(parts)
-        .args(["--latent-channels", &channels.to_string()])
-        .args(["--height", &config.height.to_string()])
-        .args(["--width", &config.width.to_string()])
-        .args(["--frames", "3", "--dtype", dtype])
-        .args([
+    let mut args = Vec::new();
+    for (flag, value) in [
+        ("--latent-channels", channels.to_string()),
+        ("--height", config.height.to_string()),
+        ("--width", config.width.to_string()),
+        ("--frames", "3".to_string()),
+        ("--dtype", dtype.to_string()),
+        (
             "--threads",
-            &headroom_tensor::parallel::num_threads().to_string(),
-        ])
-        .args(["--reps", &config.reps.max(1).to_string()]);
+            headroom_tensor::parallel::num_threads().to_string(),
+        ),
+        ("--reps", config.reps.max(1).to_string()),
+    ] {
+        args.extend([flag.to_string(), value]);
+    }
     if let Some(file) = &config.tiny_decoder {
-        command.arg("--file").arg(file);
+        args.extend(["--file".to_string(), file.display().to_string()]);
     }
-    let output = command
-        .output()
-        .map_err(|e| invalid("reference", format!("cannot run {cmd:?}: {e}")))?;
-    if !output.status.success() {
-        return Err(invalid(
-            "reference",
-            format!(
-                "{cmd:?} failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            ),
-        ));
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let seconds = text
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .and_then(|v| v["decode_s"].as_f64())
-        .ok_or_else(|| invalid("reference", format!("no decode_s in its output: {text}")))?;
+    let v = crate::reference_json(cmd, &args)?;
+    let seconds = v["decode_s"]
+        .as_f64()
+        .ok_or_else(|| invalid("reference", format!("no decode_s in its output: {v}")))?;
     Ok(Some(seconds * 1e3))
 }
 

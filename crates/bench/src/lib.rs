@@ -56,6 +56,37 @@ pub enum BenchError {
 /// Result alias of the benchmarks.
 pub type Result<T> = std::result::Result<T, BenchError>;
 
+/// Runs a peer's timing command (`cmd`, split on whitespace, then `args`) and returns
+/// the last JSON line it printed: how `bench models` and `bench vae` time PyTorch in the
+/// same run.
+pub(crate) fn reference_json(cmd: &str, args: &[String]) -> Result<serde_json::Value> {
+    let invalid = |rule: String| BenchError::InvalidConfig {
+        field: "reference",
+        rule,
+    };
+    let mut parts = cmd.split_whitespace();
+    let program = parts
+        .next()
+        .ok_or_else(|| invalid("empty command".into()))?;
+    let output = std::process::Command::new(program)
+        .args(parts)
+        .args(args)
+        .output()
+        .map_err(|e| invalid(format!("cannot run {cmd:?}: {e}")))?;
+    if !output.status.success() {
+        return Err(invalid(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
+        .filter(serde_json::Value::is_object)
+        .ok_or_else(|| invalid(format!("no JSON line in its output: {text}")))
+}
+
 /// The chunks of a benchmarked session, which must have an end (`frames` is 12·K − 3,
 /// not 0: a session streamed until stopped is timed by `bench serve`).
 pub(crate) fn finite_chunks(session: &headroom_engine::Session) -> Result<usize> {

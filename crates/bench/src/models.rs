@@ -4,7 +4,6 @@
 //! with `reference`, diffusers on the same weights and inputs timed in the same run.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Instant;
 
 use headroom_engine::ModelPreset;
@@ -134,42 +133,19 @@ fn reference(config: &ModelBenchConfig, dtype: &str) -> Result<Option<(Option<f6
     let (Some(cmd), Some(model)) = (&config.reference, &config.model) else {
         return Ok(None);
     };
-    let mut parts = cmd.split_whitespace();
-    let program = parts
-        .next()
-        .ok_or_else(|| invalid("reference", "empty command"))?;
-    let output = Command::new(program)
-        .args(parts)
-        .arg("--model")
-        .arg(model)
-        .args(["--dtype", dtype, "--reps", &config.reps.to_string()])
-        .args([
-            "--width",
-            &config.width.to_string(),
-            "--height",
-            &config.height.to_string(),
-        ])
-        .args(if config.works.is_empty() {
-            Vec::new()
-        } else {
-            vec!["--works".to_string(), config.works.join(",")]
-        })
-        .output()
-        .map_err(|e| invalid("reference", format!("cannot run {cmd:?}: {e}")))?;
-    if !output.status.success() {
-        return Err(invalid(
-            "reference",
-            format!(
-                "{cmd:?} failed: {}",
-                String::from_utf8_lossy(&output.stderr)
-            ),
-        ));
+    let mut args: Vec<String> = vec!["--model".into(), model.display().to_string()];
+    for (flag, value) in [
+        ("--dtype", dtype.to_string()),
+        ("--reps", config.reps.to_string()),
+        ("--width", config.width.to_string()),
+        ("--height", config.height.to_string()),
+    ] {
+        args.extend([flag.to_string(), value]);
     }
-    let text = String::from_utf8_lossy(&output.stdout);
-    let line = text.lines().rev().find(|l| l.trim_start().starts_with('{'));
-    let v: serde_json::Value = line
-        .and_then(|l| serde_json::from_str(l).ok())
-        .ok_or_else(|| invalid("reference", format!("no JSON line in its output: {text}")))?;
+    if !config.works.is_empty() {
+        args.extend(["--works".to_string(), config.works.join(",")]);
+    }
+    let v = crate::reference_json(cmd, &args)?;
     let runs = |w: &str| config.works.is_empty() || config.works.iter().any(|x| x == w);
     let get = |work: &str, k: &str| {
         if !runs(work) {
