@@ -649,6 +649,8 @@ where
         "frames": frames,
         "width": width,
         "height": height,
+        "decoder": args.decoders.decoder.as_str(),
+        "weights_bytes": engine.resident().weights_bytes,
         "ttfc_s": ttfc,
         "chunk_mean_s": mean,
         "chunks": chunk_reports,
