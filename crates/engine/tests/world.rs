@@ -57,6 +57,39 @@ fn the_world_model_has_its_own_size_and_camera_adapter() {
 }
 
 #[test]
+fn worlds_own_tiny_decoder_decodes_its_sessions_close_to_the_full_decoder() {
+    let e = Engine::new(EngineConfig {
+        model: WORLD.to_string(),
+        decoder: headroom_model::DecoderKind::Tiny,
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let tiny = e.tiny_decoder().expect("the folder's tiny_decoder.safetensors");
+    assert!(tiny.config().widths[0] < 64, "narrow: {:?}", tiny.config().widths);
+    let with = |decoder| SessionRequest {
+        decoder: Some(decoder),
+        ..request("wwwdddlll")
+    };
+    let tiny_frames = run(&e, with(headroom_model::DecoderKind::Tiny));
+    let full_frames = run(&e, with(headroom_model::DecoderKind::Full));
+    assert_eq!(tiny_frames, run(&e, with(headroom_model::DecoderKind::Tiny)));
+    assert_eq!(tiny_frames.len(), 33);
+    // The same latents through both decoders: the distilled one stays close (its
+    // held-out PSNR against the full decode is in models/world/tiny_decoder.json).
+    let (mut se, mut n) = (0f64, 0usize);
+    for (a, b) in tiny_frames.iter().zip(&full_frames) {
+        for (x, y) in a.iter().zip(b) {
+            se += (f64::from(*x) - f64::from(*y)).powi(2);
+            n += 1;
+        }
+    }
+    let psnr = 10.0 * (255f64.powi(2) / (se / n as f64)).log10();
+    println!("tiny vs full decode of one flight: {psnr:.2} dB");
+    assert!(psnr > 25.0, "tiny vs full decode: {psnr:.2} dB");
+    assert_ne!(tiny_frames, full_frames);
+}
+
+#[test]
 fn without_an_image_a_session_starts_from_the_models_first_frame() {
     let e = engine(AllocatorPolicy::Planned, ReclaimPolicy::BeforeDecode);
     let rgb = first_frame::load(std::path::Path::new(WORLD))

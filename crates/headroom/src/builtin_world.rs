@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 pub const WORLD: &str = "world";
 
 /// The folder's files: relative path and bytes.
-const FILES: [(&str, &[u8]); 5] = [
+const FILES: [(&str, &[u8]); 6] = [
     (
         "transformer/config.json",
         include_bytes!("../../../models/world/transformer/config.json"),
@@ -30,6 +30,10 @@ const FILES: [(&str, &[u8]); 5] = [
     (
         "first_frame.png",
         include_bytes!("../../../models/world/first_frame.png"),
+    ),
+    (
+        "tiny_decoder.safetensors",
+        include_bytes!("../../../models/world/tiny_decoder.safetensors"),
     ),
 ];
 
