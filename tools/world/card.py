@@ -105,7 +105,7 @@ def tiny_section():
 TAEHV's decoder architecture (taehv.py's layout and keys: three stages of three memory
 blocks, ×2 upsamples, temporal growth 1, 2, 2) at widths {t['widths']}, {t['parameters']:,}
 parameters ({size / 1024:.0f} KiB in f32), distilled from this folder's VAE decoder by
-`tools/world/train_tiny.py`: {t['train_clips']} rendered clips with their mirrors (seeds from
+`tools/world/train_tiny.py`: {t['train_clips'] // 2} rendered clips and their mirrors (seeds from
 2000), encoded by the VAE and decoded by it as the target, {t['loss']}, {t['steps']} steps
 in {t['minutes']:.0f} CPU-minutes (PyTorch, 2 threads). It reads the DiT's latents
 directly. On {t['held_out_clips']} held-out clips (seeds from 300000), 33 frames each, from the
