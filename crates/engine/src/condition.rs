@@ -17,7 +17,7 @@
 const PROBE_BLOCKS: usize = 48;
 
 use headroom_model::dit::config::IMAGE_MASK_CHANNELS;
-use headroom_model::vae::{StreamingEncodeState, VaeConfig};
+use headroom_model::vae::{same_bytes, StreamingEncodeState, VaeConfig};
 use headroom_model::WanVae;
 use headroom_tensor::{DType, Device, Tensor};
 
@@ -100,9 +100,22 @@ impl ImageCondition {
         if pending.is_empty() {
             return Ok(());
         }
-        let videos: Vec<&Tensor> = pending.iter().map(|(_, p)| p).collect();
-        let mut states: Vec<&mut StreamingEncodeState> = Vec::with_capacity(pending.len());
-        let mut owners = pending.iter().map(|(k, _)| *k).peekable();
+        // Sessions whose encoders stand in the same state and take the same pixels (one
+        // first frame: a server's default image) get the same latents: each group is
+        // encoded once and its state and latents copied to the others.
+        let mut copy_of: Vec<Option<usize>> = vec![None; pending.len()];
+        for j in 1..pending.len() {
+            copy_of[j] = (0..j).filter(|&r| copy_of[r].is_none()).find(|&r| {
+                let (a, b) = (pending[r].0, pending[j].0);
+                same_bytes(&pending[r].1, &pending[j].1) && conds[a].state.same_as(&conds[b].state)
+            });
+        }
+        let encoded: Vec<usize> = (0..pending.len())
+            .filter(|&j| copy_of[j].is_none())
+            .collect();
+        let videos: Vec<&Tensor> = encoded.iter().map(|&j| &pending[j].1).collect();
+        let mut states: Vec<&mut StreamingEncodeState> = Vec::with_capacity(encoded.len());
+        let mut owners = encoded.iter().map(|&j| pending[j].0).peekable();
         for (k, cond) in conds.iter_mut().enumerate() {
             if owners.peek() == Some(&k) {
                 owners.next();
@@ -112,8 +125,20 @@ impl ImageCondition {
         let latents = vae.encode_frames_batch(&videos, &mut states)?;
         drop(states);
         drop(videos);
-        let owners: Vec<usize> = pending.into_iter().map(|(k, _)| k).collect();
-        for (k, latent) in owners.into_iter().zip(latents) {
+        let mut latent_of: Vec<Option<Tensor>> = vec![None; pending.len()];
+        for (&j, latent) in encoded.iter().zip(latents) {
+            latent_of[j] = Some(latent);
+        }
+        for j in 0..pending.len() {
+            let (k, from) = (pending[j].0, copy_of[j]);
+            let latent = match from {
+                Some(r) => {
+                    conds[k].state = conds[pending[r].0].state.duplicate()?;
+                    latent_of[r].clone()
+                }
+                None => latent_of[j].clone(),
+            };
+            let latent = latent.unwrap_or_else(|| unreachable!("every group was encoded"));
             conds[k].settle(n, vae.normalize(&latent)?)?;
         }
         Ok(())

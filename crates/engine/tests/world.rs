@@ -64,15 +64,24 @@ fn worlds_own_tiny_decoder_decodes_its_sessions_close_to_the_full_decoder() {
         ..EngineConfig::default()
     })
     .unwrap();
-    let tiny = e.tiny_decoder().expect("the folder's tiny_decoder.safetensors");
-    assert!(tiny.config().widths[0] < 64, "narrow: {:?}", tiny.config().widths);
+    let tiny = e
+        .tiny_decoder()
+        .expect("the folder's tiny_decoder.safetensors");
+    assert!(
+        tiny.config().widths[0] < 64,
+        "narrow: {:?}",
+        tiny.config().widths
+    );
     let with = |decoder| SessionRequest {
         decoder: Some(decoder),
         ..request("wwwdddlll")
     };
     let tiny_frames = run(&e, with(headroom_model::DecoderKind::Tiny));
     let full_frames = run(&e, with(headroom_model::DecoderKind::Full));
-    assert_eq!(tiny_frames, run(&e, with(headroom_model::DecoderKind::Tiny)));
+    assert_eq!(
+        tiny_frames,
+        run(&e, with(headroom_model::DecoderKind::Tiny))
+    );
     assert_eq!(tiny_frames.len(), 33);
     // The same latents through both decoders: the distilled one stays close (its
     // held-out PSNR against the full decode is in models/world/tiny_decoder.json).

@@ -157,6 +157,6 @@ fn bench_kernels_on_cuda_check_runs_every_row_through_the_gpu_path() {
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     let rows = report["kernels"].as_array().expect("rows");
-    assert_eq!(rows.len(), 8, "{report}");
+    assert_eq!(rows.len(), 10, "{report}");
     assert!(rows.iter().all(|r| r["path"] == "cuda"), "{report}");
 }

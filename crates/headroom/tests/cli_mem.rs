@@ -218,9 +218,10 @@ fn bench_kernels_prints_every_kernel_per_path_and_compute() {
                 "linear",
                 "attention",
                 "conv3d",
+                "conv2d",
             ]
         } else {
-            &["matmul", "matmul", "attention", "conv3d"]
+            &["matmul", "matmul", "attention", "conv3d", "conv2d"]
         };
         assert_eq!(
             prefixes, want,

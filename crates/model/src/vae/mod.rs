@@ -76,6 +76,32 @@ impl StreamingEncodeState {
         self.slots.iter().flatten().map(Tensor::storage_bytes).sum()
     }
 
+    /// Whether `other` has seen as many frames and holds the same cache, byte for byte
+    /// (false where the bytes are not on the host to compare): then the same input
+    /// encodes to the same latents through either.
+    pub fn same_as(&self, other: &Self) -> bool {
+        self.frames == other.frames
+            && self.slots.len() == other.slots.len()
+            && self.slots.iter().zip(&other.slots).all(|pair| match pair {
+                (None, None) => true,
+                (Some(a), Some(b)) => same_bytes(a, b),
+                _ => false,
+            })
+    }
+
+    /// A copy whose cache has storage of its own.
+    pub fn duplicate(&self) -> Result<Self> {
+        let slots = self
+            .slots
+            .iter()
+            .map(|s| s.as_ref().map(|t| t.copy_as(t.dtype())).transpose())
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(Self {
+            slots,
+            frames: self.frames,
+        })
+    }
+
     /// A hash of the cache's shapes and values (`None` on a device that computes
     /// nothing): two states with one fingerprint encode the same input alike.
     pub fn fingerprint(&self) -> Result<Option<u64>> {
@@ -101,6 +127,14 @@ impl StreamingEncodeState {
         }
         Ok(Some(hasher.finish()))
     }
+}
+
+/// Whether two tensors have one shape, one dtype and the same bytes on the host (false
+/// where either's bytes are not readable in place).
+pub fn same_bytes(a: &Tensor, b: &Tensor) -> bool {
+    a.shape() == b.shape()
+        && a.dtype() == b.dtype()
+        && matches!((a.host_bytes(), b.host_bytes()), (Some(x), Some(y)) if x == y)
 }
 
 /// The Wan 2.1 VAE; immutable once loaded (sessions keep their caches themselves).
