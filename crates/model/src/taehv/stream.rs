@@ -90,16 +90,7 @@ impl TinyDecoder {
     /// of another decoder, and states at different points of their streams.
     fn check(&self, latents: &[&Tensor], states: &[&mut StreamingDecodeState]) -> Result<()> {
         let op = "tiny decode";
-        if latents.is_empty() || latents.len() != states.len() {
-            return Err(ModelError::input(
-                op,
-                format!(
-                    "{} latents for {} states (at least one, as many of each)",
-                    latents.len(),
-                    states.len()
-                ),
-            ));
-        }
+        crate::vae::batch::check_pairs(op, latents.len(), states.len())?;
         let c = self.config.latent_channels;
         for (latent, state) in latents.iter().zip(states) {
             let [1, lc, t, h, w] = *latent.shape() else {

@@ -5,6 +5,17 @@ use headroom_tensor::Tensor;
 
 use crate::error::{ModelError, Result};
 
+/// Refuses a batch without latents or with other than one state per latent.
+pub(crate) fn check_pairs(op: &'static str, latents: usize, states: usize) -> Result<()> {
+    if latents == 0 || latents != states {
+        return Err(ModelError::input(
+            op,
+            format!("{latents} latents for {states} states (at least one, as many of each)"),
+        ));
+    }
+    Ok(())
+}
+
 /// The slot lists of several streams (one length) stacked along axis 0: a slot is held
 /// by every stream or by none (streams at the same point of their stream).
 pub(crate) fn stack_slots(lists: &[&[Option<Tensor>]]) -> Result<Vec<Option<Tensor>>> {

@@ -204,16 +204,7 @@ impl<'a> StreamingDecoder<'a> {
     ) -> Result<Vec<Tensor>> {
         let op = "decode_batch";
         self.vae.device().platform().phase(Phase::DecodeStart);
-        if latents.is_empty() || latents.len() != states.len() {
-            return Err(ModelError::input(
-                op,
-                format!(
-                    "{} latents for {} states (at least one, as many of each)",
-                    latents.len(),
-                    states.len()
-                ),
-            ));
-        }
+        crate::vae::batch::check_pairs(op, latents.len(), states.len())?;
         for (latent, state) in latents.iter().zip(states.iter()) {
             self.check(latent, state)?;
             if latent.shape() != latents[0].shape() {
