@@ -159,6 +159,12 @@ async fn every_error_code_comes_from_the_input_that_should_produce_it() {
             "num_frames",
         ),
         (
+            // The test server loads no tiny decoder.
+            Message::text(json!({"type": "session.start", "extra_params": {"decoder": "tiny"}}).to_string()),
+            "invalid_request",
+            "extra_params.decoder",
+        ),
+        (
             Message::text(json!({"type": "session.start", "pad": "x".repeat((4 << 20) + 1)}).to_string()),
             "message_too_large",
             "session.start",
