@@ -96,7 +96,7 @@ fn load(config: &DecoderBenchConfig, device: &Device) -> Result<(WanVae, TinyDec
             format!("{:?} is neither wan2.1 nor a model folder", config.model),
         ));
     };
-    let own = folder.join("tiny_decoder.safetensors");
+    let own = folder.join(headroom_engine::TINY_DECODER_FILE);
     let tiny = match &config.tiny_decoder {
         Some(path) => TinyDecoder::load(path, device, config.dtype),
         None if own.is_file() => TinyDecoder::load(&own, device, config.dtype),

@@ -732,7 +732,7 @@ fn load_tiny(
     device: &Device,
     dtype: DType,
 ) -> Result<Option<Arc<TinyDecoder>>> {
-    let (z, s) = (vae.config().z_dim, vae.config().spatial_factor());
+    let (z, s) = (vae.latent_channels(), vae.spatial_factor());
     let tiny = match (&config.tiny_decoder, source.folder(), config.decoder) {
         (Some(path), _, _) => TinyDecoder::load(path, device, dtype)?,
         (None, _, DecoderKind::Full) => return Ok(None),
@@ -756,14 +756,13 @@ fn load_tiny(
             dtype,
         )?,
     };
-    let c = tiny.config();
-    if c.latent_channels != z || c.spatial_factor() != s {
+    if tiny.latent_channels() != z || tiny.spatial_factor() != s {
         return Err(EngineError::request(
             "tiny_decoder",
             format!(
                 "decodes {}-channel latents {}× in space, and the model's VAE makes {z}-channel latents {s}×",
-                c.latent_channels,
-                c.spatial_factor()
+                tiny.latent_channels(),
+                tiny.spatial_factor()
             ),
         ));
     }

@@ -7,7 +7,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use headroom_tensor::{DType, Device, Tensor};
+use headroom_tensor::{DType, Tensor};
 
 use crate::error::{ModelError, Result};
 use crate::taehv::TinyDecoder;
@@ -63,8 +63,6 @@ pub trait VideoDecoder: fmt::Debug + Send + Sync {
     fn kind(&self) -> DecoderKind;
     /// A process-unique id: sessions with one id may share a batch.
     fn id(&self) -> u64;
-    /// The device its weights live on.
-    fn device(&self) -> &Device;
     /// Latent channels it decodes.
     fn latent_channels(&self) -> usize;
     /// Pixels per latent cell along each side.
@@ -90,9 +88,6 @@ impl VideoDecoder for WanVae {
     }
     fn id(&self) -> u64 {
         WanVae::id(self)
-    }
-    fn device(&self) -> &Device {
-        WanVae::device(self)
     }
     fn latent_channels(&self) -> usize {
         self.config().z_dim
@@ -132,9 +127,6 @@ impl VideoDecoder for TinyDecoder {
     }
     fn id(&self) -> u64 {
         TinyDecoder::id(self)
-    }
-    fn device(&self) -> &Device {
-        TinyDecoder::device(self)
     }
     fn latent_channels(&self) -> usize {
         self.config().latent_channels

@@ -15,15 +15,6 @@ use crate::error::{ModelError, Result};
 use crate::import::files::{io_err, Tensors};
 use crate::weights::{Init, WeightStore};
 
-/// What [`recognise`] read from a file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TinyFileInfo {
-    /// The decoder's shapes.
-    pub config: TinyConfig,
-    /// Tensors of the decoder (the encoder's are not counted).
-    pub decoder_tensors: usize,
-}
-
 /// Whether tensor names look like a TAEHV checkpoint (`decoder.{digit}…` keys).
 pub fn is_taehv<'a>(mut names: impl Iterator<Item = &'a String>) -> bool {
     names.any(|n| {
@@ -60,7 +51,7 @@ fn conv3x3(shapes: &BTreeMap<String, Vec<usize>>, key: &str) -> Result<(usize, u
 }
 
 /// The decoder's shapes from a file's tensor shapes (stored names).
-pub fn recognise(shapes: &BTreeMap<String, Vec<usize>>) -> Result<TinyFileInfo> {
+pub fn recognise(shapes: &BTreeMap<String, Vec<usize>>) -> Result<TinyConfig> {
     if !is_taehv(shapes.keys()) {
         return Err(ModelError::input(
             "tiny decoder",
@@ -110,10 +101,7 @@ pub fn recognise(shapes: &BTreeMap<String, Vec<usize>>) -> Result<TinyFileInfo> 
         time_strides: TinyConfig::taew2_1().time_strides,
     };
     config.validate()?;
-    Ok(TinyFileInfo {
-        config,
-        decoder_tensors: shapes.keys().filter(|k| k.starts_with("decoder.")).count(),
-    })
+    Ok(config)
 }
 
 /// The config and a store over the decoder's tensors of the TAEHV file at `path`.
@@ -138,7 +126,7 @@ pub(super) fn open(
             shapes.insert(name.clone(), tensors.files[file].info(name)?.0);
         }
     }
-    let info = recognise(&shapes).map_err(|e| io_err(path, e))?;
+    let config = recognise(&shapes).map_err(|e| io_err(path, e))?;
     let store = WeightStore::renamed(
         tensors,
         |k| k.starts_with("decoder.").then(|| k.to_string()),
@@ -146,7 +134,7 @@ pub(super) fn open(
         device,
         dtype,
     );
-    Ok((info.config, store))
+    Ok((config, store))
 }
 
 /// `TGrow`'s 1×1 weight for `stride` frames of width `n`: `[n·stride, n, 1, 1]`. A file

@@ -25,7 +25,7 @@ use headroom_tensor::{DType, Device, Tensor};
 use crate::error::{ModelError, Result};
 use crate::weights::{Init, WeightStore};
 
-pub use load::{is_taehv, is_taehv_file, recognise, TinyFileInfo};
+pub use load::{is_taehv, is_taehv_file, recognise};
 
 /// Memory blocks per stage.
 const MEM_BLOCKS: usize = 3;

@@ -90,7 +90,7 @@ impl TinyDecoder {
     /// of another decoder, and states at different points of their streams.
     fn check(&self, latents: &[&Tensor], states: &[&mut StreamingDecodeState]) -> Result<()> {
         let op = "tiny decode";
-        crate::vae::batch::check_pairs(op, latents.len(), states.len())?;
+        crate::vae::batch::check_batch(op, latents, states.len())?;
         let c = self.config.latent_channels;
         for (latent, state) in latents.iter().zip(states) {
             let [1, lc, t, h, w] = *latent.shape() else {
@@ -104,16 +104,6 @@ impl TinyDecoder {
                     op,
                     format!(
                         "latent {:?} must have {c} channels (the decoder's), T ≥ 1 and a non-empty h, w",
-                        latent.shape()
-                    ),
-                ));
-            }
-            if latent.shape() != latents[0].shape() {
-                return Err(ModelError::input(
-                    op,
-                    format!(
-                        "latents {:?} and {:?}: a batch has one shape",
-                        latents[0].shape(),
                         latent.shape()
                     ),
                 ));

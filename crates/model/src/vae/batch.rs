@@ -5,12 +5,26 @@ use headroom_tensor::Tensor;
 
 use crate::error::{ModelError, Result};
 
-/// Refuses a batch without latents or with other than one state per latent.
-pub(crate) fn check_pairs(op: &'static str, latents: usize, states: usize) -> Result<()> {
-    if latents == 0 || latents != states {
+/// Refuses a batch without latents, with other than one state per latent, or with
+/// latents of more than one shape.
+pub(crate) fn check_batch(op: &'static str, latents: &[&Tensor], states: usize) -> Result<()> {
+    if latents.is_empty() || latents.len() != states {
         return Err(ModelError::input(
             op,
-            format!("{latents} latents for {states} states (at least one, as many of each)"),
+            format!(
+                "{} latents for {states} states (at least one, as many of each)",
+                latents.len()
+            ),
+        ));
+    }
+    if let Some(other) = latents.iter().find(|l| l.shape() != latents[0].shape()) {
+        return Err(ModelError::input(
+            op,
+            format!(
+                "latents {:?} and {:?}: a batch has one shape",
+                latents[0].shape(),
+                other.shape()
+            ),
         ));
     }
     Ok(())

@@ -204,19 +204,9 @@ impl<'a> StreamingDecoder<'a> {
     ) -> Result<Vec<Tensor>> {
         let op = "decode_batch";
         self.vae.device().platform().phase(Phase::DecodeStart);
-        crate::vae::batch::check_pairs(op, latents.len(), states.len())?;
+        crate::vae::batch::check_batch(op, latents, states.len())?;
         for (latent, state) in latents.iter().zip(states.iter()) {
             self.check(latent, state)?;
-            if latent.shape() != latents[0].shape() {
-                return Err(ModelError::input(
-                    op,
-                    format!(
-                        "latents {:?} and {:?}: a batch has one shape",
-                        latents[0].shape(),
-                        latent.shape()
-                    ),
-                ));
-            }
         }
         for state in states.iter_mut() {
             self.adopt(state);
