@@ -43,13 +43,17 @@ pub(crate) struct ImageCondition {
     previous: Option<Tensor>,
     /// Where a condition that cannot compare values (a meta device) settles.
     meta_settles_at: Option<usize>,
+    /// A fingerprint of the first frame's source (the request's image, the model's own
+    /// first frame, or black): conditions of one origin at one block are the same.
+    origin: u64,
     device: Device,
 }
 
 impl ImageCondition {
-    /// The condition of a session starting from `first` (`[1, 3, 1, H, W]` in [−1, 1]);
-    /// on a meta device it settles at block `meta_settles_at`.
-    pub(crate) fn new(first: Tensor, meta_settles_at: Option<usize>) -> Result<Self> {
+    /// The condition of a session starting from `first` (`[1, 3, 1, H, W]` in [−1, 1]),
+    /// made from a source of fingerprint `origin`; on a meta device it settles at block
+    /// `meta_settles_at`.
+    pub(crate) fn new(first: Tensor, meta_settles_at: Option<usize>, origin: u64) -> Result<Self> {
         let [1, 3, 1, h, w] = *first.shape() else {
             return Err(EngineError::request(
                 "image",
@@ -69,6 +73,7 @@ impl ImageCondition {
             settled_at: None,
             previous: None,
             meta_settles_at,
+            origin,
         })
     }
 
@@ -102,12 +107,17 @@ impl ImageCondition {
         }
         // Sessions whose encoders stand in the same state and take the same pixels (one
         // first frame: a server's default image) get the same latents: each group is
-        // encoded once and its state and latents copied to the others.
+        // encoded once and its state and latents copied to the others. Conditions of one
+        // origin at one block are such a group; a meta device (the planner's twin),
+        // which cannot compare values, goes by the origin alone, so its plan matches.
         let mut copy_of: Vec<Option<usize>> = vec![None; pending.len()];
         for j in 1..pending.len() {
             copy_of[j] = (0..j).filter(|&r| copy_of[r].is_none()).find(|&r| {
                 let (a, b) = (pending[r].0, pending[j].0);
-                same_bytes(&pending[r].1, &pending[j].1) && conds[a].state.same_as(&conds[b].state)
+                let (pa, pb) = (&pending[r].1, &pending[j].1);
+                conds[a].origin == conds[b].origin
+                    && (pa.device().is_meta()
+                        || (same_bytes(pa, pb) && conds[a].state.same_as(&conds[b].state)))
             });
         }
         let encoded: Vec<usize> = (0..pending.len())
@@ -268,7 +278,7 @@ pub(crate) fn probe_settle_block(config: &VaeConfig) -> Option<usize> {
         let vae = WanVae::seeded(narrow, 1, &device, DType::F32)?;
         let side = config.spatial_factor() * 2;
         let first = Tensor::randn(&[1, 3, 1, side, side], 5, 0, DType::F32, &device)?;
-        let mut cond = ImageCondition::new(first, None)?;
+        let mut cond = ImageCondition::new(first, None, 0)?;
         for n in 0..PROBE_BLOCKS {
             cond.advance(&vae, n)?;
             if cond.settled_at.is_some() {
@@ -338,7 +348,7 @@ mod tests {
         // 24 blocks reach the fixed point, after which the condition is reused.
         for blocks in [1, 3, 10, 24] {
             let whole = whole_horizon(&vae, &first, blocks);
-            let mut streamed = ImageCondition::new(first.clone(), None).unwrap();
+            let mut streamed = ImageCondition::new(first.clone(), None, 0).unwrap();
             for n in 0..blocks {
                 streamed.advance(&vae, n).unwrap();
                 let block = streamed.current().unwrap().clone();

@@ -118,7 +118,9 @@ pub struct Engine {
     first_frame: Option<image::RgbImage>,
     /// The sim twin that meta-executes sessions for the planned allocator (none on a
     /// twin itself and on sharded ranks, which record instead).
-    pub(crate) meta: Option<crate::planned::MetaTwin>,
+    pub(crate) meta: Option<Arc<crate::planned::MetaTwin>>,
+    /// Makes the plans of batched rounds, once the first session is admitted.
+    rounds: std::sync::OnceLock<Arc<crate::round_plan::RoundPlanner>>,
     /// Plans kept on disk, when the config names a folder.
     pub(crate) plan_cache: Option<crate::plan_cache::PlanCache>,
     /// Where image conditions settle on a meta device ([`crate::condition::probe_settle_block`]),
@@ -181,7 +183,9 @@ impl Engine {
         platform: Arc<dyn Platform>,
         shard: Option<Sharding>,
     ) -> Result<Self> {
-        let meta = shard.is_none().then(crate::planned::MetaTwin::default);
+        let meta = shard
+            .is_none()
+            .then(|| Arc::new(crate::planned::MetaTwin::default()));
         let mut engine = Self::build(config, Device::new(platform), shard)?;
         engine.meta = meta;
         Ok(engine)
@@ -201,7 +205,10 @@ impl Engine {
             return Self::on(config, platform);
         }
         let mut engine = Self::build(config, Device::new(platform), Some(groups.sharding.clone()))?;
-        engine.meta = Some(crate::planned::MetaTwin::for_mesh(mesh, groups.rank()));
+        engine.meta = Some(Arc::new(crate::planned::MetaTwin::for_mesh(
+            mesh,
+            groups.rank(),
+        )));
         Ok(engine)
     }
 
@@ -217,7 +224,10 @@ impl Engine {
             return Self::on_device(config, device);
         }
         let mut engine = Self::build(config, device, Some(groups.sharding.clone()))?;
-        engine.meta = Some(crate::planned::MetaTwin::for_mesh(mesh, groups.rank()));
+        engine.meta = Some(Arc::new(crate::planned::MetaTwin::for_mesh(
+            mesh,
+            groups.rank(),
+        )));
         Ok(engine)
     }
 
@@ -225,7 +235,7 @@ impl Engine {
     /// run every op through the launch path without a GPU) or any host device.
     pub fn on_device(config: EngineConfig, device: Device) -> Result<Self> {
         let mut engine = Self::build(config, device, None)?;
-        engine.meta = Some(crate::planned::MetaTwin::default());
+        engine.meta = Some(Arc::new(crate::planned::MetaTwin::default()));
         Ok(engine)
     }
 
@@ -350,6 +360,7 @@ impl Engine {
             pool: Mutex::new(None),
             next_id: AtomicU64::new(1),
             meta: None,
+            rounds: std::sync::OnceLock::new(),
             condition_settles: std::sync::OnceLock::new(),
             batched_steps: std::sync::atomic::AtomicBool::new(false),
         })
@@ -679,9 +690,33 @@ impl Engine {
             &request,
             blocks,
         )?;
+        let round_member = self.round_member(&request, span);
         Ok(session
             .with_prompts(Arc::clone(&self.prompts))
-            .with_span(span))
+            .with_span(span)
+            .with_round_member(round_member))
+    }
+
+    /// What a session of `request` brings to the plans of batched rounds: only where it
+    /// has a planned span and the engine a meta twin of its own (not a mesh's).
+    fn round_member(
+        &self,
+        request: &SessionRequest,
+        span: Option<SpanId>,
+    ) -> Option<Arc<crate::round_plan::RoundMember>> {
+        let meta = self.meta.as_ref()?;
+        if span.is_none() || self.dit.sharding().is_some() {
+            return None;
+        }
+        let planner = self
+            .rounds
+            .get_or_init(|| Arc::new(crate::round_plan::RoundPlanner::new(self, Arc::clone(meta))));
+        let key = crate::planned::span_key(&self.config, None, request);
+        Some(Arc::new(crate::round_plan::RoundMember::new(
+            Arc::clone(planner),
+            request,
+            key,
+        )))
     }
 
     /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed.
@@ -715,7 +750,37 @@ impl Engine {
         };
         // A meta device cannot see where the condition settles: the architecture says.
         let settles = self.device.is_meta().then(|| self.condition_settle_block());
-        ImageCondition::new(first, settles.flatten())
+        ImageCondition::new(first, settles.flatten(), self.image_origin(r)?)
+    }
+
+    /// A fingerprint of where a session's first frame comes from (the request's image,
+    /// the folder's own first frame, or black) and its size: the same on the meta twin
+    /// as on the real device.
+    fn image_origin(&self, r: &SessionRequest) -> Result<u64> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (r.width, r.height).hash(&mut hasher);
+        match (&r.image, &self.first_frame) {
+            (Some(image), _) => {
+                image.shape().hash(&mut hasher);
+                match image.host_bytes() {
+                    Some(bytes) => hasher.write(bytes),
+                    // Nothing to read: the shape stands for it.
+                    None if image.device().is_meta() => {}
+                    None => {
+                        for v in image.to_f32_vec()? {
+                            v.to_bits().hash(&mut hasher);
+                        }
+                    }
+                }
+            }
+            (None, Some(rgb)) => {
+                rgb.dimensions().hash(&mut hasher);
+                hasher.write(rgb.as_raw());
+            }
+            (None, None) => "black".hash(&mut hasher),
+        }
+        Ok(hasher.finish())
     }
 }
 

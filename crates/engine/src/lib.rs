@@ -16,6 +16,7 @@ mod planned;
 pub mod preset;
 pub mod replicated;
 mod request;
+mod round_plan;
 pub mod scheduler;
 pub mod session;
 pub mod step_queue;

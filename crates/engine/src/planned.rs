@@ -140,6 +140,24 @@ impl MetaTwin {
         if let Some(mesh) = self.mesh {
             return Self::mesh_plans_for(config, kv_pool_bytes, request, mesh);
         }
+        let found = self.with_twin(config, kv_pool_bytes, |twin| {
+            Self::plans_on(twin, request, order)
+        })?;
+        found.ok_or_else(|| EngineError::request("allocator", "the meta twin was not created"))
+    }
+
+    /// Runs `f` on the sim twin (created on first use, for the engine of `config` whose
+    /// KV pool holds `kv_pool_bytes`); `None` for the twin of a mesh, which is a mesh
+    /// run per request rather than one engine.
+    pub(crate) fn with_twin<T>(
+        &self,
+        config: &EngineConfig,
+        kv_pool_bytes: Option<u64>,
+        f: impl FnOnce(&Engine) -> Result<T>,
+    ) -> Result<Option<T>> {
+        if self.mesh.is_some() {
+            return Ok(None);
+        }
         let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             // The twin records without a plan, so it must not run out of memory where
@@ -159,12 +177,18 @@ impl MetaTwin {
             let twin = Engine::twin(twin_config, Arc::new(platform))?;
             *slot = Some(Box::new(twin));
         }
-        let Some(twin) = slot.as_ref() else {
-            return Err(EngineError::request(
-                "allocator",
-                "the meta twin was not created",
-            ));
-        };
+        match slot.as_ref() {
+            Some(twin) => f(twin).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// [`MetaTwin::plans_for`] on the twin itself.
+    fn plans_on(
+        twin: &Engine,
+        request: &SessionRequest,
+        order: Option<headroom_mem::PlacementOrder>,
+    ) -> Result<headroom_mem::PlanBook> {
         let refused = |e: EngineError| match e {
             EngineError::Model(_) | EngineError::Tensor(_) | EngineError::Mem(_)
                 if e.to_string().contains("out of memory") =>

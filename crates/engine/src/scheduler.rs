@@ -22,7 +22,9 @@
 //! stepped with others is detached from its plan for the rest of its life (its arena
 //! goes back once empty, its planned peak stays committed for admission): the stacked
 //! forward and the batched VAE work are not what its plan describes, and an arena
-//! kept idle beside the cache would reserve its work twice.
+//! kept idle beside the cache would reserve its work twice. Instead, a round of several
+//! sessions runs in a shared span planned for that round's composition
+//! ([`crate::round_plan`]), which closes when the round ends.
 //!
 //! What batching buys: one GEMM of M = Σ tokens instead of one per session (a `world`
 //! block is 144 tokens, far below where a GEMM reaches its rate), and one pass over
@@ -47,6 +49,16 @@ use crate::session::{frames_of, BlockRun, Chunk, Denoised, Session};
 /// that fails or is cancelled leaves the batch and releases what it held; the others go
 /// on.
 pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
+    next_chunks_in(sessions, None)
+}
+
+/// [`next_chunks`], a batched round's allocations in the shared span of round plan
+/// `round` when given (the meta twin recording a round), else in the span
+/// [`crate::round_plan::open`] opens for the round.
+pub(crate) fn next_chunks_in(
+    sessions: &mut [&mut Session],
+    round: Option<&str>,
+) -> Vec<Result<Chunk>> {
     // Shared work belongs to no session's span; each session's own stages enter its
     // span below. One session alone keeps its span throughout.
     let _shared = match sessions {
@@ -78,11 +90,21 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
     let Some(dit) = dit else {
         return collect(results);
     };
+    let allocator = dit.device().platform().allocator().clone();
+    let mut round_span = None;
     if starts.len() > 1 {
         for &(i, _) in &starts {
             sessions[i].detach_span();
         }
+        round_span = match round {
+            Some(key) => allocator.open_shared_span(key).ok().map(|(id, _)| id),
+            None => crate::round_plan::open(sessions, &starts),
+        };
+        for &(i, _) in &starts {
+            sessions[i].set_round(round_span);
+        }
     }
+    let in_round = round_span.map(|id| allocator.enter_span(Some(id)));
     encode_conditions(sessions, &mut starts, &mut results);
     let mut runs: Vec<(usize, usize, Option<BlockRun>)> = Vec::new();
     for (i, n) in starts {
@@ -173,6 +195,13 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
         platform.phase(Phase::DenoiseEnd);
         let stats = platform.memory_stats();
         decode(sessions, denoised, &stats, &mut results);
+    }
+    drop(in_round);
+    if let Some(id) = round_span {
+        for session in sessions.iter_mut() {
+            session.set_round(None);
+        }
+        allocator.close_span(id);
     }
     collect(results)
 }

@@ -187,6 +187,10 @@ pub struct Session {
     cancel: CancelToken,
     /// The planned span the session's allocations go to, if admission opened one.
     span: Option<SpanId>,
+    /// The shared span of the batched round the session is in, while it is in one.
+    round: Option<SpanId>,
+    /// What the session brings to the plans of batched rounds (under `planned`).
+    round_member: Option<Arc<crate::round_plan::RoundMember>>,
 }
 
 impl Session {
@@ -266,6 +270,8 @@ impl Session {
             pending_text: None,
             cancel: CancelToken::new(),
             span: None,
+            round: None,
+            round_member: None,
         })
     }
 
@@ -275,10 +281,34 @@ impl Session {
         self
     }
 
+    /// Lets batched rounds the session joins be planned ([`crate::round_plan`]).
+    pub(crate) fn with_round_member(
+        mut self,
+        member: Option<Arc<crate::round_plan::RoundMember>>,
+    ) -> Self {
+        self.round_member = member;
+        self
+    }
+
+    /// What the session brings to a batched round's plan, if rounds are planned.
+    pub(crate) fn round_member(&self) -> Option<&Arc<crate::round_plan::RoundMember>> {
+        self.round_member.as_ref()
+    }
+
+    /// Puts the session's allocations in the shared span of batched round `round` until
+    /// it is taken out (`None`).
+    pub(crate) fn set_round(&mut self, round: Option<SpanId>) {
+        self.round = round;
+    }
+
     /// While the guard lives, this thread's allocations go to the session's planned
-    /// span (to none, the cache, for a session without one: never another's).
+    /// span, or to its round's while it is in one (to none, the cache, for a session
+    /// without one: never another session's).
     pub(crate) fn enter_span(&self) -> SpanGuard {
-        self.device.platform().allocator().enter_span(self.span)
+        self.device
+            .platform()
+            .allocator()
+            .enter_span(self.round.or(self.span))
     }
 
     /// Detaches the session from its plan for the rest of its life: it is stepped in a
@@ -471,6 +501,11 @@ impl Session {
     /// Ends the session when its chunk failed or was cancelled: what it held is given
     /// back now, and the platform hears the phase.
     pub(crate) fn settle<T>(&mut self, result: &Result<T>) {
+        if !matches!(result, Ok(_) | Err(EngineError::Finished(_))) {
+            // The session leaves its round: its end (or error) ends its own span.
+            self.round = None;
+        }
+        let _own = self.enter_span();
         match result {
             Ok(_) | Err(EngineError::Finished(_)) => {}
             // A cancelled chunk ends the session as a close does.

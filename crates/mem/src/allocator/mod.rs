@@ -370,7 +370,23 @@ impl CachingAllocator {
         if state.config.policy != AllocatorPolicy::Planned {
             return Ok((0, SpanStart::Record));
         }
-        state.open_span(key)
+        state.open_span(key, false)
+    }
+
+    /// [`CachingAllocator::open_span`] for work several spans' owners share (a batched
+    /// round of sessions): its plan places that work, and admission counts its arenas
+    /// as planned but no peak of its own (the owners' committed peaks stand for it).
+    pub fn open_shared_span(&self, key: &str) -> Result<(SpanId, SpanStart)> {
+        let mut state = self.shared.lock();
+        if state.config.policy != AllocatorPolicy::Planned {
+            return Ok((0, SpanStart::Record));
+        }
+        state.open_span(key, true)
+    }
+
+    /// Forgets the plan of `key`: its next span records unless a plan is installed.
+    pub fn remove_plan(&self, key: &str) {
+        self.shared.lock().planned.remove(key);
     }
 
     /// Ends span `id` (a recording becomes a plan, a replay's arenas go back once empty)

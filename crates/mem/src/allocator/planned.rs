@@ -247,6 +247,9 @@ enum Mode {
 struct Span {
     key: String,
     mode: Mode,
+    /// Work several sessions share (a batched round): its arenas are planned, but its
+    /// peak is not committed for admission (the sessions' own peaks stand for it).
+    shared: bool,
 }
 
 /// One arena segment.
@@ -293,6 +296,11 @@ impl Planned {
         }
     }
 
+    /// Forgets the plan of `key` (its next span records, unless a plan is installed).
+    pub(crate) fn remove(&mut self, key: &str) {
+        self.book.plans.remove(key);
+    }
+
     /// Whether a plan for `key` should be made elsewhere (meta execution): none is
     /// stored and no re-recording of the real run is due.
     pub(crate) fn wants_plan(&self, key: &str) -> bool {
@@ -329,6 +337,7 @@ impl Planned {
         self.spans
             .values()
             .filter_map(|s| match &s.mode {
+                Mode::Replay(r) if s.shared => Some((0, r.plan.arena_bytes())),
                 Mode::Replay(r) => Some((r.plan.peak_bytes(), r.plan.arena_bytes())),
                 Mode::Detached { peak } => Some((*peak, 0)),
                 Mode::Record(_) => None,
@@ -468,6 +477,7 @@ impl State {
         if let Some(Span {
             key,
             mode: Mode::Replay(r),
+            ..
         }) = self.planned.spans.get_mut(&id)
         {
             r.misses_in_a_row += 1;
@@ -495,8 +505,8 @@ impl State {
     }
 
     /// Starts span `key` beside the live ones: reserves the arenas of its plan, or
-    /// records it.
-    pub(crate) fn open_span(&mut self, key: &str) -> Result<(SpanId, SpanStart)> {
+    /// records it. A `shared` span commits no peak of its own.
+    pub(crate) fn open_span(&mut self, key: &str, shared: bool) -> Result<(SpanId, SpanStart)> {
         let id = NEXT_SPAN.fetch_add(1, Ordering::Relaxed);
         let Some(plan) = self.planned.book.plans.get(key).cloned() else {
             self.planned.spans.insert(
@@ -509,6 +519,7 @@ impl State {
                         marks: Vec::new(),
                         clock: 0,
                     }),
+                    shared,
                 },
             );
             return Ok((id, SpanStart::Record));
@@ -554,6 +565,7 @@ impl State {
                     misses_in_a_row: 0,
                     stopped: false,
                 }),
+                shared,
             },
         );
         Ok((id, start))
