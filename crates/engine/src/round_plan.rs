@@ -1,27 +1,31 @@
 //! Plans for batched rounds. Sessions stepped together run work no session's own plan
 //! describes: stacked forwards, batched VAE work, tensors split back after. Each round
-//! is a planned span of its own, shared by its members, keyed by its composition: every
-//! member's own span key and the chunk it is at (counted up to where a session's chunks
-//! stop changing, [`Engine::steady_blocks`], with its last chunk apart). The plan of a
-//! composition never seen comes from the meta twin: the members' sessions opened there
+//! runs in two planned spans of its own, shared by its members: its denoise (image
+//! conditions, DMD steps, commits) and its decode, so the denoise's arena goes back
+//! before the decode takes one. A round is keyed by its composition: every member's own
+//! span key and the chunk it is at (counted up to where a session's chunks stop
+//! changing, [`Engine::steady_blocks`], with its last chunk apart). The plans of a
+//! composition never seen come from the meta twin: the members' sessions opened there
 //! from their requests, each advanced alone to its chunk, then stepped together exactly
 //! as the scheduler steps the real ones, recorded, placed. Later rounds of the same
-//! composition replay it. So even the first batched round of a server replays a plan,
-//! and the whole process's reserved memory follows what is live.
+//! composition replay them. So even the first batched round of a server replays a plan.
 //!
 //! What a round leaves for later (each session's decoder state, its frames) outlives the
-//! round's span: the plan leaves it to the caching path, as a session's plan leaves the
-//! KV pool. At most [`ROUND_PLANS`] round plans are kept, the oldest forgotten first.
+//! round's spans: the plans leave it to the caching path, as a session's plan leaves
+//! the KV pool. That is the rest of the waste: with the full Wan VAE a session's decoder
+//! state is made during the decode, on the caching path beside the decode's arena. At
+//! most [`ROUND_PLANS`] round plans are kept, the oldest forgotten first.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use headroom_mem::{AllocatorPolicy, PlanBook, SpanId};
+use headroom_mem::{AllocatorPolicy, PlanBook};
 
 use crate::engine::{Engine, EngineConfig};
 use crate::error::Result;
 use crate::planned::MetaTwin;
 use crate::request::SessionRequest;
+use crate::scheduler::decode_key;
 use crate::session::Session;
 
 /// Round plans kept at once (one per composition seen lately).
@@ -62,6 +66,7 @@ impl RoundPlanner {
         while kept.len() > ROUND_PLANS {
             if let Some(old) = kept.pop_front() {
                 allocator.remove_plan(&old);
+                allocator.remove_plan(&decode_key(&old));
             }
         }
     }
@@ -105,11 +110,11 @@ fn round_key(members: &[(&RoundMember, (usize, bool))]) -> String {
     format!("round {}", parts.join(" + "))
 }
 
-/// Opens the shared span of the batched round of `starts` ((session index, block)),
-/// installing its plan from the meta twin when there is none yet; `None` (the round
-/// runs on the caching path) where the allocator is not `planned` or a member has no
-/// plans (a session not admitted under `planned`).
-pub(crate) fn open(sessions: &[&mut Session], starts: &[(usize, usize)]) -> Option<SpanId> {
+/// The key of the batched round of `starts` ((session index, block)), with the plans
+/// of its two halves (denoise, decode) installed from the meta twin when there are
+/// none yet; `None` (the round runs on the caching path) where the allocator is not
+/// `planned` or a member has no plans (a session not admitted under `planned`).
+pub(crate) fn prepare(sessions: &[&mut Session], starts: &[(usize, usize)]) -> Option<String> {
     let mut members = Vec::with_capacity(starts.len());
     for &(i, n) in starts {
         let member = sessions[i].round_member()?;
@@ -143,7 +148,7 @@ pub(crate) fn open(sessions: &[&mut Session], starts: &[(usize, usize)]) -> Opti
         }
     }
     planner.keep(&key, &allocator);
-    allocator.open_shared_span(&key).ok().map(|(id, _)| id)
+    Some(key)
 }
 
 /// The plan of round `key` from the meta twin: each member's session opened there,
@@ -189,10 +194,13 @@ fn plan_on(twin: &Engine, key: &str, members: &[(SessionRequest, usize)]) -> Res
     };
     drop(sessions);
     let mut book = PlanBook::default();
-    if let Some(plan) = allocator.plans().get(key) {
-        book.insert(key, plan.clone());
+    let plans = allocator.plans();
+    for key in [key.to_string(), decode_key(key)] {
+        if let Some(plan) = plans.get(&key) {
+            book.insert(&key, plan.clone());
+        }
+        allocator.remove_plan(&key);
     }
-    allocator.remove_plan(key);
     for result in results {
         result?;
     }

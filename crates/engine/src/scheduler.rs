@@ -23,8 +23,9 @@
 //! goes back once empty, its planned peak stays committed for admission): the stacked
 //! forward and the batched VAE work are not what its plan describes, and an arena
 //! kept idle beside the cache would reserve its work twice. Instead, a round of several
-//! sessions runs in a shared span planned for that round's composition
-//! ([`crate::round_plan`]), which closes when the round ends.
+//! sessions runs in shared spans planned for that round's composition, one for its
+//! denoise and one for its decode ([`crate::round_plan`]), each closed when its half
+//! ends.
 //!
 //! What batching buys: one GEMM of M = Σ tokens instead of one per session (a `world`
 //! block is 144 tokens, far below where a GEMM reaches its rate), and one pass over
@@ -91,20 +92,21 @@ pub(crate) fn next_chunks_in(
         return collect(results);
     };
     let allocator = dit.device().platform().allocator().clone();
-    let mut round_span = None;
+    let mut round_key = None;
     if starts.len() > 1 {
         for &(i, _) in &starts {
             sessions[i].detach_span();
         }
-        round_span = match round {
-            Some(key) => allocator.open_shared_span(key).ok().map(|(id, _)| id),
-            None => crate::round_plan::open(sessions, &starts),
+        round_key = match round {
+            Some(key) => Some(key.to_string()),
+            None => crate::round_plan::prepare(sessions, &starts),
         };
-        for &(i, _) in &starts {
-            sessions[i].set_round(round_span);
-        }
     }
-    let in_round = round_span.map(|id| allocator.enter_span(Some(id)));
+    let members: Vec<usize> = starts.iter().map(|&(i, _)| i).collect();
+    let mut round_span = round_key
+        .as_deref()
+        .and_then(|key| enter_round(&allocator, key, sessions, &members));
+    let mut in_round = round_span.map(|id| allocator.enter_span(Some(id)));
     encode_conditions(sessions, &mut starts, &mut results);
     let mut runs: Vec<(usize, usize, Option<BlockRun>)> = Vec::new();
     for (i, n) in starts {
@@ -194,16 +196,57 @@ pub(crate) fn next_chunks_in(
         let platform = dit.device().platform().clone();
         platform.phase(Phase::DenoiseEnd);
         let stats = platform.memory_stats();
+        // The round's decode is a span of its own: the denoise's arena goes back before
+        // the decode's is taken, while what the decode leaves for later (each session's
+        // decoder state, its frames) grows on the caching path.
+        drop(in_round.take());
+        if let Some(id) = round_span.take() {
+            leave_round(&allocator, id, sessions);
+            let members: Vec<usize> = denoised.iter().map(|&(i, ..)| i).collect();
+            let key = round_key.as_deref().map(decode_key).unwrap_or_default();
+            round_span = enter_round(&allocator, &key, sessions, &members);
+            in_round = round_span.map(|id| allocator.enter_span(Some(id)));
+        }
         decode(sessions, denoised, &stats, &mut results);
     }
     drop(in_round);
     if let Some(id) = round_span {
-        for session in sessions.iter_mut() {
-            session.set_round(None);
-        }
-        allocator.close_span(id);
+        leave_round(&allocator, id, sessions);
     }
     collect(results)
+}
+
+/// The key of the decode half of round `key`.
+pub(crate) fn decode_key(key: &str) -> String {
+    format!("{key} decode")
+}
+
+/// Opens the shared span `key` of a batched round and puts `members` (session indices)
+/// in it; `None` where it cannot open (its arenas do not fit: the round runs on the
+/// caching path).
+fn enter_round(
+    allocator: &headroom_mem::CachingAllocator,
+    key: &str,
+    sessions: &mut [&mut Session],
+    members: &[usize],
+) -> Option<headroom_mem::SpanId> {
+    let (id, _) = allocator.open_shared_span(key).ok()?;
+    for &i in members {
+        sessions[i].set_round(Some(id));
+    }
+    Some(id)
+}
+
+/// Takes every session out of round span `id` and closes it.
+fn leave_round(
+    allocator: &headroom_mem::CachingAllocator,
+    id: headroom_mem::SpanId,
+    sessions: &mut [&mut Session],
+) {
+    for session in sessions.iter_mut() {
+        session.set_round(None);
+    }
+    allocator.close_span(id);
 }
 
 /// Encodes the image conditions of the sessions about to start their blocks: one

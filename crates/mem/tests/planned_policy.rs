@@ -376,3 +376,23 @@ fn a_detached_span_leaves_its_arena_and_keeps_its_peak_committed() {
     assert_eq!(a.span_commitments(), Default::default());
     a.check_invariants().unwrap();
 }
+
+#[test]
+fn a_shared_span_reserves_its_arenas_as_planned_but_commits_no_peak_and_its_plan_can_be_forgotten()
+{
+    let p = platform(2 << 30);
+    let (a, peak) = planned_two_chunks(&p);
+    let (own, _) = a.open_span("s").unwrap();
+    let (shared, start) = a.open_shared_span("s").unwrap();
+    assert!(matches!(start, SpanStart::Replay { .. }), "{start:?}");
+    let c = a.span_commitments();
+    assert_eq!((c.live_spans, c.planned_peaks), (2, peak));
+    // Both arenas count as planned: none is taken for a retiring one.
+    assert_eq!(c.arena_bytes, c.planned_arenas);
+    a.close_span(shared);
+    a.close_span(own);
+    a.remove_plan("s");
+    assert_eq!(a.planned_peak("s"), None);
+    assert!(a.wants_plan("s"));
+    assert_eq!(a.span_commitments(), Default::default());
+}
