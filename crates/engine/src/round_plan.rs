@@ -26,7 +26,7 @@ use crate::error::Result;
 use crate::planned::MetaTwin;
 use crate::request::SessionRequest;
 use crate::scheduler::decode_key;
-use crate::session::Session;
+use crate::session::{Session, BLOCK_FRAMES};
 
 /// Round plans kept at once (one per composition seen lately).
 pub const ROUND_PLANS: usize = 64;
@@ -166,6 +166,9 @@ fn plan(
                 // Enough blocks to reach chunk n, with it the last one or not.
                 let blocks = n + if *last { 1 } else { 2 };
                 request.num_frames = 12 * blocks - 3;
+                // One key set per latent frame at most; the values do not change what
+                // a chunk allocates.
+                request.actions.truncate(BLOCK_FRAMES * blocks);
             }
             (request, *n)
         })

@@ -22,7 +22,6 @@ impl TinyDecoder {
         format: OutputFormat,
         go_on: &dyn Fn(usize) -> bool,
     ) -> Result<Option<Vec<Tensor>>> {
-        self.device.platform().phase(Phase::DecodeStart);
         self.check(latents, states)?;
         for state in states.iter_mut() {
             if state.slots.len() != self.slot_count() {
@@ -31,9 +30,13 @@ impl TinyDecoder {
             state.vae_id = Some(self.id);
         }
         let fresh = states[0].latent_frames == 0;
-        let lists: Vec<&[Option<Tensor>]> = states.iter().map(|s| &s.slots[..]).collect();
-        let mut slots = crate::vae::batch::stack_slots(&lists)?;
+        let mut lists: Vec<&mut Vec<Option<Tensor>>> =
+            states.iter_mut().map(|s| &mut s.slots).collect();
+        let mut slots = crate::vae::batch::take_stacked(&mut lists)?;
         drop(lists);
+        // After the streams' own caches went into the stack: a reclaim here returns
+        // them too.
+        self.device.platform().phase(Phase::DecodeStart);
         let z = Tensor::cat(latents, 0)?;
         let [b, _, t, _, _] = *z.shape() else {
             unreachable!("checked 5-D")

@@ -58,6 +58,18 @@ pub(crate) fn stack_slots(lists: &[&[Option<Tensor>]]) -> Result<Vec<Option<Tens
         .collect()
 }
 
+/// [`stack_slots`] of several streams' slot lists, which are emptied (their layout
+/// kept): the stack holds the streams' past for the batched chunk, and the streams' own
+/// copies go back before it runs, not after. A stream whose chunk then fails ends.
+pub(crate) fn take_stacked(lists: &mut [&mut Vec<Option<Tensor>>]) -> Result<Vec<Option<Tensor>>> {
+    let views: Vec<&[Option<Tensor>]> = lists.iter().map(|l| &l[..]).collect();
+    let stacked = stack_slots(&views)?;
+    for list in lists.iter_mut() {
+        list.iter_mut().for_each(|slot| *slot = None);
+    }
+    Ok(stacked)
+}
+
 /// Splits stacked slots back into `n` streams' own lists (each a compact copy, so no
 /// stream keeps the batch's tensors alive).
 pub(crate) fn unstack_slots(

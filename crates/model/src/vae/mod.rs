@@ -292,10 +292,12 @@ impl WanVae {
                 state.slots = (0..self.encoder.slot_count()).map(|_| None).collect();
             }
         }
-        let lists: Vec<&[Option<Tensor>]> = states.iter().map(|s| &s.slots[..]).collect();
+        let frames = states[0].frames;
+        let mut lists: Vec<&mut Vec<Option<Tensor>>> =
+            states.iter_mut().map(|s| &mut s.slots).collect();
         let mut batch = StreamingEncodeState {
-            slots: batch::stack_slots(&lists)?,
-            frames: states[0].frames,
+            slots: batch::take_stacked(&mut lists)?,
+            frames,
         };
         drop(lists);
         let latents = self.encode_frames(&Tensor::cat(videos, 0)?, &mut batch)?;

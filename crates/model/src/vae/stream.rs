@@ -203,7 +203,6 @@ impl<'a> StreamingDecoder<'a> {
         format: OutputFormat,
     ) -> Result<Vec<Tensor>> {
         let op = "decode_batch";
-        self.vae.device().platform().phase(Phase::DecodeStart);
         crate::vae::batch::check_batch(op, latents, states.len())?;
         for (latent, state) in latents.iter().zip(states.iter()) {
             self.check(latent, state)?;
@@ -211,9 +210,13 @@ impl<'a> StreamingDecoder<'a> {
         for state in states.iter_mut() {
             self.adopt(state);
         }
-        let lists: Vec<&[Option<Tensor>]> = states.iter().map(|s| &s.slots[..]).collect();
-        let mut slots = super::batch::stack_slots(&lists)?;
+        let mut lists: Vec<&mut Vec<Option<Tensor>>> =
+            states.iter_mut().map(|s| &mut s.slots).collect();
+        let mut slots = super::batch::take_stacked(&mut lists)?;
         drop(lists);
+        // After the sessions' own caches went into the stack: a reclaim here returns
+        // them too.
+        self.vae.device().platform().phase(Phase::DecodeStart);
         let refs: Vec<&Tensor> = latents.to_vec();
         let x = self.vae.post_quant(&Tensor::cat(&refs, 0)?)?;
         let t = x.shape()[2];
