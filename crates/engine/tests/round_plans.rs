@@ -104,10 +104,16 @@ fn batched_rounds_replay_the_plans_of_their_compositions() {
                 let misses = after.planned_misses - before.planned_misses;
                 hits.push(after.planned_hits - before.planned_hits);
                 eprintln!("{decoder:?} {starts:?}: {hits:?} hits, {misses} misses");
-                assert_eq!(misses, 0, "{decoder:?} {starts:?}: every round replays its plan");
+                assert_eq!(
+                    misses, 0,
+                    "{decoder:?} {starts:?}: every round replays its plan"
+                );
             }
             assert!(hits[0] > 0);
-            assert_eq!(hits[0], hits[1], "{decoder:?} {starts:?}: a round was recorded");
+            assert_eq!(
+                hits[0], hits[1],
+                "{decoder:?} {starts:?}: a round was recorded"
+            );
         }
     }
 }

@@ -15,6 +15,7 @@ mod expandable;
 mod fit;
 mod inspect;
 pub mod periodic;
+mod plan_memo;
 mod planned;
 pub mod planner;
 mod segments;

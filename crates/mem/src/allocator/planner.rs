@@ -260,8 +260,20 @@ pub fn plan(requests: &[PlanRequest], only: Option<PlacementOrder>) -> Option<Pl
 }
 
 /// [`plan`] where request `i` and `twins[i]` (when `Some`) get one offset: their
-/// lifetimes must not overlap.
+/// lifetimes must not overlap. A trace placed lately is not placed again
+/// ([`super::plan_memo`]).
 pub(crate) fn plan_with_twins(
+    requests: &[PlanRequest],
+    only: Option<PlacementOrder>,
+    twins: &[Option<usize>],
+) -> Option<Plan> {
+    super::plan_memo::memoized(requests, only, twins, || {
+        place_with_twins(requests, only, twins)
+    })
+}
+
+/// [`plan_with_twins`] placed now.
+pub(crate) fn place_with_twins(
     requests: &[PlanRequest],
     only: Option<PlacementOrder>,
     twins: &[Option<usize>],
