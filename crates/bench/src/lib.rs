@@ -53,6 +53,19 @@ pub enum BenchError {
     },
 }
 
+impl BenchError {
+    /// Whether the workload does not fit the device: it ran out of memory, or the
+    /// engine refused a session for want of room.
+    pub fn does_not_fit(&self) -> bool {
+        match self {
+            BenchError::Mem(e) => e.is_out_of_memory(),
+            BenchError::Tensor(e) => e.is_out_of_memory(),
+            BenchError::Engine(e) => e.is_out_of_memory() || e.is_admission(),
+            _ => false,
+        }
+    }
+}
+
 /// Result alias of the benchmarks.
 pub type Result<T> = std::result::Result<T, BenchError>;
 

@@ -55,6 +55,32 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// Whether the device ran out of memory, in whichever layer it surfaced.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            EngineError::Model(e) => e.is_out_of_memory(),
+            EngineError::Text(e) => e.is_out_of_memory(),
+            EngineError::Tensor(e) => e.is_out_of_memory(),
+            EngineError::Mem(e) => e.is_out_of_memory(),
+            _ => false,
+        }
+    }
+
+    /// Whether a collective failed because another rank aborted the group (this rank is
+    /// not the cause).
+    pub fn is_aborted(&self) -> bool {
+        match self {
+            EngineError::Model(e) => e.is_aborted(),
+            EngineError::Tensor(e) => e.is_aborted(),
+            _ => false,
+        }
+    }
+
+    /// Whether the session was refused for want of room (memory, pages, planned peak).
+    pub fn is_admission(&self) -> bool {
+        matches!(self, EngineError::Admission(_))
+    }
+
     /// A request error for `field`.
     pub fn request(field: &'static str, rule: impl Into<String>) -> Self {
         EngineError::Request {
@@ -66,3 +92,45 @@ impl EngineError {
 
 /// Result alias of the engine.
 pub type Result<T> = std::result::Result<T, EngineError>;
+
+#[cfg(test)]
+mod tests {
+    use super::EngineError;
+    use headroom_mem::MemError;
+    use headroom_model::ModelError;
+    use headroom_tensor::TensorError;
+
+    fn oom() -> MemError {
+        MemError::OutOfMemory {
+            requested: 1 << 20,
+            free: 0,
+            reserved: 1 << 30,
+            allocated: 1 << 29,
+            capacity: 1 << 30,
+            platform: "sim",
+        }
+    }
+
+    #[test]
+    fn out_of_memory_and_aborts_are_known_by_kind_in_every_layer_whatever_the_text() {
+        let layers = [
+            EngineError::Mem(oom()),
+            EngineError::Tensor(TensorError::Mem(oom())),
+            EngineError::Model(ModelError::Tensor(TensorError::Mem(oom()))),
+        ];
+        for e in layers {
+            assert!(
+                e.is_out_of_memory() && !e.is_aborted() && !e.is_admission(),
+                "{e}"
+            );
+        }
+        let aborted = EngineError::Model(ModelError::Tensor(TensorError::Aborted {
+            op: "all_reduce",
+        }));
+        assert!(aborted.is_aborted() && !aborted.is_out_of_memory());
+        // A message that only says so is not the kind.
+        let worded = EngineError::request("prompt", "out of memory; the rank group was aborted");
+        assert!(!worded.is_out_of_memory() && !worded.is_aborted());
+        assert!(EngineError::Admission("pages".into()).is_admission());
+    }
+}

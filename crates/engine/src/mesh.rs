@@ -197,5 +197,5 @@ impl Mesh {
 
 /// Whether `e` is a collective that failed because another rank aborted the group.
 fn is_abort(e: &EngineError) -> bool {
-    e.to_string().contains("rank group was aborted")
+    e.is_aborted()
 }

@@ -190,9 +190,7 @@ impl MetaTwin {
         order: Option<headroom_mem::PlacementOrder>,
     ) -> Result<headroom_mem::PlanBook> {
         let refused = |e: EngineError| match e {
-            EngineError::Model(_) | EngineError::Tensor(_) | EngineError::Mem(_)
-                if e.to_string().contains("out of memory") =>
-            {
+            e if e.is_out_of_memory() => {
                 let stats = twin.platform().memory_stats();
                 EngineError::Admission(format!(
                     "the session's planned peak does not fit the {} capacity: its meta execution \

@@ -417,7 +417,7 @@ fn gather_memory(engine: &Engine, world: &dyn Communicator) -> Result<Vec<RankMe
 pub fn follow(engine: &Engine, world: &Arc<dyn Communicator>) -> Result<()> {
     let out = follow_inner(engine, world.as_ref());
     if let Err(e) = &out {
-        if !e.to_string().contains("rank group was aborted") {
+        if !e.is_aborted() {
             eprintln!("headroom: rank {} failed: {e}", world.rank());
         }
         world.abort();

@@ -147,12 +147,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         Ok(rows) => (rows, false),
         // The session does not fit: plan it on an unbounded card to say by how much,
         // instead of stopping at the first allocation that failed.
-        Err(e)
-            if (e.to_string().contains("out of memory")
-                || e.to_string().contains("does not fit"))
-                && !args.measure
-                && args.kv_fraction.is_none() =>
-        {
+        Err(e) if e.does_not_fit() && !args.measure && args.kv_fraction.is_none() => {
             let unbounded = PlanConfig {
                 capacity: UNBOUNDED,
                 ..config.clone()

@@ -81,6 +81,13 @@ pub enum MemError {
     Pickle(#[from] crate::pickle::PickleError),
 }
 
+impl MemError {
+    /// Whether the device ran out of memory (not a setting or a file).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, MemError::OutOfMemory { .. })
+    }
+}
+
 /// What to change after an out-of-memory error, from the allocator's state at the time.
 fn oom_hint(reserved: u64, allocated: u64, capacity: u64) -> &'static str {
     let cached = reserved.saturating_sub(allocated);

@@ -56,6 +56,16 @@ pub enum ModelError {
 }
 
 impl ModelError {
+    /// Whether the allocator ran out of device memory.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, ModelError::Tensor(t) if t.is_out_of_memory())
+    }
+
+    /// Whether a collective failed because another rank aborted the group.
+    pub fn is_aborted(&self) -> bool {
+        matches!(self, ModelError::Tensor(t) if t.is_aborted())
+    }
+
     /// An input error for `op`.
     pub fn input(op: &'static str, reason: impl Into<String>) -> Self {
         ModelError::Input {

@@ -100,9 +100,7 @@ impl ServerError {
         match error {
             EngineError::Admission(reason) => ServerError::Capacity(reason),
             EngineError::Request { field, rule } => ServerError::request(wire_field(field), rule),
-            other if other.to_string().contains("out of memory") => {
-                ServerError::Capacity(other.to_string())
-            }
+            other if other.is_out_of_memory() => ServerError::Capacity(other.to_string()),
             other => ServerError::Generation(other.to_string()),
         }
     }
@@ -122,3 +120,34 @@ fn wire_field(engine_field: &str) -> &str {
 
 /// Result alias of the server.
 pub type Result<T> = std::result::Result<T, ServerError>;
+
+#[cfg(test)]
+mod tests {
+    use super::ServerError;
+    use headroom_engine::EngineError;
+
+    #[test]
+    fn opening_errors_map_by_kind_not_by_text() {
+        let oom = headroom_mem::MemError::OutOfMemory {
+            requested: 1 << 20,
+            free: 0,
+            reserved: 1 << 30,
+            allocated: 1 << 29,
+            capacity: 1 << 30,
+            platform: "sim",
+        };
+        assert!(matches!(
+            ServerError::from_open(EngineError::Tensor(oom.into())),
+            ServerError::Capacity(_)
+        ));
+        assert!(matches!(
+            ServerError::from_open(EngineError::Admission("no pages".into())),
+            ServerError::Capacity(_)
+        ));
+        // A failure that merely mentions memory is a failed generation.
+        assert!(matches!(
+            ServerError::from_open(EngineError::Batch("out of memory".into())),
+            ServerError::Generation(_)
+        ));
+    }
+}

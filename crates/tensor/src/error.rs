@@ -70,6 +70,16 @@ pub enum TensorError {
 }
 
 impl TensorError {
+    /// Whether the allocator ran out of device memory.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, TensorError::Mem(m) if m.is_out_of_memory())
+    }
+
+    /// Whether a collective failed because another rank aborted the group.
+    pub fn is_aborted(&self) -> bool {
+        matches!(self, TensorError::Aborted { .. })
+    }
+
     /// A shape error for `op`.
     pub fn shape(op: &'static str, reason: impl Into<String>) -> Self {
         TensorError::Shape {

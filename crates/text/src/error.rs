@@ -44,6 +44,15 @@ pub enum TextError {
 }
 
 impl TextError {
+    /// Whether the allocator ran out of device memory.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            TextError::Model(m) => m.is_out_of_memory(),
+            TextError::Tensor(t) => t.is_out_of_memory(),
+            _ => false,
+        }
+    }
+
     /// A config error for `field`.
     pub fn config(field: impl Into<String>, rule: impl Into<String>) -> Self {
         TextError::Config {
