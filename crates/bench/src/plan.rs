@@ -124,7 +124,12 @@ impl PeakTracker {
     }
 }
 
+/// A plan's engine error: running out of room keeps its kind (the plan reports what
+/// the session needs instead); anything else is a plan that cannot be made.
 fn engine_err(e: headroom_engine::EngineError) -> BenchError {
+    if e.is_out_of_memory() || e.is_admission() {
+        return BenchError::Engine(e);
+    }
     BenchError::InvalidConfig {
         field: "plan",
         rule: e.to_string(),

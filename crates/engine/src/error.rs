@@ -35,6 +35,10 @@ pub enum EngineError {
         rank: usize,
         /// What it reported.
         reason: String,
+        /// Its error, where it was met in this process (a rank thread), so its kind
+        /// survives; `None` for a report from another process.
+        #[source]
+        cause: Option<Box<EngineError>>,
     },
     /// A batched step this session shared with others failed (the first session of the
     /// batch carries the cause itself); the session is over.
@@ -58,6 +62,7 @@ impl EngineError {
     /// Whether the device ran out of memory, in whichever layer it surfaced.
     pub fn is_out_of_memory(&self) -> bool {
         match self {
+            EngineError::Rank { cause: Some(e), .. } => e.is_out_of_memory(),
             EngineError::Model(e) => e.is_out_of_memory(),
             EngineError::Text(e) => e.is_out_of_memory(),
             EngineError::Tensor(e) => e.is_out_of_memory(),
@@ -70,6 +75,7 @@ impl EngineError {
     /// not the cause).
     pub fn is_aborted(&self) -> bool {
         match self {
+            EngineError::Rank { cause: Some(e), .. } => e.is_aborted(),
             EngineError::Model(e) => e.is_aborted(),
             EngineError::Tensor(e) => e.is_aborted(),
             _ => false,
@@ -78,7 +84,10 @@ impl EngineError {
 
     /// Whether the session was refused for want of room (memory, pages, planned peak).
     pub fn is_admission(&self) -> bool {
-        matches!(self, EngineError::Admission(_))
+        match self {
+            EngineError::Rank { cause: Some(e), .. } => e.is_admission(),
+            e => matches!(e, EngineError::Admission(_)),
+        }
     }
 
     /// A request error for `field`.
@@ -132,5 +141,12 @@ mod tests {
         let worded = EngineError::request("prompt", "out of memory; the rank group was aborted");
         assert!(!worded.is_out_of_memory() && !worded.is_aborted());
         assert!(EngineError::Admission("pages".into()).is_admission());
+        // A rank's failure met in this process keeps its cause's kind.
+        let rank = EngineError::Rank {
+            rank: 3,
+            reason: "out of memory".into(),
+            cause: Some(Box::new(EngineError::Mem(oom()))),
+        };
+        assert!(rank.is_out_of_memory());
     }
 }

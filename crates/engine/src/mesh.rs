@@ -168,6 +168,7 @@ impl Mesh {
             e => EngineError::Rank {
                 rank,
                 reason: e.to_string(),
+                cause: Some(Box::new(e)),
             },
         })
     }

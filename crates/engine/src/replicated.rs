@@ -305,7 +305,13 @@ pub fn lead_open(
     match agree(world.as_ref(), &status)? {
         None => {}
         Some((0, _)) => return Err(admitted.err().unwrap_or_else(|| wire_err("open failed"))),
-        Some((rank, reason)) => return Err(EngineError::Rank { rank, reason }),
+        Some((rank, reason)) => {
+            return Err(EngineError::Rank {
+                rank,
+                reason,
+                cause: None,
+            })
+        }
     }
     let opened = admitted.and_then(|a| a.open());
     match opened {

@@ -112,7 +112,7 @@ fn a_rank_that_runs_out_of_memory_mid_session_ends_every_rank_naming_it() {
         })
         .unwrap_err();
     match &err {
-        EngineError::Rank { rank, reason } => {
+        EngineError::Rank { rank, reason, .. } => {
             assert!(*rank == 1, "rank {rank}: {reason}");
         }
         other => panic!("not a rank failure: {other}"),

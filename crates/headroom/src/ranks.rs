@@ -139,6 +139,7 @@ impl RankArgs {
                     work(groups, None).map_err(|e| EngineError::Rank {
                         rank,
                         reason: format!("{e:#}"),
+                        cause: None,
                     })
                 })?;
                 Ok(Some(values.swap_remove(0)))
