@@ -128,14 +128,16 @@ mod tests {
 
     #[test]
     fn opening_errors_map_by_kind_not_by_text() {
-        let oom = headroom_mem::MemError::OutOfMemory {
-            requested: 1 << 20,
-            free: 0,
-            reserved: 1 << 30,
-            allocated: 1 << 29,
-            capacity: 1 << 30,
-            platform: "sim",
-        };
+        // A real one: a sim device of 1 MiB asked for 1 GiB.
+        let device = headroom_mem::CachingPlatform::sim(
+            1 << 20,
+            headroom_mem::AllocatorConfig::with_policy(headroom_mem::AllocatorPolicy::Pytorch),
+            headroom_mem::ReclaimPolicy::Never,
+        )
+        .unwrap();
+        let oom = headroom_mem::Platform::allocator(&device)
+            .allocate(1 << 30, 0)
+            .unwrap_err();
         assert!(matches!(
             ServerError::from_open(EngineError::Tensor(oom.into())),
             ServerError::Capacity(_)
