@@ -175,12 +175,7 @@ fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
                 video.shape()
             );
         }
-        let (a, b) = (video.to_f32_vec()?, reference.to_f32_vec()?);
-        let err = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max);
+        let err = headroom_tensor::compare::max_abs_error(&video, &reference)?;
         println!("max abs difference from {}: {err:e}", path.display());
     }
     Ok(())

@@ -29,13 +29,8 @@ fn assert_close(got: &Path, expected: &Path) {
     );
     assert_eq!(g.shape(), e.shape());
     let (g, e) = (g.to_f32_vec().unwrap(), e.to_f32_vec().unwrap());
-    let scale = e.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-    let err = g
-        .iter()
-        .zip(&e)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    assert!(err <= 1e-4 * scale, "max abs error {err}");
+    let err = headroom_tensor::compare::scaled_abs_diff(&g, &e).unwrap();
+    assert!(err <= 1e-4, "max abs error over scale {err}");
 }
 
 #[test]

@@ -14,12 +14,9 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The largest |a − b| of two slices of one length.
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    headroom_tensor::compare::max_abs_diff(a, b).expect("one length")
 }
 
 #[test]

@@ -20,13 +20,9 @@ fn torch_bf16_error(dir: &std::path::Path) -> f32 {
     v["max_abs_error"].as_f64().unwrap() as f32
 }
 
+/// The largest |a − b| of two tensors of one shape.
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.shape(), b.shape());
-    let (a, b) = (a.to_vec::<f32>().unwrap(), b.to_vec::<f32>().unwrap());
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    headroom_tensor::compare::max_abs_error(a, b).unwrap()
 }
 
 #[test]

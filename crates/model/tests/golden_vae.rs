@@ -14,13 +14,9 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The largest |a − b| of two tensors of one shape.
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
-    assert_eq!(a.shape(), b.shape());
-    let (a, b) = (a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap());
-    a.iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    headroom_tensor::compare::max_abs_error(a, b).unwrap()
 }
 
 const CONFIGS: [&str; 3] = ["tiny_t1", "tiny_t2_attn", "tiny_t0"];

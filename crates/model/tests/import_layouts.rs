@@ -21,16 +21,8 @@ fn assert_close(got: &Tensor, expected: &Tensor, what: &str) {
         got.to_vec::<f32>().unwrap(),
         expected.to_vec::<f32>().unwrap(),
     );
-    let scale = e.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1.0);
-    let err = g
-        .iter()
-        .zip(&e)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    assert!(
-        err <= 1e-4 * scale,
-        "{what}: max abs error {err} (scale {scale})"
-    );
+    let err = headroom_tensor::compare::scaled_abs_diff(&g, &e).unwrap();
+    assert!(err <= 1e-4, "{what}: max abs error over scale {err}");
 }
 
 fn dit_forward(path: &Path, options: &ImportOptions) -> Tensor {

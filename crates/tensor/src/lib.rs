@@ -4,6 +4,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod comm;
+pub mod compare;
 pub mod cuda;
 pub mod device;
 pub mod dtype;
