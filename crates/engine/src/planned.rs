@@ -368,8 +368,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Bytes the engine and its live sessions have committed (see
-    /// [`Engine::admit_planned_peak`]); what a session's admission adds its peak to.
+    /// Bytes the engine and its live sessions have committed: what is live outside the
+    /// arenas, arenas of ended spans still held, and every live span's planned peak;
+    /// what a session's admission adds its peak to.
     pub fn committed_bytes(&self) -> u64 {
         let allocator = self.platform().allocator();
         let c = allocator.span_commitments();

@@ -24,7 +24,7 @@
 //! forward and the batched VAE work are not what its plan describes, and an arena
 //! kept idle beside the cache would reserve its work twice. Instead, a round of several
 //! sessions runs in shared spans planned for that round's composition, one for its
-//! denoise and one for its decode ([`crate::round_plan`]), each closed when its half
+//! denoise and one for its decode (`round_plan.rs`), each closed when its half
 //! ends.
 //!
 //! What batching buys: one GEMM of M = Σ tokens instead of one per session (a `world`

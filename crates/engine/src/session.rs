@@ -896,6 +896,11 @@ impl Session {
         Ok(())
     }
 
+    /// The session's chunks as an iterator (see [`Chunks`]).
+    pub fn chunks(&mut self) -> Chunks<&mut Session> {
+        Chunks { session: self }
+    }
+
     /// Ends the session, releasing everything it holds.
     pub fn close(self) {}
 }
@@ -914,6 +919,42 @@ impl std::fmt::Debug for Session {
             )
             .field("seed", &self.seed)
             .finish()
+    }
+}
+
+/// A session's chunks in order ([`Session::chunks`], or the session itself taken by
+/// value): `None` once it made its last, or after the error that ended it.
+#[derive(Debug)]
+pub struct Chunks<S> {
+    session: S,
+}
+
+impl<S: std::borrow::BorrowMut<Session>> Iterator for Chunks<S> {
+    type Item = Result<Chunk>;
+
+    fn next(&mut self) -> Option<Result<Chunk>> {
+        match self.session.borrow_mut().next_chunk() {
+            Err(EngineError::Finished(_)) => None,
+            other => Some(other),
+        }
+    }
+}
+
+impl IntoIterator for Session {
+    type Item = Result<Chunk>;
+    type IntoIter = Chunks<Session>;
+
+    fn into_iter(self) -> Chunks<Session> {
+        Chunks { session: self }
+    }
+}
+
+impl<'a> IntoIterator for &'a mut Session {
+    type Item = Result<Chunk>;
+    type IntoIter = Chunks<&'a mut Session>;
+
+    fn into_iter(self) -> Chunks<&'a mut Session> {
+        Chunks { session: self }
     }
 }
 

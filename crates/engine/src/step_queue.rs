@@ -1,6 +1,6 @@
 //! Sessions on threads of their own, stepped together: the queue a server's session
 //! workers hand their sessions to for each chunk, so that every session ready at the
-//! same time runs in one [`scheduler::next_chunks`](crate::scheduler::next_chunks) call
+//! same time runs in one [`crate::scheduler::next_chunks`] call
 //! (one batched forward per DMD step, batched VAE work).
 //!
 //! There is no scheduler thread: the first worker to arrive while no batch runs leads

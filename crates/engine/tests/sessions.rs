@@ -460,3 +460,25 @@ fn sessions_of_two_sizes_share_the_kv_pool_which_grows_only_while_idle() {
     drop((big, small));
     assert_eq!(pool.free_pages(), pool.total_pages());
 }
+
+#[test]
+fn a_sessions_chunks_iterate_to_none_with_the_bytes_of_next_chunk() {
+    let engine = engine(ReclaimPolicy::Never);
+    let request = || SessionRequest::new(48, 32, 21);
+    let mut stepped = engine.open_session(request()).unwrap();
+    let expected: Vec<Vec<u8>> = (0..2)
+        .map(|_| stepped.next_chunk().unwrap().frames.to_vec::<u8>().unwrap())
+        .collect();
+    let mut session = engine.open_session(request()).unwrap();
+    let got: Vec<Vec<u8>> = session
+        .chunks()
+        .map(|c| c.unwrap().frames.to_vec::<u8>().unwrap())
+        .collect();
+    assert_eq!(got, expected);
+    assert!(session.chunks().next().is_none(), "the end stays the end");
+    // By value too.
+    assert_eq!(
+        engine.open_session(request()).unwrap().into_iter().count(),
+        2
+    );
+}
