@@ -159,28 +159,27 @@ impl MetaTwin {
             return Ok(None);
         }
         let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            // The twin records without a plan, so it must not run out of memory where
-            // the planned session would not: its device is as large as needed, and its
-            // KV pool is the real pool's size (not a fraction of that device).
-            let platform = CachingPlatform::sim(
-                TWIN_CAPACITY,
-                AllocatorConfig::with_policy(AllocatorPolicy::Planned),
-                ReclaimPolicy::Never,
-            )?;
-            let twin_config = EngineConfig {
-                kv_fraction: None,
-                kv_budget_bytes: kv_pool_bytes.or(config.kv_budget_bytes),
-                capacity: Some(TWIN_CAPACITY),
-                ..config.clone()
-            };
-            let twin = Engine::twin(twin_config, Arc::new(platform))?;
-            *slot = Some(Box::new(twin));
-        }
-        match slot.as_ref() {
-            Some(twin) => f(twin).map(Some),
-            None => Ok(None),
-        }
+        let twin = match slot.take() {
+            Some(twin) => twin,
+            None => {
+                // The twin records without a plan, so it must not run out of memory where
+                // the planned session would not: its device is as large as needed, and its
+                // KV pool is the real pool's size (not a fraction of that device).
+                let platform = CachingPlatform::sim(
+                    TWIN_CAPACITY,
+                    AllocatorConfig::with_policy(AllocatorPolicy::Planned),
+                    ReclaimPolicy::Never,
+                )?;
+                let twin_config = EngineConfig {
+                    kv_fraction: None,
+                    kv_budget_bytes: kv_pool_bytes.or(config.kv_budget_bytes),
+                    capacity: Some(TWIN_CAPACITY),
+                    ..config.clone()
+                };
+                Box::new(Engine::twin(twin_config, Arc::new(platform))?)
+            }
+        };
+        f(slot.insert(twin)).map(Some)
     }
 
     /// [`MetaTwin::plans_for`] on the twin itself.

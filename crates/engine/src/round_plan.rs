@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use headroom_mem::{AllocatorPolicy, PlanBook};
+use headroom_mem::{AllocatorPolicy, CachingAllocator, PlanBook};
 
 use crate::engine::{Engine, EngineConfig};
 use crate::error::Result;
@@ -57,7 +57,7 @@ impl RoundPlanner {
 
     /// Notes that `key` has a plan now (or will, once recorded), forgetting the oldest
     /// kept plan beyond [`ROUND_PLANS`].
-    fn keep(&self, key: &str, allocator: &headroom_mem::CachingAllocator) {
+    fn keep(&self, key: &str, allocator: &CachingAllocator) {
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         if kept.iter().any(|k| k == key) {
             return;
@@ -111,10 +111,14 @@ fn round_key(members: &[(&RoundMember, (usize, bool))]) -> String {
 }
 
 /// The key of the batched round of `starts` ((session index, block)), with the plans
-/// of its two halves (denoise, decode) installed from the meta twin when there are
-/// none yet; `None` (the round runs on the caching path) where the allocator is not
+/// of its two halves (denoise, decode) installed in `allocator` from the meta twin when
+/// there are none yet; `None` (the round runs on the caching path) where the allocator is not
 /// `planned` or a member has no plans (a session not admitted under `planned`).
-pub(crate) fn prepare(sessions: &[&mut Session], starts: &[(usize, usize)]) -> Option<String> {
+pub(crate) fn prepare(
+    allocator: &CachingAllocator,
+    sessions: &[&mut Session],
+    starts: &[(usize, usize)],
+) -> Option<String> {
     let mut members = Vec::with_capacity(starts.len());
     for &(i, n) in starts {
         let member = sessions[i].round_member()?;
@@ -127,12 +131,6 @@ pub(crate) fn prepare(sessions: &[&mut Session], starts: &[(usize, usize)]) -> O
     {
         return None;
     }
-    let allocator = sessions[starts[0].0]
-        .dit()
-        .device()
-        .platform()
-        .allocator()
-        .clone();
     if allocator.policy() != AllocatorPolicy::Planned {
         return None;
     }
@@ -147,7 +145,7 @@ pub(crate) fn prepare(sessions: &[&mut Session], starts: &[(usize, usize)]) -> O
             allocator.install_plans(&book);
         }
     }
-    planner.keep(&key, &allocator);
+    planner.keep(&key, allocator);
     Some(key)
 }
 

@@ -53,9 +53,9 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
     next_chunks_in(sessions, None)
 }
 
-/// [`next_chunks`], a batched round's allocations in the shared span of round plan
-/// `round` when given (the meta twin recording a round), else in the span
-/// [`crate::round_plan::open`] opens for the round.
+/// [`next_chunks`], a batched round's allocations in the shared spans of round `round`
+/// when given (the meta twin recording a round), else of the round
+/// [`crate::round_plan::prepare`] keys.
 pub(crate) fn next_chunks_in(
     sessions: &mut [&mut Session],
     round: Option<&str>,
@@ -99,7 +99,7 @@ pub(crate) fn next_chunks_in(
         }
         round_key = match round {
             Some(key) => Some(key.to_string()),
-            None => crate::round_plan::prepare(sessions, &starts),
+            None => crate::round_plan::prepare(&allocator, sessions, &starts),
         };
     }
     let members: Vec<usize> = starts.iter().map(|&(i, _)| i).collect();
@@ -200,11 +200,10 @@ pub(crate) fn next_chunks_in(
         // the decode's is taken, while what the decode leaves for later (each session's
         // decoder state, its frames) grows on the caching path.
         drop(in_round.take());
-        if let Some(id) = round_span.take() {
+        if let (Some(id), Some(key)) = (round_span.take(), round_key.as_deref()) {
             leave_round(&allocator, id, sessions);
             let members: Vec<usize> = denoised.iter().map(|&(i, ..)| i).collect();
-            let key = round_key.as_deref().map(decode_key).unwrap_or_default();
-            round_span = enter_round(&allocator, &key, sessions, &members);
+            round_span = enter_round(&allocator, &decode_key(key), sessions, &members);
             in_round = round_span.map(|id| allocator.enter_span(Some(id)));
         }
         decode(sessions, denoised, &stats, &mut results);

@@ -501,24 +501,18 @@ impl Session {
     /// Ends the session when its chunk failed or was cancelled: what it held is given
     /// back now, and the platform hears the phase.
     pub(crate) fn settle<T>(&mut self, result: &Result<T>) {
-        if !matches!(result, Ok(_) | Err(EngineError::Finished(_))) {
-            // The session leaves its round: its end (or error) ends its own span.
-            self.round = None;
-        }
-        let _own = self.enter_span();
-        match result {
-            Ok(_) | Err(EngineError::Finished(_)) => {}
+        let phase = match result {
+            Ok(_) | Err(EngineError::Finished(_)) => return,
             // A cancelled chunk ends the session as a close does.
-            Err(EngineError::Cancelled { .. }) => {
-                self.release();
-                self.device.platform().phase(Phase::SessionEnd);
-            }
+            Err(EngineError::Cancelled { .. }) => Phase::SessionEnd,
             // A failed chunk ends the session: give back what it held now.
-            Err(_) => {
-                self.release();
-                self.device.platform().phase(Phase::Error);
-            }
-        }
+            Err(_) => Phase::Error,
+        };
+        // The session leaves its round: its end ends its own span.
+        self.round = None;
+        let _own = self.enter_span();
+        self.release();
+        self.device.platform().phase(phase);
     }
 
     /// The next block's index, checking that the session can run it.

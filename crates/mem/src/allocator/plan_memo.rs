@@ -15,7 +15,6 @@ use super::planner::{PlacementOrder, Plan, PlanRequest};
 const MEMO_PLANS: usize = 8;
 
 /// What a placement depends on.
-#[derive(Debug, PartialEq)]
 struct Input {
     requests: Vec<PlanRequest>,
     only: Option<PlacementOrder>,
@@ -25,7 +24,7 @@ struct Input {
 type Cell = Arc<OnceLock<Option<Plan>>>;
 
 /// (hash of the input, the input, its placement), newest last.
-static MEMO: Mutex<Vec<(u64, Arc<Input>, Cell)>> = Mutex::new(Vec::new());
+static MEMO: Mutex<Vec<(u64, Input, Cell)>> = Mutex::new(Vec::new());
 
 fn hash_of(requests: &[PlanRequest], only: Option<PlacementOrder>, twins: &[Option<usize>]) -> u64 {
     let mut h = DefaultHasher::new();
@@ -68,7 +67,7 @@ pub(crate) fn memoized(
                     only,
                     twins: twins.to_vec(),
                 };
-                memo.push((hash, Arc::new(input), Arc::clone(&cell)));
+                memo.push((hash, input, Arc::clone(&cell)));
                 if memo.len() > MEMO_PLANS {
                     memo.remove(0);
                 }

@@ -32,7 +32,7 @@ pub(crate) fn check_batch(op: &'static str, latents: &[&Tensor], states: usize) 
 
 /// The slot lists of several streams (one length) stacked along axis 0: a slot is held
 /// by every stream or by none (streams at the same point of their stream).
-pub(crate) fn stack_slots(lists: &[&[Option<Tensor>]]) -> Result<Vec<Option<Tensor>>> {
+fn stack_slots(lists: &[&[Option<Tensor>]]) -> Result<Vec<Option<Tensor>>> {
     let Some(first) = lists.first() else {
         return Ok(Vec::new());
     };
