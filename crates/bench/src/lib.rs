@@ -11,7 +11,6 @@ pub mod plan;
 pub mod plot;
 pub mod serve;
 pub mod session;
-pub mod session_ranks;
 pub mod stats;
 pub mod vae;
 

@@ -1,15 +1,23 @@
-//! The README's command lines work when copied: every `headroom generate` and `headroom
-//! plan` line in its code blocks runs (generate on the tiny model at 48×32, everything
-//! else as written), and every other `headroom` line's flags are ones the binary has.
+//! The README's and the docs' command lines work when copied: every `headroom generate`
+//! and `headroom plan` line in the code blocks of README.md and of every `*.md` under
+//! docs/ runs (generate on the tiny model at 48×32, everything else as written), and every
+//! other `headroom` line's flags are ones the binary has.
 
 mod common;
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The README's shell lines inside code blocks, continuations joined, comments dropped.
-fn code_lines() -> Vec<String> {
+/// A line or block of a markdown file, with the file's path from the repository root.
+struct Found {
+    file: String,
+    text: String,
+}
+
+/// The shell lines inside code blocks, continuations joined, comments dropped.
+fn code_lines() -> Vec<Found> {
     let mut lines = Vec::new();
-    for block in ["", "sh", "bash"].into_iter().flat_map(blocks) {
+    for Found { file, text: block } in ["", "sh", "bash"].into_iter().flat_map(blocks) {
         let mut pending = String::new();
         for raw in block.lines() {
             let line = raw.trim();
@@ -24,7 +32,10 @@ fn code_lines() -> Vec<String> {
                 continue;
             }
             pending.push_str(line);
-            lines.push(std::mem::take(&mut pending));
+            lines.push(Found {
+                file: file.clone(),
+                text: std::mem::take(&mut pending),
+            });
         }
     }
     lines
@@ -85,24 +96,24 @@ fn set(args: &mut Vec<String>, flag: &str, value: &str) {
     }
 }
 
-/// Runs `headroom args` for the README line `line`, which must succeed.
-fn run_line(line: &str, args: &[String]) {
+/// Runs `headroom args` for the line `line` of `file`, which must succeed.
+fn run_line(file: &str, line: &str, args: &[String]) {
     let res = Command::new(env!("CARGO_BIN_EXE_headroom"))
         .args(args)
         .output()
         .unwrap();
     assert!(
         res.status.success(),
-        "README line {line:?} failed: {}",
+        "{file}: line {line:?} failed: {}",
         String::from_utf8_lossy(&res.stderr)
     );
 }
 
 #[test]
-fn every_generate_and_plan_line_in_the_readme_runs_and_every_flag_exists() {
+fn every_generate_and_plan_line_in_the_docs_runs_and_every_flag_exists() {
     let dir = tempfile::tempdir().unwrap();
     let (mut ran, mut parsed) = (0, 0);
-    for line in code_lines() {
+    for Found { file, text: line } in code_lines() {
         let Some(mut args) = headroom_args(&line) else {
             continue;
         };
@@ -119,7 +130,7 @@ fn every_generate_and_plan_line_in_the_readme_runs_and_every_flag_exists() {
             set(&mut args, "--height", "32");
             let out = dir.path().join(format!("readme-{ran}.mp4"));
             set(&mut args, "--out", out.to_str().unwrap());
-            run_line(&line, &args);
+            run_line(&file, &line, &args);
             ran += 1;
         } else if command == "plan" {
             // One chunk of the session: the flags are what is checked, and a debug build
@@ -133,13 +144,13 @@ fn every_generate_and_plan_line_in_the_readme_runs_and_every_flag_exists() {
                 args.extend(["--allocator".to_string(), "pytorch".to_string()]);
             }
             args.push("--json".into());
-            run_line(&line, &args);
+            run_line(&file, &line, &args);
             ran += 1;
         } else {
             // The flags exist: clap stops at --help only after every flag before it
             // parsed.
             args.push("--help".into());
-            run_line(&line, &args);
+            run_line(&file, &line, &args);
             parsed += 1;
         }
     }
@@ -150,8 +161,9 @@ fn every_generate_and_plan_line_in_the_readme_runs_and_every_flag_exists() {
 fn the_quick_start_flight_gives_one_key_set_per_latent_frame() {
     let flight = code_lines()
         .into_iter()
-        .find(|l| l.contains("generate --actions"))
-        .expect("the quick start flies");
+        .find(|l| l.file == "README.md" && l.text.contains("generate --actions"))
+        .expect("the README's quick start flies")
+        .text;
     let args = headroom_args(&flight).unwrap();
     let i = args.iter().position(|a| a == "--actions").unwrap();
     let keys = headroom_model::camera::Keys::script(&args[i + 1]).unwrap();
@@ -159,75 +171,123 @@ fn the_quick_start_flight_gives_one_key_set_per_latent_frame() {
     assert_eq!(keys.len(), 9, "{flight}");
 }
 
-/// The README's fenced blocks of `lang`, each as one text.
-fn blocks(lang: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .expect("the README is readable");
+/// The repository's root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The `*.md` files under `dir` (relative to the root), recursively.
+fn markdown_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries = std::fs::read_dir(root().join(dir))
+        .unwrap_or_else(|e| panic!("{} is readable: {e}", dir.display()));
+    for entry in entries {
+        let path = dir.join(entry.unwrap().file_name());
+        if root().join(&path).is_dir() {
+            markdown_under(&path, out);
+        } else if path.extension().is_some_and(|e| e == "md") {
+            out.push(path);
+        }
+    }
+}
+
+/// README.md, then every `*.md` under docs/ in sorted order, each as (path, text).
+fn documents() -> Vec<(String, String)> {
+    let mut docs = Vec::new();
+    markdown_under(Path::new("docs"), &mut docs);
+    docs.sort();
+    assert!(!docs.is_empty(), "docs/ holds markdown files");
+    std::iter::once(PathBuf::from("README.md"))
+        .chain(docs)
+        .map(|path| {
+            let text = std::fs::read_to_string(root().join(&path))
+                .unwrap_or_else(|e| panic!("{} is readable: {e}", path.display()));
+            (path.display().to_string(), text)
+        })
+        .collect()
+}
+
+/// The fenced blocks of `lang` in README.md and docs/, each as one text.
+fn blocks(lang: &str) -> Vec<Found> {
     let mut out = Vec::new();
-    let mut current: Option<String> = None;
     let fence = format!("```{lang}");
-    let mut other = false;
-    for line in text.lines() {
-        let t = line.trim();
-        if t.starts_with("```") {
-            match current.take() {
-                Some(block) => out.push(block),
-                None if other => other = false,
-                None if t == fence => current = Some(String::new()),
-                None => other = true,
+    for (file, text) in documents() {
+        let mut current: Option<String> = None;
+        let mut other = false;
+        for line in text.lines() {
+            let t = line.trim();
+            if t.starts_with("```") {
+                match current.take() {
+                    Some(block) => out.push(Found {
+                        file: file.clone(),
+                        text: block,
+                    }),
+                    None if other => other = false,
+                    None if t == fence => current = Some(String::new()),
+                    None => other = true,
+                }
+                continue;
             }
-            continue;
+            if let Some(block) = current.as_mut() {
+                block.push_str(line);
+                block.push('\n');
+            }
         }
-        if let Some(block) = current.as_mut() {
-            block.push_str(line);
-            block.push('\n');
-        }
+        assert!(
+            current.is_none() && !other,
+            "{file}: a code block is not closed"
+        );
     }
     out
 }
 
-/// Checks one realtime message as the server would take it.
-fn check_message(text: &str) {
+/// Checks one realtime message of `file` as the server would take it.
+fn check_message(file: &str, text: &str) {
     use headroom_server::{ClientMessage, Defaults, Interaction, Limits, StartRequest};
-    let parsed = ClientMessage::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+    let parsed = ClientMessage::parse(text).unwrap_or_else(|e| panic!("{file}: {text}: {e}"));
     match parsed {
         ClientMessage::Start(map) => {
             StartRequest::parse(&map, &Defaults::default())
-                .unwrap_or_else(|e| panic!("{text}: {e}"));
+                .unwrap_or_else(|e| panic!("{file}: {text}: {e}"));
         }
         ClientMessage::Interaction(map) => {
             Interaction::parse(&map, &Limits::default(), || "fresh".into())
-                .unwrap_or_else(|e| panic!("{text}: {e}"));
+                .unwrap_or_else(|e| panic!("{file}: {text}: {e}"));
         }
         ClientMessage::Ping | ClientMessage::Stop => {}
     }
 }
 
 #[test]
-fn every_json_message_and_trace_in_the_readme_is_accepted() {
+fn every_json_message_and_trace_in_the_docs_is_accepted() {
     let dir = tempfile::tempdir().unwrap();
     let (mut messages, mut traces) = (0, 0);
-    for block in blocks("json") {
+    for Found { file, text: block } in blocks("json") {
         let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
         if lines.iter().all(|l| l.trim_start().starts_with("{\"op\"")) {
             // An allocation trace: `headroom mem replay` takes it.
             let path = dir.path().join(format!("trace-{traces}.jsonl"));
             std::fs::write(&path, &block).unwrap();
             let res = common::headroom(&["mem", "replay", path.to_str().unwrap()]);
-            common::assert_ok(&res);
+            assert!(
+                res.status.success(),
+                "{file}: the trace {block:?} does not replay: {}",
+                String::from_utf8_lossy(&res.stderr)
+            );
             traces += 1;
         } else {
-            check_message(&block);
+            check_message(&file, &block);
             messages += 1;
         }
     }
     // The Python client's messages, as it sends them.
-    for block in blocks("python") {
+    for Found { file, text: block } in blocks("python") {
         for line in block.lines() {
             if let Some(start) = line.find("json.dumps(") {
                 let inner = &line[start + "json.dumps(".len()..];
-                let end = inner.rfind("))").expect("one call per line");
-                check_message(&inner[..end]);
+                let end = inner
+                    .rfind("))")
+                    .unwrap_or_else(|| panic!("{file}: one call per line: {line}"));
+                check_message(&file, &inner[..end]);
                 messages += 1;
             }
         }

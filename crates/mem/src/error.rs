@@ -39,13 +39,8 @@ pub enum MemError {
         rule: String,
     },
     /// A size string could not be parsed.
-    #[error("invalid size {input:?}: {reason} (examples: 512B, 64KiB, 128MiB, 64GiB)")]
-    InvalidSize {
-        /// What the user wrote.
-        input: String,
-        /// Why it is not a size.
-        reason: String,
-    },
+    #[error(transparent)]
+    InvalidSize(#[from] crate::size::SizeError),
     /// A line of a JSON-lines trace is malformed.
     #[error("trace line {line}: {reason}")]
     TraceLine {

@@ -12,6 +12,7 @@ pub mod error;
 pub mod history;
 pub mod pickle;
 pub mod platform;
+pub mod policy;
 pub mod pth;
 pub mod reclaim;
 pub mod replay;
@@ -31,8 +32,9 @@ pub use device::{cuda_device_count, nvml_used_bytes, CudaMemory};
 pub use device::{DeviceMemory, HostMemory, ModelledMemory};
 pub use error::{MemError, Result};
 pub use history::{History, TraceAction, TraceEvent};
+pub use platform::reclaim_at;
 pub use platform::{CachingPlatform, Platform, PlatformCall, PlatformKind, RecordingPlatform};
-pub use reclaim::{reclaim_at, Phase, Pressure, Reclaim, ReclaimPolicy};
+pub use reclaim::{Phase, Pressure, Reclaim, ReclaimPolicy};
 pub use replay::{
     parse_jsonl, parse_pytorch_snapshot, parse_trace, replay, replay_planned, ReplayReport, TraceOp,
 };

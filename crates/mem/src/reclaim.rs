@@ -15,12 +15,11 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::error::{MemError, Result};
-use crate::platform::Platform;
 
 /// A named point in a session where memory may be reclaimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -294,38 +293,6 @@ pub struct Reclaim {
     pub duration: Duration,
     /// Reserved bytes it gave back.
     pub released_bytes: u64,
-}
-
-/// Crosses `phase` on `platform`: marks it in the trace, and if the platform caches
-/// device memory and its policy says so, reclaims, counts and times it.
-pub fn reclaim_at<P: Platform + ?Sized>(platform: &P, phase: Phase) -> Option<Reclaim> {
-    let allocator = platform.allocator();
-    allocator.record_phase(phase.name());
-    if !platform.caches_device_memory() {
-        return None;
-    }
-    let stats = platform.memory_stats();
-    let (free, capacity) = platform.mem_info();
-    let pressure = Pressure {
-        capacity,
-        reserved: stats.reserved_bytes.all().current as u64,
-        allocated: stats.allocated_bytes.all().current as u64,
-        free,
-    };
-    if !platform.reclaim_policy().should_reclaim(phase, &pressure) {
-        return None;
-    }
-    let start = Instant::now();
-    platform.empty_cache();
-    let duration = start.elapsed();
-    let after = platform.memory_stats().reserved_bytes.all().current as u64;
-    let released_bytes = pressure.reserved.saturating_sub(after);
-    allocator.record_reclaim(duration, released_bytes);
-    Some(Reclaim {
-        phase,
-        duration,
-        released_bytes,
-    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,14 @@
 //! Byte sizes as people write them (`64GiB`, `128MiB`, `512B`) and as we print them.
 
-use crate::error::{MemError, Result};
+/// A size string that is not a size: what the user wrote and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid size {input:?}: {reason} (examples: 512B, 64KiB, 128MiB, 64GiB)")]
+pub struct SizeError {
+    /// What the user wrote.
+    pub input: String,
+    /// Why it is not a size.
+    pub reason: String,
+}
 
 /// One kibibyte.
 pub const KIB: u64 = 1 << 10;
@@ -11,9 +19,9 @@ pub const GIB: u64 = 1 << 30;
 
 /// Parses `N`, `NB`, `NKiB`, `NMiB`, `NGiB` or `NTiB` (N may have a fraction; units are
 /// case-insensitive) into bytes.
-pub fn parse_size(input: &str) -> Result<u64> {
+pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     let s = input.trim();
-    let err = |reason: &str| MemError::InvalidSize {
+    let err = |reason: &str| SizeError {
         input: input.to_string(),
         reason: reason.to_string(),
     };

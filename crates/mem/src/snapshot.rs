@@ -4,9 +4,9 @@
 
 use serde::Serialize;
 
-use crate::allocator::AllocatorPolicy;
 use crate::history::{TraceAction, TraceEvent};
 use crate::pickle::{to_pickle, PickleValue};
+use crate::policy::AllocatorPolicy;
 use crate::stats::MemoryStats;
 
 /// State of a block in a snapshot (PyTorch's names).

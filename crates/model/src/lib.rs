@@ -4,6 +4,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod camera;
+pub mod checkpoint;
 pub mod decoder;
 pub mod dit;
 pub mod dmd;

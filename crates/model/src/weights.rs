@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 
 use headroom_tensor::{DType, Device, Tensor};
 
+use crate::checkpoint::{TensorFile, Tensors};
 use crate::error::{ModelError, Result};
-use crate::import::files::{TensorFile, Tensors};
 
 /// How a seeded initialisation fills one tensor.
 #[derive(Debug, Clone, Copy, PartialEq)]

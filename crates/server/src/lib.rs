@@ -14,7 +14,9 @@ pub mod metrics;
 pub mod prompt;
 pub mod protocol;
 pub mod realtime;
+pub mod refusal;
 pub mod server;
+pub mod state;
 pub mod wire;
 pub mod worker;
 
@@ -25,4 +27,5 @@ pub use image_ref::decode_image_url;
 pub use metrics::{Histogram, Metrics, QueueGauges};
 pub use prompt::prompt_of;
 pub use protocol::{ClientMessage, Interaction, StartRequest};
-pub use server::{AppState, Server};
+pub use server::Server;
+pub use state::AppState;

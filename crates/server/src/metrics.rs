@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use headroom_engine::Engine;
 
-use crate::admission::Refusal;
+use crate::refusal::Refusal;
 
 /// Upper bounds (seconds) of the latency histogram buckets; `+Inf` is implied.
 pub const BUCKETS: [f64; 14] = [

@@ -31,7 +31,7 @@ use tokio::time::{sleep_until, timeout, timeout_at, Instant as TokioInstant};
 
 use crate::error::ServerError;
 use crate::protocol::{ClientMessage, Interaction, StartRequest};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::wire;
 use crate::worker::{self, Ending, Job, WorkerEvent, WorkerHandle};
 

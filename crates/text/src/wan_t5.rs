@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use headroom_model::import::files::Tensors;
+use headroom_model::checkpoint::Tensors;
 use headroom_model::WeightStore;
 use headroom_tensor::{DType, Device};
 

@@ -15,7 +15,6 @@ mod expandable;
 mod fit;
 mod inspect;
 pub mod periodic;
-mod plan_memo;
 mod planned;
 pub mod planner;
 mod segments;
@@ -23,7 +22,6 @@ mod state;
 
 use std::fmt;
 use std::ptr::NonNull;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -39,50 +37,7 @@ pub use planned::{
 };
 use state::State;
 
-/// How the allocator obtains and returns device memory.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AllocatorPolicy {
-    /// PyTorch's CUDA caching allocator: one device allocation per segment.
-    #[default]
-    Pytorch,
-    /// PyTorch's expandable segments: one growing segment per (pool, stream).
-    Expandable,
-    /// Recorded spans replayed at planned offsets in one arena; the rest as `pytorch`.
-    Planned,
-}
-
-impl AllocatorPolicy {
-    /// The name used on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            AllocatorPolicy::Pytorch => "pytorch",
-            AllocatorPolicy::Expandable => "expandable",
-            AllocatorPolicy::Planned => "planned",
-        }
-    }
-}
-
-impl fmt::Display for AllocatorPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for AllocatorPolicy {
-    type Err = MemError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "pytorch" => Ok(AllocatorPolicy::Pytorch),
-            "expandable" => Ok(AllocatorPolicy::Expandable),
-            "planned" => Ok(AllocatorPolicy::Planned),
-            other => Err(MemError::InvalidConfig {
-                field: "allocator",
-                rule: format!("must be pytorch, expandable or planned, got {other:?}"),
-            }),
-        }
-    }
-}
+pub use crate::policy::AllocatorPolicy;
 
 /// Construction-time settings of a [`CachingAllocator`].
 #[derive(Debug, Clone, PartialEq, Eq)]

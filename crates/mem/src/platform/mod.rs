@@ -10,10 +10,12 @@ mod recording;
 pub use caching::CachingPlatform;
 pub use recording::{PlatformCall, RecordingPlatform};
 
+use std::time::Instant;
+
 use serde::Serialize;
 
 use crate::allocator::CachingAllocator;
-use crate::reclaim::{reclaim_at, Phase, Reclaim, ReclaimPolicy};
+use crate::reclaim::{Phase, Pressure, Reclaim, ReclaimPolicy};
 use crate::stats::MemoryStats;
 
 /// Which kind of platform this is.
@@ -68,4 +70,36 @@ pub trait Platform: Send + Sync + std::fmt::Debug {
     fn phase(&self, phase: Phase) -> Option<Reclaim> {
         reclaim_at(self, phase)
     }
+}
+
+/// Crosses `phase` on `platform`: marks it in the trace, and if the platform caches
+/// device memory and its policy says so, reclaims, counts and times it.
+pub fn reclaim_at<P: Platform + ?Sized>(platform: &P, phase: Phase) -> Option<Reclaim> {
+    let allocator = platform.allocator();
+    allocator.record_phase(phase.name());
+    if !platform.caches_device_memory() {
+        return None;
+    }
+    let stats = platform.memory_stats();
+    let (free, capacity) = platform.mem_info();
+    let pressure = Pressure {
+        capacity,
+        reserved: stats.reserved_bytes.all().current as u64,
+        allocated: stats.allocated_bytes.all().current as u64,
+        free,
+    };
+    if !platform.reclaim_policy().should_reclaim(phase, &pressure) {
+        return None;
+    }
+    let start = Instant::now();
+    platform.empty_cache();
+    let duration = start.elapsed();
+    let after = platform.memory_stats().reserved_bytes.all().current as u64;
+    let released_bytes = pressure.reserved.saturating_sub(after);
+    allocator.record_reclaim(duration, released_bytes);
+    Some(Reclaim {
+        phase,
+        duration,
+        released_bytes,
+    })
 }

@@ -3,9 +3,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use super::reclaim_at;
 use super::{Platform, PlatformKind};
 use crate::allocator::CachingAllocator;
-use crate::reclaim::{reclaim_at, Phase, Reclaim, ReclaimPolicy};
+use crate::reclaim::{Phase, Reclaim, ReclaimPolicy};
 use crate::stats::MemoryStats;
 
 /// One call made on a [`RecordingPlatform`].

@@ -18,7 +18,6 @@
 
 pub mod comfy;
 pub mod diffusers;
-pub mod files;
 pub mod lingbot;
 pub mod self_forcing;
 pub mod wan;
@@ -29,11 +28,11 @@ use std::path::{Path, PathBuf};
 
 use headroom_tensor::{DType, Device};
 
+use crate::checkpoint::{io_err, Tensors};
 use crate::dit::{DitConfig, Sharding, WanTransformer};
 use crate::error::{ModelError, Result};
 use crate::vae::{VaeConfig, WanVae};
 use crate::weights::{read_config, read_json, WeightStore};
-use files::{io_err, Tensors};
 
 /// Where the architecture may come from besides the checkpoint itself.
 #[derive(Debug, Clone, Default)]

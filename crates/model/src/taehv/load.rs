@@ -11,8 +11,8 @@ use std::path::Path;
 use headroom_tensor::{DType, Device, Tensor};
 
 use super::TinyConfig;
+use crate::checkpoint::{io_err, Tensors};
 use crate::error::{ModelError, Result};
-use crate::import::files::{io_err, Tensors};
 use crate::weights::{Init, WeightStore};
 
 /// Whether tensor names look like a TAEHV checkpoint (`decoder.{digit}…` keys).

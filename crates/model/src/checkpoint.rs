@@ -1,4 +1,4 @@
-//! The checkpoint files a layout reads: safetensors (single or sharded by an index) and
+//! The checkpoint files a model reads: safetensors (single or sharded by an index) and
 //! torch `.pth` / `.pt`, behind one small interface, plus the table that maps our
 //! (diffusers) parameter names to a tensor in one of them.
 

@@ -10,8 +10,8 @@ use headroom_mem::{AllocatorConfig, AllocatorPolicy, ReclaimPolicy};
 use headroom_tensor::comm::OpTotals;
 use serde::{Deserialize, Serialize};
 
+use super::SessionBenchConfig;
 use crate::plan::{run_plan, PlanConfig, PlanPlatform};
-use crate::session::SessionBenchConfig;
 use crate::{BenchError, Result};
 
 /// One rank's figures for one (allocator, policy) pair.

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use super::block::{round_size, Block, BlockId, Pool, PoolKind, Slab, MIN_BLOCK_SIZE, SMALL_SIZE};
 use super::planned::Planned;
+
+mod spans;
 use super::{AllocatorConfig, AllocatorPolicy};
 use crate::device::DeviceMemory;
 use crate::error::{MemError, Result};

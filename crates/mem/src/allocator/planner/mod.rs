@@ -20,6 +20,8 @@
 //! Cost: finding the overlapping requests uses a bucketed time index, so a placement
 //! touches the requests live around it, not the whole span.
 
+mod memo;
+
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -261,13 +263,13 @@ pub fn plan(requests: &[PlanRequest], only: Option<PlacementOrder>) -> Option<Pl
 
 /// [`plan`] where request `i` and `twins[i]` (when `Some`) get one offset: their
 /// lifetimes must not overlap. A trace placed lately is not placed again
-/// ([`super::plan_memo`]).
+/// ([`memo`]).
 pub(crate) fn plan_with_twins(
     requests: &[PlanRequest],
     only: Option<PlacementOrder>,
     twins: &[Option<usize>],
 ) -> Option<Plan> {
-    super::plan_memo::memoized(requests, only, twins, || {
+    memo::memoized(requests, only, twins, || {
         place_with_twins(requests, only, twins)
     })
 }

@@ -6,6 +6,8 @@
 //! machine drift affects every policy alike; every repetition is a fresh engine serving
 //! `sessions` sessions one after another, a long-lived server's life in miniature.
 
+pub mod ranks;
+
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -204,7 +206,7 @@ pub struct PolicyRow {
     pub reserved_over_allocated: f64,
     /// Every rank's figures, on a mesh (empty when unsharded).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub ranks: Vec<crate::session_ranks::RankRow>,
+    pub ranks: Vec<ranks::RankRow>,
 }
 
 /// The whole report.
@@ -568,16 +570,16 @@ pub fn run_session_bench(config: &SessionBenchConfig) -> Result<SessionBenchSumm
             .collect(),
     };
     if let Some(groups) = &config.groups {
-        let mine: Vec<crate::session_ranks::Measured> = runs
+        let mine: Vec<ranks::Measured> = runs
             .iter()
-            .map(|r| crate::session_ranks::Measured {
+            .map(|r| ranks::Measured {
                 allocated_peak: r[0].allocated_peak,
                 reserved_peak: r[0].reserved_peak,
                 chunks: r[0].chunk_s.len(),
                 collectives: r[0].collectives.clone(),
             })
             .collect();
-        let rows = crate::session_ranks::gather(config, groups, &pairs, &mine)?;
+        let rows = ranks::gather(config, groups, &pairs, &mine)?;
         for (row, ranks) in summary.policies.iter_mut().zip(rows) {
             row.ranks = ranks;
         }
@@ -699,7 +701,7 @@ pub fn markdown(s: &SessionBenchSummary) -> String {
         );
     }
     for p in s.policies.iter().filter(|p| !p.ranks.is_empty()) {
-        out.push_str(&crate::session_ranks::markdown(
+        out.push_str(&ranks::markdown(
             &p.ranks,
             &format!("{} {}", p.allocator, p.policy),
         ));

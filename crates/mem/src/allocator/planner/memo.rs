@@ -9,7 +9,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::planner::{PlacementOrder, Plan, PlanRequest};
+use super::{PlacementOrder, Plan, PlanRequest};
 
 /// Placements kept.
 const MEMO_PLANS: usize = 8;
@@ -99,7 +99,7 @@ mod tests {
         let placed = AtomicUsize::new(0);
         let place = |r: &[PlanRequest]| {
             placed.fetch_add(1, Ordering::Relaxed);
-            super::super::planner::place_with_twins(r, None, &[])
+            super::super::place_with_twins(r, None, &[])
         };
         // A size no other test uses, so the process-wide memo holds nothing of it yet.
         let a: Vec<PlanRequest> = trace(7)

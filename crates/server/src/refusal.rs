@@ -1,0 +1,43 @@
+//! Why a client was refused a session: the reasons `/metrics` counts.
+
+/// Why the queue did not take a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `max_queue` clients already wait.
+    QueueFull,
+    /// The client waited `queue_timeout` without being admitted.
+    QueueTimeout,
+    /// The KV pool cannot hold one more session even with the others done.
+    KvPages,
+    /// The session's decoder state and conditioning do not fit in memory.
+    Memory,
+    /// The server is shutting down.
+    ShuttingDown,
+}
+
+impl Refusal {
+    /// Every reason, in the order `/metrics` lists them.
+    pub const ALL: [Refusal; 5] = [
+        Refusal::QueueFull,
+        Refusal::QueueTimeout,
+        Refusal::KvPages,
+        Refusal::Memory,
+        Refusal::ShuttingDown,
+    ];
+
+    /// The `reason` label of `headroom_sessions_refused_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::QueueFull => "queue_full",
+            Refusal::QueueTimeout => "queue_timeout",
+            Refusal::KvPages => "kv_pages",
+            Refusal::Memory => "memory",
+            Refusal::ShuttingDown => "shutting_down",
+        }
+    }
+
+    /// The index of this reason in [`Refusal::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}

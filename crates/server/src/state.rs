@@ -1,0 +1,118 @@
+//! The state every route and socket shares: the engine, admission, counters, the
+//! shutdown signal and the open-socket count.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use headroom_engine::{Engine, StepQueue};
+use headroom_tensor::comm::Communicator;
+use tokio::sync::watch;
+
+use crate::admission::Admission;
+use crate::config::ServerConfig;
+use crate::metrics::{Metrics, QueueGauges};
+
+/// State shared by every route and socket.
+#[derive(Debug)]
+pub struct AppState {
+    /// The engine sessions run on.
+    pub engine: Arc<Engine>,
+    /// The mesh's world group when this engine is rank 0 of a TP × SP mesh: every
+    /// session is led on every rank (`headroom_engine::replicated`).
+    pub world: Option<Arc<dyn Communicator>>,
+    /// The server's setup.
+    pub config: ServerConfig,
+    /// The fewest KV pages a session reserves (the engine's window at one page a frame;
+    /// a session reserves its own size's pages).
+    pub pages_per_session: usize,
+    /// Counters.
+    pub metrics: Arc<Metrics>,
+    /// Session slots and the queue in front of them.
+    pub admission: Arc<Admission>,
+    /// Where concurrent sessions step together (batched steps on, no mesh).
+    pub steps: Option<Arc<StepQueue>>,
+    pub(crate) shutdown_tx: watch::Sender<bool>,
+    pub(crate) sockets: watch::Sender<usize>,
+    pub(crate) request_ids: AtomicU64,
+}
+
+/// Decrements the open-socket count when a socket task ends.
+#[derive(Debug)]
+pub struct SocketGuard {
+    sockets: watch::Sender<usize>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        self.metrics
+            .connections_open
+            .fetch_sub(1, Ordering::Relaxed);
+        self.sockets.send_modify(|n| *n -= 1);
+    }
+}
+
+impl AppState {
+    /// Counts a socket task until the guard drops.
+    pub fn socket_guard(&self) -> SocketGuard {
+        self.metrics
+            .connections_open
+            .fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .connections_total
+            .fetch_add(1, Ordering::Relaxed);
+        self.sockets.send_modify(|n| *n += 1);
+        SocketGuard {
+            sockets: self.sockets.clone(),
+            metrics: Arc::clone(&self.metrics),
+        }
+    }
+
+    /// A receiver that turns `true` when the server begins shutting down.
+    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.shutdown_tx.subscribe()
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown_tx.borrow()
+    }
+
+    /// A request id in vLLM-Omni's style: `video_stream-` and 32 hex digits, unique in
+    /// this process and unlikely to repeat across restarts.
+    pub fn new_request_id(&self) -> String {
+        use std::hash::{BuildHasher, Hasher};
+        let n = self.request_ids.fetch_add(1, Ordering::Relaxed);
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(n);
+        format!("video_stream-{:016x}{:016x}", h.finish(), n)
+    }
+
+    /// `Ok` while a new client would be served (admitted now or queued), else the
+    /// reason: shutting down, or the queue full; with no queue (`--max-queue 0`), every
+    /// slot held or too few free KV pages for one more session.
+    pub fn readiness(&self) -> std::result::Result<(), String> {
+        if self.is_shutting_down() {
+            return Err("the server is shutting down".to_string());
+        }
+        let max = self.admission.max_queue();
+        if max == 0 {
+            return self.admission.room();
+        }
+        let waiting = self.admission.waiting();
+        if waiting >= max {
+            return Err(format!(
+                "the admission queue is full: {waiting} of {max} clients wait (--max-queue)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The queue's figures now.
+    pub fn queue_gauges(&self) -> QueueGauges {
+        QueueGauges {
+            waiting: self.admission.waiting(),
+            max: self.admission.max_queue(),
+        }
+    }
+}
