@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write a Wan2.1-T2V-1.3B-shaped f32 transformer (seeded random weights, ~5.7 GB) to
-measure peak resident memory while loading (README, "Checkpoints users download").
+measure peak resident memory while loading (docs/checkpoints.md).
 
     ~/.headroom-reference/bin/python tools/make_load_peak_folder.py OUT [--pt]
 
