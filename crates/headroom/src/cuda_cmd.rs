@@ -104,7 +104,7 @@ fn kernels(args: KernelsArgs) -> Result<()> {
 
 #[cfg(feature = "cuda")]
 fn selftest(args: SelftestArgs) -> Result<()> {
-    let report = headroom_tensor::cuda::selftest::run(args.device)?;
+    let report = headroom_tensor::ops::selftest::run(args.device)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

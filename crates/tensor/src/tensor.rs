@@ -267,7 +267,12 @@ impl Tensor {
         self.storage.len()
     }
 
-    /// Whether two tensors share one storage block.
+    /// Whether this is the only handle on its storage.
+    pub(crate) fn owns_storage_alone(&self) -> bool {
+        Arc::strong_count(&self.storage) == 1
+    }
+
+    /// Whether two tensors are views of one storage.
     pub fn shares_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
@@ -392,54 +397,6 @@ impl Tensor {
             return Ok(self.clone());
         }
         self.copy_as(DType::F32)
-    }
-
-    /// A dense copy of the elements, converted to `dtype`.
-    pub fn copy_as(&self, dtype: DType) -> Result<Self> {
-        crate::profile::op("copy", &[self], || {
-            let mut out = Self::empty(self.shape(), dtype, &self.device)?;
-            if let Some(l) = self.device.launcher() {
-                crate::cuda::dispatch::copy_into(l.as_ref(), self, &out)?;
-                return Ok(out);
-            }
-            if self.device.is_meta() {
-                return Ok(out);
-            }
-            crate::ops::copy::copy_into(self, &mut out);
-            Ok(out)
-        })
-    }
-
-    /// Overwrites this tensor's elements with `src`'s (same shape; dtypes converted). The
-    /// tensor must be contiguous and the only handle on its storage (a pooled block the
-    /// caller owns), so no other view observes the write.
-    pub fn assign(&mut self, src: &Tensor) -> Result<()> {
-        if src.shape() != self.shape() {
-            return Err(TensorError::shape(
-                "assign",
-                format!(
-                    "source {:?} does not match destination {:?}",
-                    src.shape(),
-                    self.shape()
-                ),
-            ));
-        }
-        self.same_device("assign", src)?;
-        if !self.is_contiguous()
-            || self.layout.offset() != 0
-            || Arc::strong_count(&self.storage) != 1
-        {
-            return Err(TensorError::shape(
-                "assign",
-                "the destination must be a contiguous tensor that owns its storage alone",
-            ));
-        }
-        if let Some(l) = self.device.launcher() {
-            crate::cuda::dispatch::copy_into(l.as_ref(), src, self)?;
-        } else if !self.device.is_meta() {
-            crate::ops::copy::copy_into(src, self);
-        }
-        Ok(())
     }
 
     /// Overwrites the leading `src.shape()[axis]` entries along `axis` with `src` (the

@@ -247,7 +247,7 @@ fn launches_are_held_to_the_kernels_parameters_and_blocks() {
 #[test]
 fn the_selftest_runs_every_case_through_checked_launches() {
     let (device, checker) = gpu();
-    let report = headroom_tensor::cuda::selftest::run_on(&device).unwrap();
+    let report = headroom_tensor::ops::selftest::run_on(&device).unwrap();
     assert!(report.ops.len() >= 25, "{report:?}");
     assert!(report.device.contains("checked"), "{}", report.device);
     // Checked launches compute nothing: only the ops whose output is all zeros on the

@@ -18,6 +18,7 @@ use super::cache::DiskCache;
 use super::compile::compile_all;
 use super::cubin::kernel_params;
 use super::error::{CudaError, Result};
+pub use super::launch::CheckReport;
 use super::launch::{Access, Arg, GemmOperands, GemmShape, Launch, Launcher};
 use super::modules::MODULES;
 
@@ -31,21 +32,6 @@ pub enum ParamSource {
     Cubins,
     /// NVRTC could not be loaded (the reason): only kernel names are checked.
     NamesOnly(String),
-}
-
-/// What the checked launcher saw.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct CheckReport {
-    /// Launches per kernel.
-    pub launches: BTreeMap<String, u64>,
-    /// cuBLASLt GEMMs.
-    pub gemms: u64,
-    /// Floating-point operations of those GEMMs (2·m·n·k each).
-    pub gemm_flops: f64,
-    /// Bytes uploaded.
-    pub uploaded_bytes: u64,
-    /// Bytes downloaded.
-    pub downloaded_bytes: u64,
 }
 
 #[derive(Debug)]

@@ -145,7 +145,13 @@ impl DeviceView {
 
     /// The row-major contiguous view of `shape`.
     pub fn contiguous(shape: &[usize]) -> Option<Self> {
-        Self::new(shape, crate::layout::Layout::contiguous(shape).strides())
+        let mut strides = vec![0; shape.len()];
+        let mut step = 1;
+        for (stride, &dim) in strides.iter_mut().zip(shape).rev() {
+            *stride = step;
+            step *= dim.max(1);
+        }
+        Self::new(shape, &strides)
     }
 
     /// The argument (`View` by value).
@@ -287,7 +293,22 @@ pub trait Launcher: Send + Sync + fmt::Debug {
         None
     }
     /// What a checking launcher saw (`None` for one that runs the work).
-    fn check_report(&self) -> Option<super::check::CheckReport> {
+    fn check_report(&self) -> Option<CheckReport> {
         None
     }
+}
+
+/// What a checked launcher saw (see [`super::check::CheckedLauncher`]).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct CheckReport {
+    /// Launches per kernel.
+    pub launches: std::collections::BTreeMap<String, u64>,
+    /// cuBLASLt GEMMs.
+    pub gemms: u64,
+    /// Floating-point operations of those GEMMs (2·m·n·k each).
+    pub gemm_flops: f64,
+    /// Bytes uploaded.
+    pub uploaded_bytes: u64,
+    /// Bytes downloaded.
+    pub downloaded_bytes: u64,
 }

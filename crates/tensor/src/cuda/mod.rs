@@ -5,14 +5,14 @@
 //! for an arch with ptxas's register / spill / shared-memory report, and the on-disk
 //! cubin cache. This is what `headroom cuda kernels` and the compile test use.
 //!
-//! Also always built: the GPU side of every tensor op ([`dispatch`]) as launches on a
-//! [`launch::Launcher`], and the [`check::CheckedLauncher`] that validates those launches
-//! against the cubins' parameter tables on a machine without a GPU.
+//! Also always built: the [`launch::Launcher`] interface that the GPU side of every
+//! tensor op ([`crate::ops::dispatch`]) launches on, and the [`check::CheckedLauncher`]
+//! that validates those launches against the cubins' parameter tables on a machine
+//! without a GPU.
 //!
 //! Behind the `cuda` feature: loading the cubins on a device and launching them
 //! ([`backend`]), cuBLASLt GEMM, and the [`runtime::CudaRuntime`] launcher. The op-level
-//! GPU-vs-host [`selftest`] is always built (it runs on any GPU device, the checked one
-//! included).
+//! GPU-vs-host self-test is [`crate::ops::selftest`].
 
 #[cfg(feature = "cuda")]
 pub mod backend;
@@ -20,7 +20,6 @@ pub mod cache;
 pub mod check;
 pub mod compile;
 pub mod cubin;
-pub mod dispatch;
 pub mod error;
 #[cfg(feature = "cuda")]
 pub mod gemm;
@@ -30,7 +29,6 @@ pub mod nvrtc;
 pub mod ptxas;
 #[cfg(feature = "cuda")]
 pub mod runtime;
-pub mod selftest;
 
 pub use cache::DiskCache;
 pub use compile::{compile_all, compile_module, CompiledModule, KernelStats};

@@ -8,6 +8,7 @@ pub mod conv;
 pub mod cpu;
 pub mod gelu;
 pub mod gemm;
+pub mod matrix;
 pub mod resample;
 pub mod rope;
 pub mod simd;

@@ -9,6 +9,10 @@
 //! streaming pass over `[tokens, heads, head_dim]`, parallel over tokens, touching no
 //! memory but the input and the table.
 
+use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use crate::parallel;
@@ -18,7 +22,7 @@ use crate::parallel;
 /// This is the one kernel-side object that owns heap memory: it is small
 /// (`max_positions · head_dim` floats), built once per model and read-only afterwards.
 /// On a GPU device its tables (and the last positions used) are uploaded once and kept
-/// with it ([`RopeCache`](crate::cuda::dispatch::RopeCache)).
+/// with it ([`RopeCache`](RopeCache)).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeTable {
     head_dim: usize,
@@ -30,7 +34,7 @@ pub struct RopeTable {
     /// Same layout as `cos`, for sines.
     sin: Vec<f32>,
     /// The tables and positions on the GPU device last used (not part of the value).
-    device_copies: crate::cuda::dispatch::RopeCache,
+    device_copies: RopeCache,
 }
 
 impl RopeTable {
@@ -93,13 +97,13 @@ impl RopeTable {
     }
 
     /// The copies of the tables on GPU devices.
-    pub(crate) fn device_copies(&self) -> &crate::cuda::dispatch::RopeCache {
+    pub(crate) fn device_copies(&self) -> &RopeCache {
         &self.device_copies
     }
 
     /// On a GPU device, keeps the tables and the last positions uploaded while the scope
     /// lives (one upload for every rotation of a forward) and frees them when it closes.
-    pub fn device_scope(&self) -> crate::cuda::dispatch::RopeScope<'_> {
+    pub fn device_scope(&self) -> RopeScope<'_> {
         self.device_copies.scope()
     }
 
@@ -159,6 +163,72 @@ fn rotate_token(table: &RopeTable, token: &mut [f32], pos: &[usize; 3], head_dim
                 pair[1] = a * s + b * c;
             }
         }
+    }
+}
+
+/// A RoPE table's copies on the GPU device it was last used on (its cos/sin tables and
+/// the last positions uploaded, held by the GPU dispatch as it sees fit), kept only while a [`RopeScope`] is open: a DiT forward rotates q
+/// and k of every block with the same table and positions, so inside its scope they are
+/// uploaded (and the stream waited for) once, not per call; when the scope closes they
+/// are freed, so nothing stays resident between forwards or sessions. Clones start
+/// empty and every cache compares equal: it is not part of the table's value.
+#[derive(Default)]
+pub struct RopeCache {
+    copies: Mutex<Option<Box<dyn Any + Send>>>,
+    scopes: AtomicUsize,
+}
+
+/// While it lives, a [`RopeCache`] keeps what it uploaded; the last scope to close frees it.
+#[derive(Debug)]
+pub struct RopeScope<'a>(&'a RopeCache);
+
+impl Drop for RopeScope<'_> {
+    fn drop(&mut self) {
+        if self.0.scopes.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.0.copies.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+}
+
+impl std::fmt::Debug for RopeCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RopeCache")
+    }
+}
+
+impl Clone for RopeCache {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for RopeCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl RopeCache {
+    /// Opens a scope: uploads are kept until the last open scope closes.
+    pub fn scope(&self) -> RopeScope<'_> {
+        self.scopes.fetch_add(1, Ordering::AcqRel);
+        RopeScope(self)
+    }
+
+    /// Runs `f` on the copies: inside a scope the ones kept, outside one an empty slot
+    /// for this call only (so nothing stays resident).
+    pub(crate) fn with_copies<R>(
+        &self,
+        f: impl FnOnce(&mut Option<Box<dyn Any + Send>>) -> R,
+    ) -> R {
+        let mut kept = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        let mut local = None;
+        let slot = if self.scopes.load(Ordering::Acquire) > 0 {
+            &mut *kept
+        } else {
+            &mut local
+        };
+        f(slot)
     }
 }
 

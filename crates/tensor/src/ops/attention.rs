@@ -114,7 +114,7 @@ impl Tensor {
                 let (qd, kd, vd) = (rows(q)?, rows(k)?, rows(v)?);
                 let out = Tensor::empty(&[b, lq, h, d], DType::F32, q.device())?;
                 if out.numel() > 0 {
-                    crate::cuda::dispatch::attention(l.as_ref(), &qd, &kd, &vd, &out, mask, scale)?;
+                    crate::ops::dispatch::attention(l.as_ref(), &qd, &kd, &vd, &out, mask, scale)?;
                 }
                 return Ok(out);
             }
@@ -201,7 +201,7 @@ impl Tensor {
             }
             let mut out = self.copy_as(DType::F32)?;
             if let Some(l) = self.device().launcher() {
-                crate::cuda::dispatch::rope(l.as_ref(), &out, table, positions, batch, h)?;
+                crate::ops::dispatch::rope(l.as_ref(), &out, table, positions, batch, h)?;
             } else if let Some(data) = out.data_mut::<f32>() {
                 let per = l * h * d;
                 for bi in 0..batch {

@@ -1,12 +1,12 @@
 //! Convolutions: causal 3-D (Wan's `CausalConv3d`) and 2-D, as tiled im2col + GEMM with
 //! the im2col scratch taken from the allocator.
 
-use crate::cuda::dispatch::ConvDims;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 pub use crate::kernels::conv::TimePad;
 use crate::kernels::conv::{self as k, Conv2dParams, Conv3dParams};
 use crate::kernels::gemm::Compute;
+use crate::ops::dispatch::ConvDims;
 use crate::tensor::Tensor;
 
 /// Stride and padding of a causal 3-D convolution.
@@ -246,7 +246,7 @@ fn run_conv_gpu(
     let bf = bias.map(Tensor::to_f32_contiguous).transpose()?;
     let out = Tensor::empty(out_shape, DType::F32, x.device())?;
     if out.numel() > 0 {
-        crate::cuda::dispatch::conv(l.as_ref(), &xf, &wf, bf.as_ref(), &out, dims)?;
+        crate::ops::dispatch::conv(l.as_ref(), &xf, &wf, bf.as_ref(), &out, dims)?;
     }
     Ok(out)
 }

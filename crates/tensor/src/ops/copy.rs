@@ -4,9 +4,57 @@ use half::{bf16, f16};
 use rayon::prelude::*;
 
 use crate::dtype::{DType, Element};
+use crate::error::{Result, TensorError};
 use crate::kernels::simd;
 use crate::layout::Layout;
 use crate::tensor::Tensor;
+
+impl Tensor {
+    /// A dense copy of the elements, converted to `dtype`.
+    pub fn copy_as(&self, dtype: DType) -> Result<Self> {
+        crate::profile::op("copy", &[self], || {
+            let mut out = Self::empty(self.shape(), dtype, self.device())?;
+            if let Some(l) = self.device().launcher() {
+                super::dispatch::copy_into(l.as_ref(), self, &out)?;
+                return Ok(out);
+            }
+            if self.device().is_meta() {
+                return Ok(out);
+            }
+            copy_into(self, &mut out);
+            Ok(out)
+        })
+    }
+
+    /// Overwrites this tensor's elements with `src`'s (same shape; dtypes converted). The
+    /// tensor must be contiguous and the only handle on its storage (a pooled block the
+    /// caller owns), so no other view observes the write.
+    pub fn assign(&mut self, src: &Tensor) -> Result<()> {
+        if src.shape() != self.shape() {
+            return Err(TensorError::shape(
+                "assign",
+                format!(
+                    "source {:?} does not match destination {:?}",
+                    src.shape(),
+                    self.shape()
+                ),
+            ));
+        }
+        self.same_device("assign", src)?;
+        if !self.is_contiguous() || self.layout().offset() != 0 || !self.owns_storage_alone() {
+            return Err(TensorError::shape(
+                "assign",
+                "the destination must be a contiguous tensor that owns its storage alone",
+            ));
+        }
+        if let Some(l) = self.device().launcher() {
+            super::dispatch::copy_into(l.as_ref(), src, self)?;
+        } else if !self.device().is_meta() {
+            copy_into(src, self);
+        }
+        Ok(())
+    }
+}
 
 /// Elements per parallel chunk of a dense conversion.
 const CHUNK: usize = 1 << 16;

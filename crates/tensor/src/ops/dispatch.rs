@@ -4,10 +4,10 @@
 //! the device's [`Launcher`]. Outputs are fresh tensors from the device's allocator.
 //!
 //! Always built: without a GPU the same code runs against the
-//! [`CheckedLauncher`](super::check::CheckedLauncher), which validates every launch.
+//! [`CheckedLauncher`](crate::cuda::check::CheckedLauncher), which validates every launch.
 
-use super::error::CudaError;
-use super::launch::{
+use crate::cuda::error::CudaError;
+use crate::cuda::launch::{
     Arg, CStruct, DeviceView, Epilogue, GemmInput, GemmOperands, GemmShape, Launch, Launcher,
     MAX_RANK,
 };
@@ -479,31 +479,7 @@ pub fn cat(l: &dyn Launcher, parts: &[Tensor], out: &Tensor, axis: usize) -> Res
     Ok(())
 }
 
-/// A RoPE table's cos/sin tables on the GPU device it was last used on, and the last
-/// positions uploaded, kept only while a [`RopeScope`] is open: a DiT forward rotates q
-/// and k of every block with the same table and positions, so inside its scope they are
-/// uploaded (and the stream waited for) once, not per call; when the scope closes they
-/// are freed, so nothing stays resident between forwards or sessions. Clones start
-/// empty and every cache compares equal: it is not part of the table's value.
-#[derive(Default)]
-pub struct RopeCache {
-    copies: std::sync::Mutex<Option<RopeOnDevice>>,
-    scopes: std::sync::atomic::AtomicUsize,
-}
-
-/// While it lives, a [`RopeCache`] keeps what it uploaded; the last scope to close frees it.
-#[derive(Debug)]
-pub struct RopeScope<'a>(&'a RopeCache);
-
-impl Drop for RopeScope<'_> {
-    fn drop(&mut self) {
-        use std::sync::atomic::Ordering;
-        if self.0.scopes.fetch_sub(1, Ordering::AcqRel) == 1 {
-            *self.0.copies.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        }
-    }
-}
-
+/// What a [`RopeCache`] keeps for a GPU device: the tables and the last positions.
 struct RopeOnDevice {
     device: crate::Device,
     cos: Tensor,
@@ -512,56 +488,30 @@ struct RopeOnDevice {
     positions: Option<(u64, usize, Tensor)>,
 }
 
-impl std::fmt::Debug for RopeCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RopeCache")
-    }
-}
-
-impl Clone for RopeCache {
-    fn clone(&self) -> Self {
-        Self::default()
-    }
-}
-
-impl PartialEq for RopeCache {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl RopeCache {
-    /// Opens a scope: uploads are kept until the last open scope closes.
-    pub fn scope(&self) -> RopeScope<'_> {
-        self.scopes
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        RopeScope(self)
-    }
-
-    /// `(cos, sin, positions)` on `device`, uploading what is not kept (outside a scope,
-    /// everything, each call).
-    fn tensors(
-        &self,
-        device: &crate::Device,
-        table: &RopeTable,
-        positions: &[[usize; 3]],
-        batch: usize,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        use std::hash::{Hash, Hasher};
-        let mut local = None;
-        let mut kept = self.copies.lock().unwrap_or_else(|p| p.into_inner());
-        let scoped = self.scopes.load(std::sync::atomic::Ordering::Acquire) > 0;
-        let guard = if scoped { &mut *kept } else { &mut local };
-        if guard.as_ref().is_none_or(|c| &c.device != device) {
+/// `(cos, sin, positions)` of `table` on `device`, uploading what its cache does not
+/// keep (outside a scope, everything, each call).
+fn rope_tensors(
+    device: &crate::Device,
+    table: &RopeTable,
+    positions: &[[usize; 3]],
+    batch: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    use std::hash::{Hash, Hasher};
+    table.device_copies().with_copies(|slot| {
+        let kept = slot.as_ref().and_then(|c| c.downcast_ref::<RopeOnDevice>());
+        if kept.is_none_or(|c| &c.device != device) {
             let (cos, sin) = table.tables();
-            *guard = Some(RopeOnDevice {
+            *slot = Some(Box::new(RopeOnDevice {
                 device: device.clone(),
                 cos: Tensor::from_slice(cos, &[cos.len()], device)?,
                 sin: Tensor::from_slice(sin, &[sin.len()], device)?,
                 positions: None,
-            });
+            }));
         }
-        let cached = guard.as_mut().expect("set above");
+        let cached = slot
+            .as_mut()
+            .and_then(|c| c.downcast_mut::<RopeOnDevice>())
+            .expect("set above");
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         positions.hash(&mut hasher);
         let (key, len) = (hasher.finish(), positions.len() * batch);
@@ -577,7 +527,7 @@ impl RopeCache {
         }
         let pos = cached.positions.as_ref().expect("set above").2.clone();
         Ok((cached.cos.clone(), cached.sin.clone(), pos))
-    }
+    })
 }
 
 /// RoPE of f32 contiguous `x` (`[batch·tokens, heads, head_dim]`) in place.
@@ -590,9 +540,7 @@ pub fn rope(
     heads: usize,
 ) -> Result<()> {
     let tokens = positions.len();
-    let (cos, sin, pos) = table
-        .device_copies()
-        .tensors(x.device(), table, positions, batch)?;
+    let (cos, sin, pos) = rope_tensors(x.device(), table, positions, batch)?;
     let [t_dim, h_dim, _] = table.axis_dims();
     let head_dim = table.head_dim();
     let n = batch * tokens * heads * (head_dim / 2);

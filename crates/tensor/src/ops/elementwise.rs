@@ -3,12 +3,12 @@
 
 use rayon::prelude::*;
 
-use crate::cuda::dispatch;
 use crate::cuda::launch::Launcher;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::kernels::{activation, simd};
 use crate::layout::broadcast_shapes;
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 
 /// Output rows per parallel task.

@@ -8,12 +8,12 @@
 use half::bf16;
 use rayon::prelude::*;
 
-use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::kernels::cpu::pack::Operand;
 use crate::kernels::gemm::{gemm, gemm_scratch_len, Compute, MatRef, Threads};
 use crate::layout::{broadcast_shapes, Layout};
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 
 /// The compute of a product of `a` and `b`: bf16 when either is bf16.

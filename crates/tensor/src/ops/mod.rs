@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod conv;
 pub(crate) mod copy;
+pub mod dispatch;
 pub mod elementwise;
 pub mod fused;
 pub mod matmul;
@@ -14,6 +15,7 @@ pub mod pixels;
 pub mod random;
 pub mod reduce;
 pub mod resample;
+pub mod selftest;
 
 use rayon::prelude::*;
 

@@ -3,10 +3,10 @@
 
 use rayon::prelude::*;
 
-use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::kernels::simd;
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 
 fn check_param(op: &'static str, p: Option<&Tensor>, len: usize) -> Result<Option<Tensor>> {

@@ -18,7 +18,7 @@ impl Tensor {
         let input = self.to_f32_contiguous()?;
         let mut out = Tensor::empty(self.shape(), DType::U8, self.device())?;
         if let Some(l) = self.device().launcher() {
-            crate::cuda::dispatch::to_pixels(l.as_ref(), &input, &out)?;
+            crate::ops::dispatch::to_pixels(l.as_ref(), &input, &out)?;
         } else if let (Some(src), Some(dst)) = (input.as_slice::<f32>(), out.data_mut::<u8>()) {
             crate::parallel::run(|| {
                 dst.par_chunks_mut(1 << 14)

@@ -165,7 +165,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let mut out = Tensor::empty(shape, DType::F32, device)?;
         if let Some(l) = device.launcher() {
-            crate::cuda::dispatch::randn(l.as_ref(), &out, seed, offset)?;
+            crate::ops::dispatch::randn(l.as_ref(), &out, seed, offset)?;
         } else if let Some(dst) = out.data_mut::<f32>() {
             crate::parallel::run(|| {
                 dst.par_chunks_mut(1 << 14)

@@ -2,9 +2,9 @@
 
 use rayon::prelude::*;
 
-use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 
 /// Splits `shape` around `axis` into (outer, axis length, inner).

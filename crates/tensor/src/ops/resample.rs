@@ -1,10 +1,10 @@
 //! Layout ops the VAE needs: concat/stack (any dtype, byte copies), padding, nearest ×2
 //! upsampling and pixel (un)shuffle (computed in f32, dtype kept).
 
-use crate::cuda::dispatch;
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::kernels::resample::{self as k, PadMode, ShuffleParams};
+use crate::ops::dispatch;
 use crate::tensor::Tensor;
 
 fn float_op(op: &'static str, x: &Tensor) -> Result<Tensor> {

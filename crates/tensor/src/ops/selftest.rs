@@ -7,7 +7,7 @@
 //! [`run_on`] takes any GPU device; on the checked launcher (no GPU) it exercises every
 //! launch of the self-test without computing values.
 
-use super::error::{CudaError, Result};
+use crate::cuda::error::{CudaError, Result};
 use crate::kernels::resample::PadMode;
 use crate::kernels::rope::RopeTable;
 use crate::ops::attention::Mask;

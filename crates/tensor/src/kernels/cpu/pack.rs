@@ -17,7 +17,7 @@
 
 use half::bf16;
 
-use crate::kernels::gemm::MatRef;
+use crate::kernels::matrix::MatRef;
 
 /// bf16 values in one tile row (and per k-step).
 pub const TILE_K: usize = 32;
