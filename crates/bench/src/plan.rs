@@ -192,60 +192,58 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
         }
         Ok(p)
     };
-    config
-        .mesh
-        .run(&engine_config, platform, |rank, engine| {
-            let platform = engine.platform().as_ref();
-            let mut peaks = PeakTracker::default();
-            let loaded = platform.memory_stats();
-            peaks.stretch(platform, &loaded, "load");
-            let weights_bytes = loaded.allocated_bytes.all().current as u64;
-            let request = SessionRequest::new(config.width, config.height, config.frames);
-            let meter = engine
-                .transformer()
-                .sharding()
-                .map(|s| Arc::clone(&s.meter));
-            if let Some(m) = &meter {
-                m.reset();
-            }
-            let mut session = engine.open_session(request)?;
-            peaks.stretch(platform, &platform.memory_stats(), "open");
-            let kv_bytes = engine.kv_pool().map_or(0, |p| p.bytes());
-            let decoder_state_bytes = engine
-                .decoder_for(None)?
-                .state_bytes(config.height, config.width);
-            let conditioning_bytes = session.conditioning_bytes();
-            let chunks = chunks_to_run(config, engine, &session);
-            for k in 0..chunks {
-                let chunk = session.next_chunk()?;
-                peaks.stretch(platform, &chunk.stats_denoise_end, &format!("denoise {k}"));
-                peaks.stretch(platform, &chunk.stats_decoded, &format!("decode {k}"));
-            }
-            drop(session);
-            peaks.stretch(platform, &platform.memory_stats(), "close");
-            let end = platform.memory_stats();
-            let post = end.reserved_bytes.all().current.max(0) as u64;
-            let final_bytes = (end.allocated_bytes.all().current.max(0) as u64, post);
-            let allocator = platform.allocator();
-            Ok(RankPlan {
-                rank,
-                policy: label.clone(),
-                weights_bytes,
-                kv_bytes,
-                decoder_state_bytes,
-                conditioning_bytes,
-                peak_allocated_bytes: peaks.allocated,
-                peak_reserved_bytes: peaks.reserved,
-                post_session_reserved_bytes: post,
-                headroom_bytes: config.capacity as i64 - peaks.reserved as i64,
-                peak_phase: peaks.phase,
-                collectives: meter.map(|m| m.totals()).unwrap_or_default(),
-                trace: allocator.trace(),
-                final_bytes,
-                snapshot_pickle: (config.history > 0).then(|| allocator.snapshot().to_pickle()),
-            })
+    Engine::on_each_rank(config.mesh, &engine_config, platform, |rank, engine| {
+        let platform = engine.platform().as_ref();
+        let mut peaks = PeakTracker::default();
+        let loaded = platform.memory_stats();
+        peaks.stretch(platform, &loaded, "load");
+        let weights_bytes = loaded.allocated_bytes.all().current as u64;
+        let request = SessionRequest::new(config.width, config.height, config.frames);
+        let meter = engine
+            .transformer()
+            .sharding()
+            .map(|s| Arc::clone(&s.meter));
+        if let Some(m) = &meter {
+            m.reset();
+        }
+        let mut session = engine.open_session(request)?;
+        peaks.stretch(platform, &platform.memory_stats(), "open");
+        let kv_bytes = engine.kv_pool().map_or(0, |p| p.bytes());
+        let decoder_state_bytes = engine
+            .decoder_for(None)?
+            .state_bytes(config.height, config.width);
+        let conditioning_bytes = session.conditioning_bytes();
+        let chunks = chunks_to_run(config, engine, &session);
+        for k in 0..chunks {
+            let chunk = session.next_chunk()?;
+            peaks.stretch(platform, &chunk.stats_denoise_end, &format!("denoise {k}"));
+            peaks.stretch(platform, &chunk.stats_decoded, &format!("decode {k}"));
+        }
+        drop(session);
+        peaks.stretch(platform, &platform.memory_stats(), "close");
+        let end = platform.memory_stats();
+        let post = end.reserved_bytes.all().current.max(0) as u64;
+        let final_bytes = (end.allocated_bytes.all().current.max(0) as u64, post);
+        let allocator = platform.allocator();
+        Ok(RankPlan {
+            rank,
+            policy: label.clone(),
+            weights_bytes,
+            kv_bytes,
+            decoder_state_bytes,
+            conditioning_bytes,
+            peak_allocated_bytes: peaks.allocated,
+            peak_reserved_bytes: peaks.reserved,
+            post_session_reserved_bytes: post,
+            headroom_bytes: config.capacity as i64 - peaks.reserved as i64,
+            peak_phase: peaks.phase,
+            collectives: meter.map(|m| m.totals()).unwrap_or_default(),
+            trace: allocator.trace(),
+            final_bytes,
+            snapshot_pickle: (config.history > 0).then(|| allocator.snapshot().to_pickle()),
         })
-        .map_err(engine_err)
+    })
+    .map_err(engine_err)
 }
 
 /// Chunks a plan runs: `--chunks`, else the whole session; a session streamed until
@@ -268,19 +266,17 @@ fn meta_plans(config: &PlanConfig, engine_config: &EngineConfig) -> Result<Vec<P
             ReclaimPolicy::Never,
         )?))
     };
-    config
-        .mesh
-        .run(engine_config, platform, |_rank, engine| {
-            let request = SessionRequest::new(config.width, config.height, config.frames);
-            let mut session = engine.open_session(request)?;
-            let chunks = chunks_to_run(config, engine, &session);
-            for _ in 0..chunks {
-                session.next_chunk()?;
-            }
-            drop(session);
-            Ok(engine.platform().allocator().plans())
-        })
-        .map_err(engine_err)
+    Engine::on_each_rank(config.mesh, engine_config, platform, |_rank, engine| {
+        let request = SessionRequest::new(config.width, config.height, config.frames);
+        let mut session = engine.open_session(request)?;
+        let chunks = chunks_to_run(config, engine, &session);
+        for _ in 0..chunks {
+            session.next_chunk()?;
+        }
+        drop(session);
+        Ok(engine.platform().allocator().plans())
+    })
+    .map_err(engine_err)
 }
 
 /// A plot panel `label` of the allocated and reserved bytes after each event of

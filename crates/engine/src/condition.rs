@@ -21,8 +21,8 @@ use headroom_model::vae::{same_bytes, StreamingEncodeState, VaeConfig};
 use headroom_model::WanVae;
 use headroom_tensor::{DType, Device, Tensor};
 
+use crate::blocks::BLOCK_FRAMES;
 use crate::error::{EngineError, Result};
-use crate::session::BLOCK_FRAMES;
 
 /// A session's image condition, one block at a time.
 #[derive(Debug)]

@@ -30,8 +30,10 @@
 //! at the price of planning it first.
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod blocks;
 pub mod cancel;
 mod condition;
+pub mod config;
 pub mod engine;
 pub mod error;
 pub mod first_frame;
@@ -39,15 +41,15 @@ pub mod loop_io;
 pub mod mesh;
 pub mod model_source;
 pub mod plan_cache;
-mod planned;
 pub mod preset;
 pub mod replicated;
 mod request;
-mod round_plan;
+mod round;
 pub mod scheduler;
 pub mod session;
 pub mod step_queue;
 mod text;
+pub mod validate;
 
 pub use cancel::{CancelReason, CancelToken, Checkpoint};
 pub use engine::{Admitted, Engine, EngineConfig, Resident, TINY_DECODER_FILE};

@@ -9,11 +9,9 @@
 
 use std::sync::Arc;
 
-use headroom_mem::Platform;
 use headroom_model::dit::Sharding;
 use headroom_tensor::comm::{Communicator, InProcessGroup};
 
-use crate::engine::{Engine, EngineConfig};
 use crate::error::{EngineError, Result};
 
 /// A TP × SP layout.
@@ -170,28 +168,6 @@ impl Mesh {
                 reason: e.to_string(),
                 cause: Some(Box::new(e)),
             },
-        })
-    }
-
-    /// Runs `work` on an engine per rank (world rank `sp_rank · tp + tp_rank`), each on
-    /// the platform `platform(rank)` gives, and returns the results in rank order. A
-    /// rank that fails aborts the mesh, so the others fail instead of waiting forever;
-    /// the first error is returned.
-    pub fn run<T, P, W>(&self, config: &EngineConfig, platform: P, work: W) -> Result<Vec<T>>
-    where
-        T: Send,
-        P: Fn(usize) -> Result<Arc<dyn Platform>> + Sync,
-        W: Fn(usize, &Engine) -> Result<T> + Sync,
-    {
-        self.validate()?;
-        if *self == Mesh::SINGLE {
-            let engine = Engine::on(config.clone(), platform(0)?)?;
-            return Ok(vec![work(0, &engine)?]);
-        }
-        self.run_threads(|groups| {
-            let rank = groups.rank();
-            let engine = Engine::on_rank(config.clone(), platform(rank)?, Some(groups.sharding))?;
-            work(rank, &engine)
         })
     }
 }

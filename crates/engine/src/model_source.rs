@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use headroom_model::import;
 use headroom_model::{DitConfig, VaeConfig};
 
+use crate::blocks::{latent_frames_in_blocks, BLOCK_FRAMES};
 use crate::error::{EngineError, Result};
 use crate::preset::{ModelPreset, PRESETS};
-use crate::session::BLOCK_FRAMES;
 
 /// Where a model's weights come from.
 #[derive(Debug, Clone)]
@@ -179,35 +179,6 @@ pub fn names_nothing(model: &str) -> bool {
     !Path::new(model).exists() && !PRESETS.contains(&model) && !looks_like_path(model)
 }
 
-/// Checks what `config` and a session of `width × height × num_frames` on `mesh` can
-/// be told before any weights load, reading the model's configs once: the model
-/// resolves, the mesh divides its heads (as [`crate::preset::check_mesh`]), and the
-/// shape meets the declared architecture's rules.
-pub fn check_request(
-    config: &crate::engine::EngineConfig,
-    mesh: crate::mesh::Mesh,
-    width: usize,
-    height: usize,
-    num_frames: usize,
-) -> Result<()> {
-    mesh.validate()?;
-    let source = ModelSource::resolve(&config.model)?;
-    let dit = source.dit_config()?;
-    // A `--transformer` checkpoint's heads are checked as it loads.
-    if mesh != crate::mesh::Mesh::SINGLE && config.transformer.is_none() {
-        crate::preset::check_heads(&dit, mesh)?;
-    }
-    check_shape(
-        &dit,
-        &source.vae_config()?,
-        mesh.sp,
-        width,
-        height,
-        num_frames,
-    )
-    .map(|_| ())
-}
-
 /// The one rule for camera input, the same for `--actions` and the server's
 /// `camera_action_script`: at most one key set per latent frame (`(num_frames + 3) / 4`
 /// of them; latent frames past the script's end have no keys), or a pose trajectory of
@@ -250,5 +221,5 @@ pub fn check_camera(num_frames: usize, key_sets: usize, poses: Option<usize>) ->
 
 /// Latent frames of a session of `num_frames` (12·K − 3) pixel frames: 3 per chunk.
 pub fn latent_frames(num_frames: usize) -> usize {
-    (num_frames + 3) / 12 * BLOCK_FRAMES
+    latent_frames_in_blocks(num_frames)
 }

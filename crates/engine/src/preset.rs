@@ -97,35 +97,3 @@ impl ModelPreset {
         })
     }
 }
-
-/// Refuses a mesh whose degrees do not divide the model's heads (`tp · sp`) and FFN
-/// width (`tp`), read from the preset or the folder's `config.json` before any weights
-/// load (a `--transformer` checkpoint is checked as it loads).
-pub fn check_mesh(config: &crate::engine::EngineConfig, mesh: crate::mesh::Mesh) -> Result<()> {
-    mesh.validate()?;
-    if mesh == crate::mesh::Mesh::SINGLE || config.transformer.is_some() {
-        return Ok(());
-    }
-    check_heads(
-        &crate::model_source::ModelSource::resolve(&config.model)?.dit_config()?,
-        mesh,
-    )
-}
-
-/// Refuses a mesh whose degrees do not divide `dit`'s heads (`tp · sp`) or FFN width
-/// (`tp`).
-pub(crate) fn check_heads(dit: &headroom_model::DitConfig, mesh: crate::mesh::Mesh) -> Result<()> {
-    let (tp, sp) = (mesh.tp, mesh.sp);
-    if !dit.num_attention_heads.is_multiple_of(tp * sp) || !dit.ffn_dim.is_multiple_of(tp) {
-        return Err(EngineError::request(
-            "tp/sp",
-            format!(
-                "the model's {} attention heads must divide by tp·sp = {tp}·{sp} = {} and its FFN width {} by tp = {tp}",
-                dit.num_attention_heads,
-                tp * sp,
-                dit.ffn_dim
-            ),
-        ));
-    }
-    Ok(())
-}

@@ -34,7 +34,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use headroom_mem::{MemoryStats, Phase};
+use headroom_mem::{CachingAllocator, MemoryStats, Phase};
 use headroom_model::{OutputFormat, StreamingDecodeState};
 use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::Tensor;
@@ -53,9 +53,30 @@ pub fn next_chunks(sessions: &mut [&mut Session]) -> Vec<Result<Chunk>> {
     next_chunks_in(sessions, None)
 }
 
+/// The key of the batched round of `starts` ((session index, block)), its plans
+/// installed by the members' round planner; `None` (the round runs on the caching
+/// path) where a member has no planner (a session not admitted under `planned`) or the
+/// members' planners differ.
+fn prepare_round(
+    allocator: &CachingAllocator,
+    sessions: &[&mut Session],
+    starts: &[(usize, usize)],
+) -> Option<String> {
+    let mut members = Vec::with_capacity(starts.len());
+    for &(i, n) in starts {
+        let member = sessions[i].round_member()?;
+        members.push((member.as_ref(), n, sessions[i].chunks_total()));
+    }
+    let (first, ..) = *members.first()?;
+    if !members.iter().all(|(m, ..)| m.shares_planner(first)) {
+        return None;
+    }
+    first.planner.prepare(allocator, &members)
+}
+
 /// [`next_chunks`], a batched round's allocations in the shared spans of round `round`
 /// when given (the meta twin recording a round), else of the round
-/// [`crate::round_plan::prepare`] keys.
+/// its members' planner keys ([`prepare_round`]).
 pub(crate) fn next_chunks_in(
     sessions: &mut [&mut Session],
     round: Option<&str>,
@@ -99,7 +120,7 @@ pub(crate) fn next_chunks_in(
         }
         round_key = match round {
             Some(key) => Some(key.to_string()),
-            None => crate::round_plan::prepare(&allocator, sessions, &starts),
+            None => prepare_round(&allocator, sessions, &starts),
         };
     }
     let members: Vec<usize> = starts.iter().map(|&(i, _)| i).collect();

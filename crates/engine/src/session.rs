@@ -26,8 +26,7 @@ use crate::loop_io::{LatentSink, NoiseSource};
 pub use crate::request::SessionRequest;
 use crate::text::Prompts;
 
-/// Latent frames per autoregressive block.
-pub const BLOCK_FRAMES: usize = 3;
+pub use crate::blocks::BLOCK_FRAMES;
 
 /// Time spent in each phase of a chunk.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -190,7 +189,7 @@ pub struct Session {
     /// The shared span of the batched round the session is in, while it is in one.
     round: Option<SpanId>,
     /// What the session brings to the plans of batched rounds (under `planned`).
-    round_member: Option<Arc<crate::round_plan::RoundMember>>,
+    round_member: Option<Arc<crate::round::RoundMember>>,
 }
 
 impl Session {
@@ -284,14 +283,14 @@ impl Session {
     /// Lets batched rounds the session joins be planned ([`crate::round_plan`]).
     pub(crate) fn with_round_member(
         mut self,
-        member: Option<Arc<crate::round_plan::RoundMember>>,
+        member: Option<Arc<crate::round::RoundMember>>,
     ) -> Self {
         self.round_member = member;
         self
     }
 
     /// What the session brings to a batched round's plan, if rounds are planned.
-    pub(crate) fn round_member(&self) -> Option<&Arc<crate::round_plan::RoundMember>> {
+    pub(crate) fn round_member(&self) -> Option<&Arc<crate::round::RoundMember>> {
         self.round_member.as_ref()
     }
 
@@ -368,7 +367,7 @@ impl Session {
     /// Changes the text to embeddings `[L, text_dim]` (zero-padded to 512 tokens, as
     /// at the start): like [`Session::set_prompt`], from the next block denoised on.
     pub fn set_text_embeds(&mut self, embeds: &Tensor) -> Result<()> {
-        let text = crate::engine::pad_text(Some(embeds), self.dit.config().text_dim, &self.device)?;
+        let text = crate::text::pad_text(Some(embeds), self.dit.config().text_dim, &self.device)?;
         self.pending_text = Some(self.dit.text_key_values(text.as_ref())?);
         Ok(())
     }

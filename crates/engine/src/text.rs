@@ -132,6 +132,35 @@ impl Prompts {
     }
 }
 
+/// Text embeddings `[L, text_dim]` zero-padded to the 512 tokens the Wan pipelines feed
+/// (padding rows take part in cross-attention, so they change the output).
+pub(crate) fn pad_text(
+    text: Option<&Tensor>,
+    text_dim: usize,
+    device: &Device,
+) -> Result<Option<Tensor>> {
+    const TOKENS: usize = 512;
+    let Some(text) = text else { return Ok(None) };
+    let dim = text_dim;
+    match *text.shape() {
+        [l, d] if d == dim && (1..=TOKENS).contains(&l) => {
+            if l == TOKENS {
+                return Ok(Some(text.to_device(device)?));
+            }
+            let text = text.to_device(device)?.to_dtype(DType::F32)?;
+            let pad = Tensor::zeros(&[TOKENS - l, dim], DType::F32, device)?;
+            Ok(Some(Tensor::cat(&[&text, &pad], 0)?))
+        }
+        _ => Err(EngineError::request(
+            "text_embeds",
+            format!(
+                "must be [L, {dim}] with 1 ≤ L ≤ {TOKENS}, got {:?}",
+                text.shape()
+            ),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

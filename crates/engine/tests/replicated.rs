@@ -39,20 +39,20 @@ fn request() -> SessionRequest {
 #[test]
 fn led_sessions_produce_the_frames_of_direct_sharded_execution() {
     let mesh = Mesh { tp: 2, sp: 2 };
-    let direct = mesh
-        .run(
-            &config(),
-            |_| Ok(platform(None)),
-            |_, engine| {
-                let mut session = engine.open_session(request())?;
-                let mut out = Vec::new();
-                for _ in 0..session.chunks_total().unwrap() {
-                    out.extend(session.next_chunk()?.frames.to_vec::<u8>()?);
-                }
-                Ok(out)
-            },
-        )
-        .unwrap();
+    let direct = Engine::on_each_rank(
+        mesh,
+        &config(),
+        |_| Ok(platform(None)),
+        |_, engine| {
+            let mut session = engine.open_session(request())?;
+            let mut out = Vec::new();
+            for _ in 0..session.chunks_total().unwrap() {
+                out.extend(session.next_chunk()?.frames.to_vec::<u8>()?);
+            }
+            Ok(out)
+        },
+    )
+    .unwrap();
     let led = mesh
         .run_threads(|groups| {
             let engine = Engine::on_mesh(config(), platform(None), &groups)?;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use headroom_engine::{EngineConfig, Mesh, SessionRequest};
+use headroom_engine::{Engine, EngineConfig, Mesh, SessionRequest};
 use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy};
 
 fn frames(mesh: Mesh) -> Vec<(Vec<u8>, u64)> {
@@ -11,7 +11,8 @@ fn frames(mesh: Mesh) -> Vec<(Vec<u8>, u64)> {
         model: "tiny".to_string(),
         ..EngineConfig::default()
     };
-    mesh.run(
+    Engine::on_each_rank(
+        mesh,
         &config,
         |_| {
             Ok(Arc::new(CachingPlatform::cpu(

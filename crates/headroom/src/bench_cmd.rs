@@ -504,7 +504,7 @@ fn session(args: SessionArgs) -> Result<()> {
     let summary = if args.ranks.is_single()? {
         run_session_bench(&config)?
     } else {
-        headroom_engine::preset::check_mesh(
+        headroom_engine::validate::check_mesh(
             &headroom_engine::EngineConfig {
                 model: config.model.clone(),
                 ..headroom_engine::EngineConfig::default()

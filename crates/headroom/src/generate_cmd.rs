@@ -335,7 +335,7 @@ fn prepare(args: &GenerateArgs) -> Result<Prepared> {
         ..EngineConfig::default()
     });
     crate::session_args::require_end("generate writes a file, which", args.shape.frames)?;
-    headroom_engine::model_source::check_request(
+    headroom_engine::validate::check_request(
         &config,
         args.ranks.mesh()?,
         width,

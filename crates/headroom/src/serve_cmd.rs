@@ -231,7 +231,7 @@ fn serve_mesh(args: &ServeArgs, mut engine: EngineConfig, config: ServerConfig) 
         bail!("--max-sessions {}: a sharded server runs one session at a time (every rank follows one schedule)", args.max_sessions);
     }
     let mesh = args.ranks.mesh()?;
-    headroom_engine::preset::check_mesh(&engine, mesh)?;
+    headroom_engine::validate::check_mesh(&engine, mesh)?;
     engine.max_sessions = 1;
     let on_gpu = args.device != crate::device_arg::DeviceArg::Cpu;
     let gpu = |local: usize| args.device.rank_gpu(local, &engine);

@@ -21,10 +21,12 @@ use headroom_mem::{
     AllocatorConfig, AllocatorPolicy, CachingPlatform, PlanBook, ReclaimPolicy, SpanId,
 };
 
-use crate::engine::{Engine, EngineConfig};
+use super::Engine;
+use crate::blocks::{frames_for_blocks, BLOCK_FRAMES};
+use crate::config::EngineConfig;
 use crate::error::{EngineError, Result};
 use crate::mesh::Mesh;
-use crate::session::{SessionRequest, BLOCK_FRAMES};
+use crate::request::SessionRequest;
 
 /// The key of a session's plan: everything that changes the sizes or the order of its
 /// allocations.
@@ -110,7 +112,7 @@ impl MetaTwin {
                 ReclaimPolicy::Never,
             )?))
         };
-        let mut books = mesh.run(&twin_config, platform, |_, twin| {
+        let mut books = Engine::on_each_rank(mesh, &twin_config, platform, |_, twin| {
             let request = SessionRequest {
                 latent_sink: None,
                 ..request.clone()
@@ -295,7 +297,7 @@ impl Engine {
                 let pool_bytes = self.kv_pool().map(|p| p.bytes());
                 let made = if repeats {
                     let prefix = SessionRequest {
-                        num_frames: 12 * steady - 3,
+                        num_frames: frames_for_blocks(steady),
                         latent_sink: None,
                         ..request.clone()
                     };

@@ -1,105 +1,32 @@
 //! `Engine`: loads (or seeds) a model once on a platform, owns the KV page pool, and
 //! admits sessions only when their pages, decoder state and conditioning fit.
 
+mod planned;
+mod round_plan;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy, SpanId};
+use headroom_mem::{Platform, SpanId};
 use headroom_model::dit::Sharding;
 use headroom_model::import::{self, ImportOptions};
 use headroom_model::kv::{KvPool, PageLayout, SessionKv};
 use headroom_model::{DecoderKind, TinyDecoder, VideoDecoder, WanTransformer, WanVae};
 use headroom_tensor::{DType, Device, Tensor};
-use headroom_text::{TextEncoderMode, TextEncoderReport};
+use headroom_text::TextEncoderReport;
 
+use crate::blocks::BLOCK_FRAMES;
 use crate::condition::ImageCondition;
 use crate::error::{EngineError, Result};
+use crate::mesh::Mesh;
 use crate::model_source::ModelSource;
 use crate::preset::ModelPreset;
-use crate::session::{Session, SessionRequest, BLOCK_FRAMES};
+use crate::session::{Session, SessionRequest};
+use crate::text::pad_text;
 use crate::text::Prompts;
 
-/// How an engine is set up.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// Built-in model name, a diffusers pipeline folder, or an original Wan repo folder
-    /// (config.json + DiT safetensors + `Wan2.1_VAE.pth` [+ T5 `.pth` + tokenizer]).
-    pub model: String,
-    /// A transformer checkpoint (file or folder, any supported layout) that replaces the
-    /// model's own DiT: a Self-Forcing `.pt` or a LingBot-World folder over a Wan folder.
-    pub transformer: Option<String>,
-    /// The `--transformer` checkpoint's config (diffusers or original keys) when the
-    /// checkpoint carries none and its shapes do not settle it.
-    pub transformer_config: Option<std::path::PathBuf>,
-    /// Seed of the built-in model's weights.
-    pub weight_seed: u64,
-    /// Allocator settings of the `cpu` platform.
-    pub allocator: AllocatorConfig,
-    /// Reclaim policy at phase boundaries.
-    pub reclaim: ReclaimPolicy,
-    /// Bytes of KV pages the pool takes, once, at the first session; `None` sizes it
-    /// for `max_sessions` sessions exactly.
-    pub kv_budget_bytes: Option<u64>,
-    /// Fraction of the device memory free when the pool is created (after the weights)
-    /// that KV pages take, as serving engines size their caches; overrides
-    /// `kv_budget_bytes`.
-    pub kv_fraction: Option<f64>,
-    /// Sessions the automatic KV budget makes room for.
-    pub max_sessions: usize,
-    /// Frames kept for the whole session.
-    pub sink_frames: usize,
-    /// Frames a block sees at most (history + itself).
-    pub window_frames: usize,
-    /// Storage dtype of the weights (compute is f32).
-    pub weight_dtype: DType,
-    /// Capacity of the `cpu` platform in bytes (physical memory when `None`): emulates a
-    /// memory-tight device, and is what `bounded` reclaim fractions refer to.
-    pub capacity: Option<u64>,
-    /// Whether the text encoder's weights stay loaded or are loaded per new prompt.
-    pub text_encoder: TextEncoderMode,
-    /// Byte budget of the prompt-embedding cache (0 turns it off).
-    pub text_cache_bytes: u64,
-    /// Tokens per KV page: a latent frame takes ⌈its tokens / this⌉ pages, so sessions
-    /// of every resolution share one pool.
-    pub kv_page_tokens: usize,
-    /// A folder where the planned allocator's plans are kept across runs
-    /// ([`crate::plan_cache`]); none: plans live in memory only.
-    pub plan_cache: Option<std::path::PathBuf>,
-    /// The decoder sessions get unless their request names one.
-    pub decoder: DecoderKind,
-    /// A TAEHV tiny decoder file (`.pth` or `.safetensors`), loaded beside the model so
-    /// sessions may choose it. Without one, `decoder: Tiny` takes the model folder's
-    /// `tiny_decoder.safetensors`, or for a built-in model seeded weights of the
-    /// released decoder's shapes.
-    pub tiny_decoder: Option<std::path::PathBuf>,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            model: "small".to_string(),
-            transformer: None,
-            transformer_config: None,
-            weight_seed: 0,
-            allocator: AllocatorConfig::default(),
-            reclaim: ReclaimPolicy::Never,
-            kv_budget_bytes: None,
-            kv_fraction: None,
-            max_sessions: 1,
-            sink_frames: 9,
-            window_frames: 18,
-            weight_dtype: DType::F32,
-            capacity: None,
-            text_encoder: TextEncoderMode::Resident,
-            text_cache_bytes: 64 << 20,
-            kv_page_tokens: 16,
-            plan_cache: None,
-            decoder: DecoderKind::Full,
-            tiny_decoder: None,
-        }
-    }
-}
+pub use crate::config::EngineConfig;
 
 /// A loaded model serving sessions one after another.
 #[derive(Debug)]
@@ -118,9 +45,9 @@ pub struct Engine {
     first_frame: Option<image::RgbImage>,
     /// The sim twin that meta-executes sessions for the planned allocator (none on a
     /// twin itself and on sharded ranks, which record instead).
-    pub(crate) meta: Option<Arc<crate::planned::MetaTwin>>,
+    pub(crate) meta: Option<Arc<planned::MetaTwin>>,
     /// Makes the plans of batched rounds, once the first session is admitted.
-    rounds: std::sync::OnceLock<Arc<crate::round_plan::RoundPlanner>>,
+    rounds: std::sync::OnceLock<Arc<round_plan::RoundPlanner>>,
     /// Plans kept on disk, when the config names a folder.
     pub(crate) plan_cache: Option<crate::plan_cache::PlanCache>,
     /// Where image conditions settle on a meta device ([`crate::condition::probe_settle_block`]),
@@ -151,19 +78,34 @@ impl Resident {
     }
 }
 
-impl EngineConfig {
-    /// A host (`cpu`) platform with this configuration's capacity, allocator and
-    /// reclaim policy: what [`Engine::new`] runs on, and each rank of a mesh.
-    pub fn cpu_platform(&self) -> Result<Arc<dyn Platform>> {
-        Ok(Arc::new(CachingPlatform::cpu(
-            self.capacity,
-            self.allocator.clone(),
-            self.reclaim,
-        )?))
-    }
-}
-
 impl Engine {
+    /// Runs `work` on an engine per rank of `mesh` (world rank `sp_rank · tp + tp_rank`), each on
+    /// the platform `platform(rank)` gives, and returns the results in rank order. A
+    /// rank that fails aborts the mesh, so the others fail instead of waiting forever;
+    /// the first error is returned.
+    pub fn on_each_rank<T, P, W>(
+        mesh: Mesh,
+        config: &EngineConfig,
+        platform: P,
+        work: W,
+    ) -> Result<Vec<T>>
+    where
+        T: Send,
+        P: Fn(usize) -> Result<Arc<dyn Platform>> + Sync,
+        W: Fn(usize, &Engine) -> Result<T> + Sync,
+    {
+        mesh.validate()?;
+        if mesh == Mesh::SINGLE {
+            let engine = Engine::on(config.clone(), platform(0)?)?;
+            return Ok(vec![work(0, &engine)?]);
+        }
+        mesh.run_threads(|groups| {
+            let rank = groups.rank();
+            let engine = Engine::on_rank(config.clone(), platform(rank)?, Some(groups.sharding))?;
+            work(rank, &engine)
+        })
+    }
+
     /// An engine on the host (`cpu` platform) with the configured policies.
     pub fn new(config: EngineConfig) -> Result<Self> {
         let platform = config.cpu_platform()?;
@@ -185,7 +127,7 @@ impl Engine {
     ) -> Result<Self> {
         let meta = shard
             .is_none()
-            .then(|| Arc::new(crate::planned::MetaTwin::default()));
+            .then(|| Arc::new(planned::MetaTwin::default()));
         let mut engine = Self::build(config, Device::new(platform), shard)?;
         engine.meta = meta;
         Ok(engine)
@@ -201,14 +143,11 @@ impl Engine {
         groups: &crate::mesh::RankGroups,
     ) -> Result<Self> {
         let mesh = groups.mesh();
-        if mesh == crate::mesh::Mesh::SINGLE {
+        if mesh == Mesh::SINGLE {
             return Self::on(config, platform);
         }
         let mut engine = Self::build(config, Device::new(platform), Some(groups.sharding.clone()))?;
-        engine.meta = Some(Arc::new(crate::planned::MetaTwin::for_mesh(
-            mesh,
-            groups.rank(),
-        )));
+        engine.meta = Some(Arc::new(planned::MetaTwin::for_mesh(mesh, groups.rank())));
         Ok(engine)
     }
 
@@ -220,14 +159,11 @@ impl Engine {
         groups: &crate::mesh::RankGroups,
     ) -> Result<Self> {
         let mesh = groups.mesh();
-        if mesh == crate::mesh::Mesh::SINGLE {
+        if mesh == Mesh::SINGLE {
             return Self::on_device(config, device);
         }
         let mut engine = Self::build(config, device, Some(groups.sharding.clone()))?;
-        engine.meta = Some(Arc::new(crate::planned::MetaTwin::for_mesh(
-            mesh,
-            groups.rank(),
-        )));
+        engine.meta = Some(Arc::new(planned::MetaTwin::for_mesh(mesh, groups.rank())));
         Ok(engine)
     }
 
@@ -235,7 +171,7 @@ impl Engine {
     /// run every op through the launch path without a GPU) or any host device.
     pub fn on_device(config: EngineConfig, device: Device) -> Result<Self> {
         let mut engine = Self::build(config, device, None)?;
-        engine.meta = Some(Arc::new(crate::planned::MetaTwin::default()));
+        engine.meta = Some(Arc::new(planned::MetaTwin::default()));
         Ok(engine)
     }
 
@@ -703,19 +639,18 @@ impl Engine {
         &self,
         request: &SessionRequest,
         span: Option<SpanId>,
-    ) -> Option<Arc<crate::round_plan::RoundMember>> {
+    ) -> Option<Arc<crate::round::RoundMember>> {
         let meta = self.meta.as_ref()?;
         if span.is_none() || self.dit.sharding().is_some() {
             return None;
         }
         let planner = self
             .rounds
-            .get_or_init(|| Arc::new(crate::round_plan::RoundPlanner::new(self, Arc::clone(meta))));
-        let key = crate::planned::span_key(&self.config, None, request);
-        Some(Arc::new(crate::round_plan::RoundMember::new(
-            Arc::clone(planner),
-            request,
-            key,
+            .get_or_init(|| Arc::new(round_plan::RoundPlanner::new(self, Arc::clone(meta))));
+        let key = planned::span_key(&self.config, None, request);
+        let planner: Arc<dyn crate::round::RoundPlans> = planner.clone();
+        Some(Arc::new(crate::round::RoundMember::new(
+            planner, request, key,
         )))
     }
 
@@ -832,35 +767,6 @@ fn load_tiny(
         ));
     }
     Ok(Some(Arc::new(tiny)))
-}
-
-/// Text embeddings `[L, text_dim]` zero-padded to the 512 tokens the Wan pipelines feed
-/// (padding rows take part in cross-attention, so they change the output).
-pub(crate) fn pad_text(
-    text: Option<&Tensor>,
-    text_dim: usize,
-    device: &Device,
-) -> Result<Option<Tensor>> {
-    const TOKENS: usize = 512;
-    let Some(text) = text else { return Ok(None) };
-    let dim = text_dim;
-    match *text.shape() {
-        [l, d] if d == dim && (1..=TOKENS).contains(&l) => {
-            if l == TOKENS {
-                return Ok(Some(text.to_device(device)?));
-            }
-            let text = text.to_device(device)?.to_dtype(DType::F32)?;
-            let pad = Tensor::zeros(&[TOKENS - l, dim], DType::F32, device)?;
-            Ok(Some(Tensor::cat(&[&text, &pad], 0)?))
-        }
-        _ => Err(EngineError::request(
-            "text_embeds",
-            format!(
-                "must be [L, {dim}] with 1 ≤ L ≤ {TOKENS}, got {:?}",
-                text.shape()
-            ),
-        )),
-    }
 }
 
 /// A session admitted by [`Engine::admit_session`] and not yet opened: it holds its KV

@@ -21,12 +21,15 @@ use std::sync::{Arc, Mutex};
 
 use headroom_mem::{AllocatorPolicy, CachingAllocator, PlanBook};
 
-use crate::engine::{Engine, EngineConfig};
+use super::Engine;
+use crate::blocks::{frames_for_blocks, BLOCK_FRAMES};
+use crate::config::EngineConfig;
+use crate::engine::planned::MetaTwin;
 use crate::error::Result;
-use crate::planned::MetaTwin;
 use crate::request::SessionRequest;
+use crate::round::{RoundMember, RoundPlans};
 use crate::scheduler::decode_key;
-use crate::session::{Session, BLOCK_FRAMES};
+use crate::session::Session;
 
 /// Round plans kept at once (one per composition seen lately).
 pub const ROUND_PLANS: usize = 64;
@@ -72,29 +75,6 @@ impl RoundPlanner {
     }
 }
 
-/// What a session brings to the plan of a round it joins: its request as admitted and
-/// its own span key.
-#[derive(Debug)]
-pub(crate) struct RoundMember {
-    planner: Arc<RoundPlanner>,
-    request: SessionRequest,
-    key: String,
-}
-
-impl RoundMember {
-    /// The member of `planner`'s rounds that a session of `request` (span key `key`) is.
-    pub(crate) fn new(planner: Arc<RoundPlanner>, request: &SessionRequest, key: String) -> Self {
-        Self {
-            planner,
-            request: SessionRequest {
-                latent_sink: None,
-                ..request.clone()
-            },
-            key,
-        }
-    }
-}
-
 /// Where a member stands in a round: its chunk (up to the steady one) and whether it is
 /// its last.
 fn class(n: usize, blocks: Option<usize>, steady: usize) -> (usize, bool) {
@@ -110,43 +90,29 @@ fn round_key(members: &[(&RoundMember, (usize, bool))]) -> String {
     format!("round {}", parts.join(" + "))
 }
 
-/// The key of the batched round of `starts` ((session index, block)), with the plans
-/// of its two halves (denoise, decode) installed in `allocator` from the meta twin when
-/// there are none yet; `None` (the round runs on the caching path) where the allocator is not
-/// `planned` or a member has no plans (a session not admitted under `planned`).
-pub(crate) fn prepare(
-    allocator: &CachingAllocator,
-    sessions: &[&mut Session],
-    starts: &[(usize, usize)],
-) -> Option<String> {
-    let mut members = Vec::with_capacity(starts.len());
-    for &(i, n) in starts {
-        let member = sessions[i].round_member()?;
-        members.push((member, n, sessions[i].chunks_total()));
-    }
-    let planner = Arc::clone(&members.first()?.0.planner);
-    if !members
-        .iter()
-        .all(|(m, ..)| Arc::ptr_eq(&m.planner, &planner))
-    {
-        return None;
-    }
-    if allocator.policy() != AllocatorPolicy::Planned {
-        return None;
-    }
-    let classed: Vec<(&RoundMember, (usize, bool))> = members
-        .iter()
-        .map(|(m, n, blocks)| (m.as_ref(), class(*n, *blocks, planner.steady)))
-        .collect();
-    let key = round_key(&classed);
-    if allocator.wants_plan(&key) {
-        // A twin that cannot plan the round leaves it to be recorded here.
-        if let Ok(Some(book)) = plan(&planner, &key, &classed) {
-            allocator.install_plans(&book);
+impl RoundPlans for RoundPlanner {
+    fn prepare(
+        &self,
+        allocator: &CachingAllocator,
+        members: &[(&RoundMember, usize, Option<usize>)],
+    ) -> Option<String> {
+        if allocator.policy() != AllocatorPolicy::Planned {
+            return None;
         }
+        let classed: Vec<(&RoundMember, (usize, bool))> = members
+            .iter()
+            .map(|&(m, n, blocks)| (m, class(n, blocks, self.steady)))
+            .collect();
+        let key = round_key(&classed);
+        if allocator.wants_plan(&key) {
+            // A twin that cannot plan the round leaves it to be recorded here.
+            if let Ok(Some(book)) = plan(self, &key, &classed) {
+                allocator.install_plans(&book);
+            }
+        }
+        self.keep(&key, allocator);
+        Some(key)
     }
-    planner.keep(&key, allocator);
-    Some(key)
 }
 
 /// The plan of round `key` from the meta twin: each member's session opened there,
@@ -163,7 +129,7 @@ fn plan(
             if request.num_frames != 0 {
                 // Enough blocks to reach chunk n, with it the last one or not.
                 let blocks = n + if *last { 1 } else { 2 };
-                request.num_frames = 12 * blocks - 3;
+                request.num_frames = frames_for_blocks(blocks);
                 // One key set per latent frame at most; the values do not change what
                 // a chunk allocates.
                 request.actions.truncate(BLOCK_FRAMES * blocks);
