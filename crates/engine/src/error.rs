@@ -1,5 +1,16 @@
 //! The one error type of the engine.
 
+/// What a session was refused for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionKind {
+    /// The KV page pool cannot hold its pages.
+    KvPages,
+    /// Its decoder state, conditioning or the KV pool do not fit in free memory.
+    Memory,
+    /// Its planned peak does not fit beside what the live sessions committed.
+    PlannedPeak,
+}
+
 /// Errors of the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -11,9 +22,18 @@ pub enum EngineError {
         /// The rule it breaks.
         rule: String,
     },
-    /// The session does not fit in the memory the engine has left.
-    #[error("admission: {0}")]
-    Admission(String),
+    /// The session does not fit in what the engine has left, for the reason `kind`.
+    #[error("admission: {reason}")]
+    Admission {
+        /// What is short.
+        kind: AdmissionKind,
+        /// The figures, for people.
+        reason: String,
+    },
+    /// The engine itself failed (a thread panicked, an invariant broke): not the
+    /// request's fault; the session is over.
+    #[error("internal: {0}")]
+    Internal(String),
     /// The session has produced every chunk it was asked for.
     #[error("session {0} is finished")]
     Finished(String),
@@ -84,9 +104,31 @@ impl EngineError {
 
     /// Whether the session was refused for want of room (memory, pages, planned peak).
     pub fn is_admission(&self) -> bool {
+        self.admission_kind().is_some()
+    }
+
+    /// What the session was refused for, if it was refused for want of room.
+    pub fn admission_kind(&self) -> Option<AdmissionKind> {
         match self {
-            EngineError::Rank { cause: Some(e), .. } => e.is_admission(),
-            e => matches!(e, EngineError::Admission(_)),
+            EngineError::Rank { cause: Some(e), .. } => e.admission_kind(),
+            EngineError::Admission { kind, .. } => Some(*kind),
+            _ => None,
+        }
+    }
+
+    /// Whether the engine itself failed (not the request, not the memory).
+    pub fn is_internal(&self) -> bool {
+        match self {
+            EngineError::Rank { cause: Some(e), .. } => e.is_internal(),
+            e => matches!(e, EngineError::Internal(_)),
+        }
+    }
+
+    /// A refusal for want of `kind`.
+    pub fn admission(kind: AdmissionKind, reason: impl Into<String>) -> Self {
+        EngineError::Admission {
+            kind,
+            reason: reason.into(),
         }
     }
 
@@ -140,7 +182,12 @@ mod tests {
         // A message that only says so is not the kind.
         let worded = EngineError::request("prompt", "out of memory; the rank group was aborted");
         assert!(!worded.is_out_of_memory() && !worded.is_aborted());
-        assert!(EngineError::Admission("pages".into()).is_admission());
+        let refused = EngineError::admission(super::AdmissionKind::KvPages, "pages");
+        assert_eq!(
+            refused.admission_kind(),
+            Some(super::AdmissionKind::KvPages)
+        );
+        assert!(!refused.is_internal() && EngineError::Internal("x".into()).is_internal());
         // A rank's failure met in this process keeps its cause's kind.
         let rank = EngineError::Rank {
             rank: 3,

@@ -53,7 +53,7 @@ pub mod validate;
 
 pub use cancel::{CancelReason, CancelToken, Checkpoint};
 pub use engine::{Admitted, Engine, EngineConfig, Resident, TINY_DECODER_FILE};
-pub use error::{EngineError, Result};
+pub use error::{AdmissionKind, EngineError, Result};
 pub use loop_io::{LatentRecorder, LatentSink, NoiseSource};
 pub use mesh::{Mesh, RankGroups};
 pub use model_source::ModelSource;

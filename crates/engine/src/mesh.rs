@@ -140,7 +140,7 @@ impl Mesh {
                 .into_iter()
                 .map(|h| {
                     h.join().unwrap_or_else(|_| {
-                        Err(EngineError::request("mesh", "a rank's thread panicked"))
+                        Err(EngineError::Internal("a rank's thread panicked".into()))
                     })
                 })
                 .collect()

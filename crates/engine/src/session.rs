@@ -120,7 +120,7 @@ fn decode_block(
             frames: stopped_after.get().unwrap_or(0),
         };
         return Err(cancelled(cancel, id, at)
-            .unwrap_or_else(|| EngineError::request("decode", "no frames produced")));
+            .unwrap_or_else(|| EngineError::Internal("the decode produced no frames".into())));
     };
     Ok((frames_of(pixels)?, start.elapsed()))
 }
@@ -636,8 +636,8 @@ impl Session {
                 let next = self.denoise_block(n + 1);
                 (worker.join(), next)
             });
-            let (decoded, state) = decoded
-                .map_err(|_| EngineError::request("decode", "the decode thread panicked"))?;
+            let (decoded, state) =
+                decoded.map_err(|_| EngineError::Internal("the decode thread panicked".into()))?;
             self.decode_state = state;
             self.pending = Some(next?);
             platform.phase(Phase::DenoiseEnd);
@@ -825,7 +825,7 @@ impl Session {
         drop(camera);
         drop(still);
         let own = own.ok_or_else(|| {
-            EngineError::request("commit", "the block ended before its keys/values")
+            EngineError::Internal("the block ended before its keys/values".into())
         })?;
         if let Some(kv) = self.kv.as_mut() {
             kv.commit(first, &own)?;

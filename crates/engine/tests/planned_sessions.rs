@@ -3,7 +3,7 @@
 //! plan comes from meta execution), fallback on a mismatch, release on failure, and
 //! admission by the planned peak.
 
-use headroom_engine::{Engine, EngineConfig, EngineError, SessionRequest};
+use headroom_engine::{AdmissionKind, Engine, EngineConfig, SessionRequest};
 use headroom_mem::{AllocatorConfig, AllocatorPolicy, PlannedOptions, ReclaimPolicy, MIB};
 
 fn engine(policy: AllocatorPolicy, capacity: Option<u64>) -> Engine {
@@ -144,7 +144,11 @@ fn a_session_whose_planned_peak_exceeds_free_memory_is_refused_before_its_first_
         Some(weights + (peak - weights) / 2),
     );
     let err = tight.open_session(request(1)).unwrap_err();
-    assert!(matches!(err, EngineError::Admission(_)), "{err}");
+    assert_eq!(
+        err.admission_kind(),
+        Some(AdmissionKind::PlannedPeak),
+        "{err}"
+    );
     let message = err.to_string();
     assert!(
         message.contains("planned peak") && message.contains("capacity"),
@@ -242,7 +246,11 @@ fn admission_adds_the_live_sessions_planned_peaks_and_queues_what_does_not_fit()
     run(&tight, request(1));
     let mut first = tight.open_session(request(1)).unwrap();
     let err = tight.open_session(request(2)).unwrap_err();
-    assert!(matches!(err, EngineError::Admission(_)), "{err}");
+    assert_eq!(
+        err.admission_kind(),
+        Some(AdmissionKind::PlannedPeak),
+        "{err}"
+    );
     let message = err.to_string();
     assert!(
         message.contains("planned peak") && message.contains("committed"),

@@ -1,6 +1,8 @@
 //! The one error type of the server, and the wire `code` each variant is sent with.
 
-use headroom_engine::EngineError;
+use headroom_engine::{AdmissionKind, EngineError};
+
+use crate::refusal::Refusal;
 
 /// Errors of the server; each maps to the `code` of a wire `error` message.
 #[derive(Debug, thiserror::Error)]
@@ -40,8 +42,13 @@ pub enum ServerError {
     EventIdConflict(String),
     /// The server cannot admit the session now (session slots, KV pages or memory); the
     /// client may retry later.
-    #[error("capacity: {0}")]
-    Capacity(String),
+    #[error("capacity: {reason}")]
+    Capacity {
+        /// What was short (the `reason` label of `headroom_sessions_refused_total`).
+        refusal: Refusal,
+        /// The figures, for people.
+        reason: String,
+    },
     /// No `session.start` arrived in time; the client should send it right after connecting.
     #[error("no session.start within {0:.1} s")]
     StartTimeout(f64),
@@ -62,6 +69,10 @@ pub enum ServerError {
     /// The server's own setup failed (binding, the runtime).
     #[error("server: {0}")]
     Setup(String),
+    /// The server failed, not the request (a thread panicked, an invariant broke); the
+    /// session has ended and released everything it held.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl ServerError {
@@ -82,27 +93,53 @@ impl ServerError {
             ServerError::InvalidState(_) => "invalid_state",
             ServerError::MessageTooLarge { .. } => "message_too_large",
             ServerError::EventIdConflict(_) => "event_id_conflict",
-            ServerError::Capacity(_) => "capacity",
+            ServerError::Capacity { .. } => "capacity",
             ServerError::StartTimeout(_) => "start_timeout",
             ServerError::StallTimeout(_) => "stall_timeout",
             ServerError::Busy(_) => "busy",
             ServerError::Generation(_) => "generation_failed",
             ServerError::ShuttingDown => "shutting_down",
-            ServerError::Setup(_) => "internal",
+            ServerError::Setup(_) | ServerError::Internal(_) => "internal_error",
         }
     }
 
-    /// Classifies an engine error met while opening a session: admission refusals and
-    /// running out of memory while taking the session's state are `capacity` (the session
-    /// never started), rule breaks `invalid_request` with the field in the wire spelling,
-    /// anything else a failed generation.
+    /// A refusal for want of `refusal`.
+    pub fn capacity(refusal: Refusal, reason: impl Into<String>) -> Self {
+        ServerError::Capacity {
+            refusal,
+            reason: reason.into(),
+        }
+    }
+
+    /// Classifies an engine error met while opening a session, by kind: admission
+    /// refusals and running out of memory while taking the session's state are
+    /// `capacity` (the session never started; KV pages apart from memory), rule breaks
+    /// `invalid_request` with the field in the wire spelling, the engine's own faults
+    /// `internal_error`, anything else a failed generation.
     pub fn from_open(error: EngineError) -> Self {
+        if let Some(kind) = error.admission_kind() {
+            let refusal = match kind {
+                AdmissionKind::KvPages => Refusal::KvPages,
+                AdmissionKind::Memory | AdmissionKind::PlannedPeak => Refusal::Memory,
+            };
+            return ServerError::capacity(refusal, admission_reason(error));
+        }
         match error {
-            EngineError::Admission(reason) => ServerError::Capacity(reason),
             EngineError::Request { field, rule } => ServerError::request(wire_field(field), rule),
-            other if other.is_out_of_memory() => ServerError::Capacity(other.to_string()),
+            other if other.is_out_of_memory() => {
+                ServerError::capacity(Refusal::Memory, other.to_string())
+            }
+            other if other.is_internal() => ServerError::Internal(other.to_string()),
             other => ServerError::Generation(other.to_string()),
         }
+    }
+}
+
+/// The figures of an admission refusal, without the engine's `admission: ` prefix.
+fn admission_reason(error: EngineError) -> String {
+    match error {
+        EngineError::Admission { reason, .. } => reason,
+        other => other.to_string(),
     }
 }
 
@@ -124,11 +161,22 @@ pub type Result<T> = std::result::Result<T, ServerError>;
 #[cfg(test)]
 mod tests {
     use super::ServerError;
-    use headroom_engine::EngineError;
+    use crate::refusal::Refusal;
+    use headroom_engine::{AdmissionKind, EngineError};
+
+    /// The wire code and refusal of an engine error met while opening a session.
+    fn mapped(e: EngineError) -> (&'static str, Option<Refusal>) {
+        let server = ServerError::from_open(e);
+        let refusal = match &server {
+            ServerError::Capacity { refusal, .. } => Some(*refusal),
+            _ => None,
+        };
+        (server.code(), refusal)
+    }
 
     #[test]
-    fn opening_errors_map_by_kind_not_by_text() {
-        // A real one: a sim device of 1 MiB asked for 1 GiB.
+    fn a_real_out_of_memory_is_capacity_for_want_of_memory() {
+        // A sim device of 1 MiB asked for 1 GiB.
         let device = headroom_mem::CachingPlatform::sim(
             1 << 20,
             headroom_mem::AllocatorConfig::with_policy(headroom_mem::AllocatorPolicy::Pytorch),
@@ -138,18 +186,74 @@ mod tests {
         let oom = headroom_mem::Platform::allocator(&device)
             .allocate(1 << 30, 0)
             .unwrap_err();
-        assert!(matches!(
-            ServerError::from_open(EngineError::Tensor(oom.into())),
-            ServerError::Capacity(_)
-        ));
-        assert!(matches!(
-            ServerError::from_open(EngineError::Admission("no pages".into())),
-            ServerError::Capacity(_)
-        ));
-        // A failure that merely mentions memory is a failed generation.
-        assert!(matches!(
-            ServerError::from_open(EngineError::Batch("out of memory".into())),
-            ServerError::Generation(_)
-        ));
+        assert_eq!(
+            mapped(EngineError::Tensor(oom.into())),
+            ("capacity", Some(Refusal::Memory))
+        );
+    }
+
+    #[test]
+    fn kv_pages_refusals_are_capacity_for_want_of_pages() {
+        let e = EngineError::admission(AdmissionKind::KvPages, "the pool holds 4 pages");
+        assert_eq!(mapped(e), ("capacity", Some(Refusal::KvPages)));
+    }
+
+    #[test]
+    fn memory_and_planned_peak_refusals_are_capacity_for_want_of_memory() {
+        for kind in [AdmissionKind::Memory, AdmissionKind::PlannedPeak] {
+            let e = EngineError::admission(kind, "does not fit");
+            assert_eq!(mapped(e), ("capacity", Some(Refusal::Memory)));
+        }
+        // The message is the engine's figures, without its own prefix.
+        let e = ServerError::from_open(EngineError::admission(AdmissionKind::Memory, "12 B free"));
+        assert_eq!(e.to_string(), "capacity: 12 B free");
+    }
+
+    #[test]
+    fn a_refusal_on_another_rank_keeps_its_kind() {
+        let e = EngineError::Rank {
+            rank: 1,
+            reason: "admission: pages".into(),
+            cause: Some(Box::new(EngineError::admission(
+                AdmissionKind::KvPages,
+                "pages",
+            ))),
+        };
+        assert_eq!(mapped(e), ("capacity", Some(Refusal::KvPages)));
+    }
+
+    #[test]
+    fn a_rule_break_is_invalid_request_naming_the_wire_field() {
+        let e = ServerError::from_open(EngineError::request("steps", "must be 1 to 8"));
+        assert_eq!(e.code(), "invalid_request");
+        assert!(
+            matches!(&e, ServerError::InvalidRequest { field, .. } if field == "num_inference_steps"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn an_engine_fault_is_internal_error_not_the_request() {
+        assert_eq!(
+            mapped(EngineError::Internal("the decode thread panicked".into())),
+            ("internal_error", None)
+        );
+        let on_rank = EngineError::Rank {
+            rank: 2,
+            reason: "internal".into(),
+            cause: Some(Box::new(EngineError::Internal(
+                "a rank's thread panicked".into(),
+            ))),
+        };
+        assert_eq!(mapped(on_rank), ("internal_error", None));
+    }
+
+    #[test]
+    fn other_failures_are_failed_generations_whatever_their_text() {
+        // A failure that merely mentions memory or a field is a failed generation.
+        assert_eq!(
+            mapped(EngineError::Batch("out of memory in request: steps".into())),
+            ("generation_failed", None)
+        );
     }
 }

@@ -342,8 +342,11 @@ impl Connection {
             match admission.try_enter(pages) {
                 Ok(slot) => return Some(slot),
                 Err(Some(reason)) => {
-                    self.refuse(Refusal::QueueFull, ServerError::Capacity(reason))
-                        .await;
+                    self.refuse(
+                        Refusal::QueueFull,
+                        ServerError::capacity(Refusal::QueueFull, reason),
+                    )
+                    .await;
                     return None;
                 }
                 Err(None) => admission.join(false),
@@ -380,7 +383,7 @@ impl Connection {
                 _ = shutdown.changed() => {}
                 _ = sleep_until(deadline) => {
                     let why = admission.room_for(pages).err().unwrap_or_else(|| "others were ahead".to_string());
-                    let e = ServerError::Capacity(format!(
+                    let e = ServerError::capacity(Refusal::QueueTimeout, format!(
                         "waited {timeout_s:.1} s in the admission queue without a free slot ({why}); raise --queue-timeout or add capacity"
                     ));
                     self.refuse(Refusal::QueueTimeout, e).await;
@@ -569,7 +572,7 @@ impl Connection {
                                 Ending::Cancelled => {
                                     self.send_json(&wire::session_done(request_id, chunks_sent, true)).await;
                                 }
-                                Ending::Refused(ServerError::Capacity(reason)) => {
+                                Ending::Refused(ServerError::Capacity { refusal, reason }) => {
                                     // Others hold pages or memory that end with them: wait
                                     // for them at the head of the queue.
                                     if !opened
@@ -579,12 +582,7 @@ impl Connection {
                                     {
                                         return Outcome::Requeue;
                                     }
-                                    let kind = if reason.contains("pages") {
-                                        Refusal::KvPages
-                                    } else {
-                                        Refusal::Memory
-                                    };
-                                    self.refuse(kind, ServerError::Capacity(reason)).await;
+                                    self.refuse(refusal, ServerError::capacity(refusal, reason)).await;
                                 }
                                 Ending::Refused(e) | Ending::Failed(e) => {
                                     self.send_error(&e, None).await;

@@ -18,7 +18,7 @@ use headroom_text::TextEncoderReport;
 
 use crate::blocks::BLOCK_FRAMES;
 use crate::condition::ImageCondition;
-use crate::error::{EngineError, Result};
+use crate::error::{AdmissionKind, EngineError, Result};
 use crate::mesh::Mesh;
 use crate::model_source::ModelSource;
 use crate::preset::ModelPreset;
@@ -495,7 +495,7 @@ impl Engine {
                 return Ok(Arc::clone(p))
             }
             Some(p) if p.free_pages() != p.total_pages() => {
-                return Err(EngineError::Admission(format!(
+                return Err(EngineError::admission(AdmissionKind::KvPages, format!(
                     "the KV pool holds {} pages and this session needs {need}; it grows once the {} pages in use are given back",
                     p.total_pages(),
                     p.total_pages() - p.free_pages(),
@@ -521,13 +521,16 @@ impl Engine {
         let pages = budget / page;
         let free = self.free_bytes();
         if pages * page > free {
-            return Err(EngineError::Admission(format!(
-                "the KV pool's {} B ({pages} pages of {page} B) do not fit in {free} B free",
-                pages * page
-            )));
+            return Err(EngineError::admission(
+                AdmissionKind::Memory,
+                format!(
+                    "the KV pool's {} B ({pages} pages of {page} B) do not fit in {free} B free",
+                    pages * page
+                ),
+            ));
         }
         let created = KvPool::with_budget(layout, budget, need, &self.device)
-            .map_err(|e| EngineError::Admission(e.to_string()))?;
+            .map_err(|e| EngineError::admission(AdmissionKind::Memory, e.to_string()))?;
         *pool = Some(Arc::clone(&created));
         Ok(created)
     }
@@ -567,7 +570,7 @@ impl Engine {
             self.config.window_frames,
             BLOCK_FRAMES,
         )
-        .map_err(|e| EngineError::Admission(e.to_string()))?;
+        .map_err(|e| EngineError::admission(AdmissionKind::Memory, e.to_string()))?;
         let state = self
             .decoder_for(request.decoder)?
             .state_bytes(request.height, request.width);
@@ -577,9 +580,12 @@ impl Engine {
             (20 * BLOCK_FRAMES * (request.height / s) * (request.width / s) * 4) as u64;
         let free = self.free_bytes();
         if state + cond_bytes > free {
-            return Err(EngineError::Admission(format!(
+            return Err(EngineError::admission(
+                AdmissionKind::Memory,
+                format!(
                 "decoder state {state} B + conditioning {cond_bytes} B do not fit in {free} B free"
-            )));
+            ),
+            ));
         }
         let embeds = match request.prompt.as_deref() {
             Some(prompt) => self.prompts.encode(prompt)?,

@@ -24,7 +24,7 @@ use headroom_mem::{
 use super::Engine;
 use crate::blocks::{frames_for_blocks, BLOCK_FRAMES};
 use crate::config::EngineConfig;
-use crate::error::{EngineError, Result};
+use crate::error::{AdmissionKind, EngineError, Result};
 use crate::mesh::Mesh;
 use crate::request::SessionRequest;
 
@@ -193,14 +193,17 @@ impl MetaTwin {
         let refused = |e: EngineError| match e {
             e if e.is_out_of_memory() => {
                 let stats = twin.platform().memory_stats();
-                EngineError::Admission(format!(
+                EngineError::admission(
+                    AdmissionKind::PlannedPeak,
+                    format!(
                     "the session's planned peak does not fit the {} capacity: its meta execution \
                      ran out of memory with {} reserved ({} allocated); lower the resolution or \
                      frames, or raise --capacity",
                     headroom_mem::format_bytes(TWIN_CAPACITY),
                     headroom_mem::format_bytes(stats.reserved_bytes.all().peak.max(0) as u64),
                     headroom_mem::format_bytes(stats.allocated_bytes.all().peak.max(0) as u64),
-                ))
+                ),
+                )
             }
             other => other,
         };
@@ -339,7 +342,7 @@ impl Engine {
         }
         let (id, _) = allocator
             .open_span(&key)
-            .map_err(|e| EngineError::Admission(e.to_string()))?;
+            .map_err(|e| EngineError::admission(AdmissionKind::PlannedPeak, e.to_string()))?;
         if self
             .batched_steps
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -359,7 +362,7 @@ impl Engine {
         let (_, capacity) = self.platform().mem_info();
         let committed = self.committed_bytes();
         if committed.saturating_add(peak) > capacity {
-            return Err(EngineError::Admission(format!(
+            return Err(EngineError::admission(AdmissionKind::PlannedPeak, format!(
                 "the session's planned peak of {} does not fit: {} of the {} capacity is committed to the weights, the KV pool and the live sessions' planned peaks; lower the resolution or frames, wait for a session to end, or raise --capacity",
                 headroom_mem::format_bytes(peak),
                 headroom_mem::format_bytes(committed),
