@@ -76,9 +76,9 @@ fn code_of(text: &str) -> String {
             rest.find("*/").map_or(text.len(), |n| i + n + 2)
         } else if rest.starts_with("#[cfg(test)]") {
             skip_item(text, i + "#[cfg(test)]".len())
-        } else if rest.starts_with("r#\"") {
+        } else if let Some(raw) = rest.strip_prefix("r#\"") {
             out.push_str("\"\"");
-            rest[3..].find("\"#").map_or(text.len(), |n| i + 3 + n + 2)
+            raw.find("\"#").map_or(text.len(), |n| i + 3 + n + 2)
         } else if bytes[i] == b'"' {
             let mut j = i + 1;
             while j < bytes.len() && bytes[j] != b'"' {
