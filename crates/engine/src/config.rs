@@ -93,7 +93,7 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     /// A host (`cpu`) platform with this configuration's capacity, allocator and
-    /// reclaim policy: what [`Engine::new`] runs on, and each rank of a mesh.
+    /// reclaim policy: what [`Engine::new`](crate::Engine::new) runs on, and each rank of a mesh.
     pub fn cpu_platform(&self) -> Result<Arc<dyn Platform>> {
         Ok(Arc::new(CachingPlatform::cpu(
             self.capacity,

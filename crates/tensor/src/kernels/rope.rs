@@ -22,7 +22,7 @@ use crate::parallel;
 /// This is the one kernel-side object that owns heap memory: it is small
 /// (`max_positions · head_dim` floats), built once per model and read-only afterwards.
 /// On a GPU device its tables (and the last positions used) are uploaded once and kept
-/// with it ([`RopeCache`](RopeCache)).
+/// with it ([`RopeCache`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeTable {
     head_dim: usize,
