@@ -156,7 +156,10 @@ impl Mesh {
             return Ok(out);
         }
         // Report the root cause, not the aborts it set off on the other ranks.
-        let root = errors.iter().position(|(_, e)| !is_abort(e)).unwrap_or(0);
+        let root = errors
+            .iter()
+            .position(|(_, e)| !e.is_aborted())
+            .unwrap_or(0);
         let (rank, e) = errors.swap_remove(root);
         if self.ranks() == 1 {
             return Err(e);
@@ -170,9 +173,4 @@ impl Mesh {
             },
         })
     }
-}
-
-/// Whether `e` is a collective that failed because another rank aborted the group.
-fn is_abort(e: &EngineError) -> bool {
-    e.is_aborted()
 }

@@ -24,7 +24,7 @@
 //! forward and the batched VAE work are not what its plan describes, and an arena
 //! kept idle beside the cache would reserve its work twice. Instead, a round of several
 //! sessions runs in shared spans planned for that round's composition, one for its
-//! denoise and one for its decode (`round_plan.rs`), each closed when its half
+//! denoise and one for its decode (`engine/round_plan.rs`), each closed when its half
 //! ends.
 //!
 //! What batching buys: one GEMM of M = Σ tokens instead of one per session (a `world`
@@ -75,8 +75,8 @@ fn prepare_round(
 }
 
 /// [`next_chunks`], a batched round's allocations in the shared spans of round `round`
-/// when given (the meta twin recording a round), else of the round
-/// its members' planner keys ([`prepare_round`]).
+/// when given (the meta twin recording a round), else of the round that its members'
+/// planner keys ([`prepare_round`]).
 pub(crate) fn next_chunks_in(
     sessions: &mut [&mut Session],
     round: Option<&str>,
@@ -245,7 +245,7 @@ pub(crate) fn decode_key(key: &str) -> String {
 /// in it; `None` where it cannot open (its arenas do not fit: the round runs on the
 /// caching path).
 fn enter_round(
-    allocator: &headroom_mem::CachingAllocator,
+    allocator: &CachingAllocator,
     key: &str,
     sessions: &mut [&mut Session],
     members: &[usize],
@@ -259,7 +259,7 @@ fn enter_round(
 
 /// Takes every session out of round span `id` and closes it.
 fn leave_round(
-    allocator: &headroom_mem::CachingAllocator,
+    allocator: &CachingAllocator,
     id: headroom_mem::SpanId,
     sessions: &mut [&mut Session],
 ) {

@@ -111,6 +111,15 @@ impl ServerError {
         }
     }
 
+    /// What a refusal of a session was for (`None` for an error that refuses nothing).
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            ServerError::Capacity { refusal, .. } => Some(*refusal),
+            ServerError::ShuttingDown => Some(Refusal::ShuttingDown),
+            _ => None,
+        }
+    }
+
     /// Classifies an engine error met while opening a session, by kind: admission
     /// refusals and running out of memory while taking the session's state are
     /// `capacity` (the session never started; KV pages apart from memory), rule breaks
@@ -167,11 +176,7 @@ mod tests {
     /// The wire code and refusal of an engine error met while opening a session.
     fn mapped(e: EngineError) -> (&'static str, Option<Refusal>) {
         let server = ServerError::from_open(e);
-        let refusal = match &server {
-            ServerError::Capacity { refusal, .. } => Some(*refusal),
-            _ => None,
-        };
-        (server.code(), refusal)
+        (server.code(), server.refusal())
     }
 
     #[test]

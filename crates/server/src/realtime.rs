@@ -316,9 +316,11 @@ impl Connection {
         }
     }
 
-    /// Refuses the session for `reason`, counting it.
-    async fn refuse(&mut self, reason: Refusal, error: ServerError) {
-        self.state.metrics.refused(reason);
+    /// Refuses the session with `error`, counting it by its refusal.
+    async fn refuse(&mut self, error: ServerError) {
+        if let Some(reason) = error.refusal() {
+            self.state.metrics.refused(reason);
+        }
         self.send_error(&error, None).await;
     }
 
@@ -342,11 +344,8 @@ impl Connection {
             match admission.try_enter(pages) {
                 Ok(slot) => return Some(slot),
                 Err(Some(reason)) => {
-                    self.refuse(
-                        Refusal::QueueFull,
-                        ServerError::capacity(Refusal::QueueFull, reason),
-                    )
-                    .await;
+                    self.refuse(ServerError::capacity(Refusal::QueueFull, reason))
+                        .await;
                     return None;
                 }
                 Err(None) => admission.join(false),
@@ -357,8 +356,7 @@ impl Connection {
         let mut told = None;
         loop {
             if state.is_shutting_down() {
-                self.refuse(Refusal::ShuttingDown, ServerError::ShuttingDown)
-                    .await;
+                self.refuse(ServerError::ShuttingDown).await;
                 return None;
             }
             ticket = match ticket.try_admit(pages) {
@@ -386,7 +384,7 @@ impl Connection {
                     let e = ServerError::capacity(Refusal::QueueTimeout, format!(
                         "waited {timeout_s:.1} s in the admission queue without a free slot ({why}); raise --queue-timeout or add capacity"
                     ));
-                    self.refuse(Refusal::QueueTimeout, e).await;
+                    self.refuse(e).await;
                     return None;
                 }
                 message = self.socket.recv() => {
@@ -572,7 +570,7 @@ impl Connection {
                                 Ending::Cancelled => {
                                     self.send_json(&wire::session_done(request_id, chunks_sent, true)).await;
                                 }
-                                Ending::Refused(ServerError::Capacity { refusal, reason }) => {
+                                Ending::Refused(e @ ServerError::Capacity { .. }) => {
                                     // Others hold pages or memory that end with them: wait
                                     // for them at the head of the queue.
                                     if !opened
@@ -582,7 +580,7 @@ impl Connection {
                                     {
                                         return Outcome::Requeue;
                                     }
-                                    self.refuse(refusal, ServerError::capacity(refusal, reason)).await;
+                                    self.refuse(e).await;
                                 }
                                 Ending::Refused(e) | Ending::Failed(e) => {
                                     self.send_error(&e, None).await;

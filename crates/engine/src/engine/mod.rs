@@ -23,8 +23,7 @@ use crate::mesh::Mesh;
 use crate::model_source::ModelSource;
 use crate::preset::ModelPreset;
 use crate::session::{Session, SessionRequest};
-use crate::text::pad_text;
-use crate::text::Prompts;
+use crate::text::{pad_text, Prompts};
 
 pub use crate::config::EngineConfig;
 

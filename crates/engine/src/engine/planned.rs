@@ -73,6 +73,29 @@ pub(crate) fn span_key(
 /// Capacity of the twin's modelled device: it only counts, so it may be huge.
 const TWIN_CAPACITY: u64 = 1 << 50;
 
+/// The setup of the twin of the engine of `config` whose KV pool holds
+/// `kv_pool_bytes`. The twin records without a plan, so it must not run out of memory
+/// where the planned session would not: its device is as large as needed, and its KV
+/// pool is the real pool's size (not a fraction of that device).
+fn twin_config(config: &EngineConfig, kv_pool_bytes: Option<u64>) -> EngineConfig {
+    EngineConfig {
+        kv_fraction: None,
+        kv_budget_bytes: kv_pool_bytes.or(config.kv_budget_bytes),
+        capacity: Some(TWIN_CAPACITY),
+        ..config.clone()
+    }
+}
+
+/// A modelled device of [`TWIN_CAPACITY`] under the planned allocator: what a twin
+/// (or each rank of a twin mesh) runs on.
+fn twin_platform() -> Result<Arc<dyn headroom_mem::Platform>> {
+    Ok(Arc::new(CachingPlatform::sim(
+        TWIN_CAPACITY,
+        AllocatorConfig::with_policy(AllocatorPolicy::Planned),
+        ReclaimPolicy::Never,
+    )?))
+}
+
 /// The sim twin that meta-executes sessions for plans; created on first use.
 #[derive(Debug, Default)]
 pub(crate) struct MetaTwin {
@@ -99,31 +122,12 @@ impl MetaTwin {
         request: &SessionRequest,
         (mesh, rank): (Mesh, usize),
     ) -> Result<headroom_mem::PlanBook> {
-        let twin_config = EngineConfig {
-            kv_fraction: None,
-            kv_budget_bytes: kv_pool_bytes.or(config.kv_budget_bytes),
-            capacity: Some(TWIN_CAPACITY),
-            ..config.clone()
-        };
-        let platform = |_rank: usize| -> Result<Arc<dyn headroom_mem::Platform>> {
-            Ok(Arc::new(CachingPlatform::sim(
-                TWIN_CAPACITY,
-                AllocatorConfig::with_policy(AllocatorPolicy::Planned),
-                ReclaimPolicy::Never,
-            )?))
-        };
-        let mut books = Engine::on_each_rank(mesh, &twin_config, platform, |_, twin| {
-            let request = SessionRequest {
-                latent_sink: None,
-                ..request.clone()
-            };
-            let mut session = twin.open_session(request)?;
-            for _ in 0..session.chunks_total().unwrap_or(0) {
-                session.next_chunk()?;
-            }
-            drop(session);
-            Ok(twin.platform().allocator().plans())
-        })?;
+        let mut books = Engine::on_each_rank(
+            mesh,
+            &twin_config(config, kv_pool_bytes),
+            |_| twin_platform(),
+            |_, twin| Self::meta_execute(twin, request, |e| e),
+        )?;
         if rank >= books.len() {
             return Err(EngineError::request("mesh", "rank outside the mesh"));
         }
@@ -163,23 +167,10 @@ impl MetaTwin {
         let mut slot = self.engine.lock().unwrap_or_else(|p| p.into_inner());
         let twin = match slot.take() {
             Some(twin) => twin,
-            None => {
-                // The twin records without a plan, so it must not run out of memory where
-                // the planned session would not: its device is as large as needed, and its
-                // KV pool is the real pool's size (not a fraction of that device).
-                let platform = CachingPlatform::sim(
-                    TWIN_CAPACITY,
-                    AllocatorConfig::with_policy(AllocatorPolicy::Planned),
-                    ReclaimPolicy::Never,
-                )?;
-                let twin_config = EngineConfig {
-                    kv_fraction: None,
-                    kv_budget_bytes: kv_pool_bytes.or(config.kv_budget_bytes),
-                    capacity: Some(TWIN_CAPACITY),
-                    ..config.clone()
-                };
-                Box::new(Engine::twin(twin_config, Arc::new(platform))?)
-            }
+            None => Box::new(Engine::twin(
+                twin_config(config, kv_pool_bytes),
+                twin_platform()?,
+            )?),
         };
         f(slot.insert(twin)).map(Some)
     }

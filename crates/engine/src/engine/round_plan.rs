@@ -21,10 +21,10 @@ use std::sync::{Arc, Mutex};
 
 use headroom_mem::{AllocatorPolicy, CachingAllocator, PlanBook};
 
+use super::planned::MetaTwin;
 use super::Engine;
 use crate::blocks::{frames_for_blocks, BLOCK_FRAMES};
 use crate::config::EngineConfig;
-use crate::engine::planned::MetaTwin;
 use crate::error::Result;
 use crate::request::SessionRequest;
 use crate::round::{RoundMember, RoundPlans};

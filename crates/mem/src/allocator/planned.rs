@@ -40,7 +40,7 @@ use super::block::BlockId;
 use super::planner::{PlacementOrder, Plan, PlanRequest};
 
 /// Plan positions a request may be ahead of or behind the one expected next.
-pub(super) const LOOKAHEAD: usize = 256;
+const LOOKAHEAD: usize = 256;
 /// Plan positions before the end at which a request that matches nothing starts the
 /// plan's period over.
 pub(super) const REWIND_SLACK: usize = 16;
@@ -71,9 +71,9 @@ pub(crate) fn entered_span() -> Option<SpanId> {
 /// nest).
 #[derive(Debug)]
 pub struct SpanGuard {
-    pub(super) previous: Option<SpanId>,
+    previous: Option<SpanId>,
     /// Entered on this thread: the guard must be dropped there.
-    pub(super) _not_send: std::marker::PhantomData<*const ()>,
+    _not_send: std::marker::PhantomData<*const ()>,
 }
 
 impl SpanGuard {

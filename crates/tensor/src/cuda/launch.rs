@@ -143,17 +143,6 @@ impl DeviceView {
         Some(v)
     }
 
-    /// The row-major contiguous view of `shape`.
-    pub fn contiguous(shape: &[usize]) -> Option<Self> {
-        let mut strides = vec![0; shape.len()];
-        let mut step = 1;
-        for (stride, &dim) in strides.iter_mut().zip(shape).rev() {
-            *stride = step;
-            step *= dim.max(1);
-        }
-        Self::new(shape, &strides)
-    }
-
     /// The argument (`View` by value).
     pub fn arg(&self) -> Arg {
         let mut s = CStruct::new().i32(self.rank as i32);

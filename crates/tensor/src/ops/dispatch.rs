@@ -451,7 +451,8 @@ pub fn pad(
     // each axis (`pad_f32` reads it so); the output view carries the output shape.
     let before: Vec<usize> = pads.iter().map(|p| p.0).collect();
     let vin = DeviceView::new(x.shape(), &before).expect("rank checked");
-    let vout = DeviceView::contiguous(out.shape()).expect("rank checked");
+    let vout = DeviceView::new(out.shape(), &crate::layout::contiguous_strides(out.shape()))
+        .expect("rank checked");
     l.launch(&Launch::elements(
         "pad_f32",
         n,

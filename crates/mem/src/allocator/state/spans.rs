@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use super::{SegmentInfo, State};
 use crate::allocator::block::{round_size, Block, BlockId, PoolKind};
-use crate::allocator::planned::*;
+use crate::allocator::planned::{
+    Arena, Lookup, Mode, Recorder, Replay, Span, SpanId, SpanStart, MISS_LIMIT, NEXT_SPAN,
+    POISON_BYTE, REWIND_SLACK,
+};
 use crate::allocator::planner::{plan, PlanRequest, Slot};
 use crate::error::{MemError, Result};
 use crate::history::TraceAction;
