@@ -13,14 +13,12 @@ pub mod history;
 pub mod pickle;
 pub mod platform;
 pub mod policy;
-pub mod pth;
 pub mod reclaim;
 pub mod replay;
 pub mod rss;
 pub mod size;
 pub mod snapshot;
 pub mod stats;
-pub mod zip;
 
 pub use allocator::planner::{PlacementOrder, Plan, PlanEntry, PlanRequest, Slot};
 pub use allocator::{

@@ -21,7 +21,8 @@
 
 use rayon::prelude::*;
 
-use super::{Geometry, Job};
+use super::job::Job;
+use super::params::Geometry;
 use crate::kernels::cpu::amx::Kernel;
 use crate::kernels::cpu::pack::{
     as_u16, pack_a, pair_row, Operand, Part, KSTEP_LEN, PANEL, TILE_K,

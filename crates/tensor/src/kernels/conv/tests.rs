@@ -1,7 +1,9 @@
 //! conv3d / conv2d against a direct f64 reference, and the tiling's invariants.
 
+use super::job::Job;
 use super::*;
 
+use crate::kernels::gemm::Compute;
 use crate::kernels::test_rng::random;
 
 /// Splits a flat index into coordinates of `dims` (row-major).

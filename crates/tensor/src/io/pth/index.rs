@@ -1,6 +1,7 @@
-//! PyTorch checkpoints (`.pth` / `.pt` from `torch.save`), read without running them.
+//! The checked tensor index of a PyTorch checkpoint (`.pth` / `.pt` from `torch.save`),
+//! read without running it.
 //!
-//! A checkpoint is a stored zip archive (see [`crate::zip`]) holding `<root>/data.pkl`,
+//! A checkpoint is a stored zip archive (see [`super::zip`]) holding `<root>/data.pkl`,
 //! a protocol-2 pickle of the saved object, and one entry `<root>/data/<key>` per
 //! storage. Tensors appear in the pickle as calls of `torch._utils._rebuild_tensor_v2`
 //! (or `_rebuild_parameter` around one) on a persistent id
@@ -21,8 +22,9 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use crate::pickle::{from_pickle_restricted, PickleError, PickleValue};
-use crate::zip::{stored_entries, ZipEntry, ZipError};
+use headroom_mem::pickle::{from_pickle_restricted, PickleError, PickleValue};
+
+use super::zip::{stored_entries, ZipEntry, ZipError};
 
 /// Element types of torch storages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,9 +340,9 @@ fn rebuild(
 
 #[cfg(test)]
 mod tests {
+    use super::super::zip::tests::stored_zip;
     use super::*;
-    use crate::pickle::to_pickle;
-    use crate::zip::tests::stored_zip;
+    use headroom_mem::pickle::to_pickle;
 
     fn global(module: &str, name: &str) -> PickleValue {
         PickleValue::Global {

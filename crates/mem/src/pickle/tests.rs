@@ -1,5 +1,6 @@
-//! Tests of the pickle codec (kept beside it so `pickle.rs` stays one concept).
+//! Tests of the pickle codec (kept in a file of their own so each codec file stays one concept).
 
+use super::opcode::*;
 use super::*;
 
 const FIXTURE: &[u8] = include_bytes!(concat!(

@@ -1,13 +1,18 @@
 //! PyTorch checkpoints (`.pth` / `.pt`), memory-mapped and read without running them:
-//! [`headroom_mem::pth`] checks the archive and the pickle against its allow-list and
-//! says where each tensor's bytes are; this module copies them once into allocator
-//! blocks, converting the dtype on the way, and drops the mapped pages behind it.
+//! [`zip`] finds the stored entries of the archive, [`index`] checks the pickle against
+//! its allow-list and says where each tensor's bytes are, and this module copies them
+//! once into allocator blocks, converting the dtype on the way, and drops the mapped
+//! pages behind it.
+
+pub mod index;
+pub mod zip;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use headroom_mem::pth::{read_pth, PthTensor, StorageDtype};
 use memmap2::Mmap;
+
+use self::index::{read_pth, PthTensor, StorageDtype};
 
 use crate::device::Device;
 use crate::dtype::DType;
