@@ -116,10 +116,7 @@ impl RankMemory {
 }
 
 fn wire_err(reason: impl std::fmt::Display) -> EngineError {
-    EngineError::request(
-        "mesh",
-        format!("a session command did not decode: {reason}"),
-    )
+    EngineError::Internal(format!("a session command did not decode: {reason}"))
 }
 
 /// `[u64 header length][JSON header][per blob: u64 length, f32 little-endian values]`.

@@ -422,6 +422,6 @@ fn settled(session: &mut Session, e: EngineError) -> Result<Chunk> {
 fn collect(results: Vec<Option<Result<Chunk>>>) -> Vec<Result<Chunk>> {
     results
         .into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(EngineError::request("session", "no chunk was run"))))
+        .map(|r| r.unwrap_or_else(|| Err(EngineError::Internal("no chunk was run".into()))))
         .collect()
 }

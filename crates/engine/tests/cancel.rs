@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use headroom_engine::{
-    CancelReason, CancelToken, Checkpoint, Engine, EngineConfig, EngineError, SessionRequest,
+    CancelReason, CancelToken, Checkpoint, Engine, EngineConfig, EngineError, Placement,
+    SessionRequest,
 };
 use headroom_mem::{
     AllocatorConfig, CachingAllocator, CachingPlatform, MemoryStats, Phase, Platform, PlatformKind,
@@ -73,7 +74,7 @@ fn engine_on(at: Phase) -> (Engine, Arc<CancelAt>) {
         kv_budget_bytes: Some(8 << 20),
         ..EngineConfig::default()
     };
-    let engine = Engine::on(config, platform.clone()).unwrap();
+    let engine = Engine::load(config, Placement::host(platform.clone())).unwrap();
     (engine, platform)
 }
 

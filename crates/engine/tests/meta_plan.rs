@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use headroom_engine::{Engine, EngineConfig, SessionRequest};
+use headroom_engine::{Engine, EngineConfig, Placement, SessionRequest};
 use headroom_mem::{AllocatorConfig, CachingPlatform, ReclaimPolicy, GIB};
 use headroom_tensor::DType;
 
@@ -15,13 +15,13 @@ fn the_14b_preset_streams_a_session_as_meta_execution() {
         ReclaimPolicy::BeforeDecode,
     )
     .unwrap();
-    let engine = Engine::on(
+    let engine = Engine::load(
         EngineConfig {
             model: "lingbot-world-v2-14b".to_string(),
             weight_dtype: DType::BF16,
             ..EngineConfig::default()
         },
-        Arc::new(platform),
+        Placement::host(Arc::new(platform)),
     )
     .unwrap();
     let weights = engine

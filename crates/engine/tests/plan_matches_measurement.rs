@@ -1,7 +1,7 @@
 //! The plan (meta execution on `sim` platforms) predicts, byte for byte, the peaks the
 //! same session measures on `cpu` platforms, unsharded and sharded.
 
-use headroom_bench::plan::{run_plan, PlanConfig, PlanPlatform};
+use headroom_engine::plan::{run_plan, PlanConfig, PlanPlatform};
 use headroom_engine::Mesh;
 use headroom_mem::{AllocatorConfig, AllocatorPolicy, ReclaimPolicy, GIB};
 use headroom_tensor::DType;
@@ -80,7 +80,7 @@ fn sharding_divides_the_transformer_weights_and_the_kv_cache() {
         .unwrap()
     };
     let (w1, w2, w4) = (plan(1, 1), plan(2, 1), plan(4, 1));
-    let weights = |rows: &[headroom_bench::plan::RankPlan]| rows[0].weights_bytes as f64;
+    let weights = |rows: &[headroom_engine::plan::RankPlan]| rows[0].weights_bytes as f64;
     // weights(tp) = replicated + sharded / tp: each doubling of tp halves the saving.
     let (first, second) = (weights(&w1) - weights(&w2), weights(&w2) - weights(&w4));
     assert!(

@@ -6,9 +6,10 @@
 use std::sync::Arc;
 
 use headroom_engine::replicated::{follow, lead_open, lead_shutdown};
-use headroom_engine::{Engine, EngineConfig, EngineError, Mesh, SessionRequest};
+use headroom_engine::{Engine, EngineConfig, EngineError, Mesh, Placement, SessionRequest};
 use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy, MIB};
 use headroom_model::camera::Keys;
+use headroom_tensor::Device;
 
 fn config() -> EngineConfig {
     EngineConfig {
@@ -94,13 +95,16 @@ fn a_rank_that_runs_out_of_memory_mid_session_ends_every_rank_naming_it() {
     // Rank 1 holds its weights but not a session's activations.
     let weights = {
         let p = platform(None);
-        let _engine = Engine::on(config(), Arc::clone(&p)).unwrap();
+        let _engine = Engine::load(config(), Placement::host(Arc::clone(&p))).unwrap();
         p.memory_stats().reserved_bytes.all().current as u64
     };
     let err = mesh
         .run_threads(|groups| {
             let capacity = (groups.rank() == 1).then_some(weights + 2 * MIB);
-            let engine = Engine::on_mesh(config(), platform(capacity), &groups)?;
+            let engine = Engine::load(
+                config(),
+                Placement::rank(Device::new(platform(capacity)), &groups),
+            )?;
             if groups.rank() != 0 {
                 return follow(&engine, &groups.world);
             }

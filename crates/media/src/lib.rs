@@ -1,12 +1,15 @@
-//! Writing frames out: YUV4MPEG2 (`.y4m`, playable by ffplay/mpv, 4:4:4), PNG
+//! Reading frames in (PNG and JPEG from untrusted bytes, [`image`]) and writing
+//! them out: YUV4MPEG2 (`.y4m`, playable by ffplay/mpv, 4:4:4), PNG
 //! sequences, and H.264 in MP4 or fragmented MP4 ([`mp4`]). Frames are RGB u8,
 //! `height × width × 3`, row-major.
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod h264;
+pub mod image;
 pub mod mp4;
 
 pub use h264::check_h264_size;
+pub use self::image::{decode_image, ImageError};
 pub use mp4::{FragmentedMp4, Mp4Writer};
 
 use std::fs::File;

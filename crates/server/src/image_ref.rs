@@ -75,7 +75,7 @@ fn decode_rgb(url: &str) -> Result<image::RgbImage> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(payload.trim())
         .map_err(|e| ServerError::request(FIELD, format!("payload is not valid base64: {e}")))?;
-    headroom_engine::first_frame::decode_image(&bytes, MAX_SIDE)
+    headroom_media::decode_image(&bytes, MAX_SIDE)
         .map_err(|e| ServerError::request(FIELD, format!("the {mime} image: {e}")))
 }
 

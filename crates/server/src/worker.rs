@@ -15,12 +15,10 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use headroom_engine::replicated::{lead_open, LeadSession};
 use headroom_engine::{
-    CancelToken, Chunk, Engine, EngineError, Member, Session, SessionRequest, StepQueue,
+    CancelToken, Chunk, Drive, Engine, EngineError, SessionDriver, SessionRequest, StepQueue,
 };
 use headroom_media::FragmentedMp4;
-use headroom_model::camera::CameraUpdate;
 use headroom_model::camera::UpdateMode;
 use headroom_tensor::comm::Communicator;
 use headroom_tensor::Device;
@@ -247,96 +245,6 @@ fn run(
     let _ = events.blocking_send(WorkerEvent::Ended(ending));
 }
 
-/// A session alone on this engine, stepped together with the others, or led on every
-/// rank of a mesh.
-enum Live {
-    /// This engine's own session.
-    Alone(Session),
-    /// This engine's session, its chunks run through the step queue (it is `None` only
-    /// while the queue holds it).
-    Stepped {
-        session: Option<Session>,
-        queue: Arc<StepQueue>,
-        _member: Member,
-    },
-    /// Rank 0's side of a session every rank runs.
-    Led(LeadSession),
-}
-
-impl Live {
-    fn chunks_total(&self) -> Option<usize> {
-        match self {
-            Live::Alone(s) => s.chunks_total(),
-            Live::Stepped { session, .. } => session.as_ref().and_then(Session::chunks_total),
-            Live::Led(s) => s.session().and_then(Session::chunks_total),
-        }
-    }
-
-    /// The next chunk, due at `due` on the session's playback clock (a capped batch
-    /// runs the chunks due soonest first).
-    fn next_chunk(&mut self, due: Instant) -> std::result::Result<Chunk, EngineError> {
-        match self {
-            Live::Alone(s) => s.next_chunk(),
-            Live::Stepped { session, queue, .. } => {
-                let Some(s) = session.take() else {
-                    return Err(EngineError::request("session", "already released"));
-                };
-                let (back, chunk) = queue.next_chunk_due(s, due);
-                *session = Some(back);
-                chunk
-            }
-            Live::Led(s) => s.next_chunk(),
-        }
-    }
-
-    fn set_prompt(&mut self, prompt: &str) -> std::result::Result<(), EngineError> {
-        match self {
-            Live::Alone(s) => s.set_prompt(prompt),
-            Live::Stepped { session, .. } => stepped(session)?.set_prompt(prompt),
-            Live::Led(s) => s.set_prompt(prompt),
-        }
-    }
-
-    fn interact(&mut self, update: CameraUpdate) -> std::result::Result<(), EngineError> {
-        match self {
-            Live::Alone(s) => s.interact(update),
-            Live::Stepped { session, .. } => stepped(session)?.interact(update),
-            Live::Led(s) => s.interact(update),
-        }
-    }
-
-    /// Stops a session alone at its next safe point when `token` fires. A led session
-    /// is stopped at chunk boundaries only: its ranks meet inside every forward.
-    fn set_cancel(&mut self, token: CancelToken) {
-        match self {
-            Live::Alone(s)
-            | Live::Stepped {
-                session: Some(s), ..
-            } => s.set_cancel(token),
-            _ => {}
-        }
-    }
-
-    /// Releases the session; on a mesh, every rank's memory over it.
-    fn finish(
-        self,
-        engine: &Engine,
-    ) -> std::result::Result<Option<Vec<headroom_engine::replicated::RankMemory>>, EngineError>
-    {
-        match self {
-            Live::Alone(_) | Live::Stepped { .. } => Ok(None),
-            Live::Led(s) => s.close(engine).map(Some),
-        }
-    }
-}
-
-/// The session of a stepped [`Live`], which is there between chunks.
-fn stepped(session: &mut Option<Session>) -> std::result::Result<&mut Session, EngineError> {
-    session
-        .as_mut()
-        .ok_or_else(|| EngineError::request("session", "already released"))
-}
-
 /// Builds the engine request (prompt, first frame, actions) and opens the session (on
 /// every rank of the mesh, with `world`; stepped through `steps` when given).
 fn open(
@@ -344,7 +252,7 @@ fn open(
     world: Option<&Arc<dyn Communicator>>,
     steps: Option<&Arc<StepQueue>>,
     r: &StartRequest,
-) -> Result<Live> {
+) -> Result<SessionDriver> {
     let device = Device::new(Arc::clone(engine.platform()));
     let image = r
         .image_url
@@ -363,29 +271,17 @@ fn open(
         decoder: r.decoder,
         ..SessionRequest::new(r.width, r.height, r.num_frames)
     };
-    match world {
-        Some(world) => lead_open(engine, world, request)
-            .map(Live::Led)
-            .map_err(ServerError::from_open),
-        None => {
-            let session = engine
-                .open_session(request)
-                .map_err(ServerError::from_open)?;
-            Ok(match steps {
-                Some(queue) => Live::Stepped {
-                    session: Some(session),
-                    _member: queue.join(),
-                    queue: Arc::clone(queue),
-                },
-                None => Live::Alone(session),
-            })
-        }
-    }
+    let how = match (world, steps) {
+        (Some(world), _) => Drive::Led(world),
+        (None, Some(queue)) => Drive::Stepped(queue),
+        (None, None) => Drive::Alone,
+    };
+    SessionDriver::open(engine, request, how).map_err(ServerError::from_open)
 }
 
 /// A running session and its plumbing.
 struct Stream<'a> {
-    session: Live,
+    session: SessionDriver,
     tracker: Tracker,
     events: &'a mpsc::Sender<WorkerEvent>,
     control: &'a Receiver<Interaction>,
@@ -435,7 +331,7 @@ impl Stream<'_> {
             let t = Instant::now();
             // Due when its first frame should play; the first chunk is due at once.
             let due = playback.map_or(self.started_at, |start| playing_at(start, played_frames));
-            let chunk = match self.session.next_chunk(due) {
+            let chunk = match self.session.next_chunk_due(due) {
                 Ok(chunk) => chunk,
                 // Stopped inside the chunk: the session has already let go of its pages.
                 Err(EngineError::Cancelled { .. }) => return Ending::Cancelled,

@@ -14,11 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use headroom_engine::{Engine, EngineConfig, SessionRequest};
+use headroom_engine::{Engine, EngineConfig, Placement, SessionRequest};
 use headroom_mem::{
     process_minor_faults, process_rss_bytes, AllocatorConfig, AllocatorPolicy, Platform,
     ReclaimPolicy,
 };
+use headroom_tensor::Device;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -257,7 +258,7 @@ fn run_once(
     let engine = match &config.groups {
         Some(groups) => engine_config
             .cpu_platform()
-            .and_then(|p| Engine::on_mesh(engine_config, p, groups)),
+            .and_then(|p| Engine::load(engine_config, Placement::rank(Device::new(p), groups))),
         None => Engine::new(engine_config),
     }
     .map_err(|e| BenchError::InvalidConfig {

@@ -12,17 +12,13 @@
 //!
 //! Sharded ranks cannot meta-execute alone (their collectives need the other ranks), so
 //! they record their first session instead; `headroom plan` meta-executes the whole mesh
-//! and installs the plans (see `bench::plan`).
+//! and installs the plans (see [`crate::plan`]).
 
 use std::sync::{Arc, Mutex};
 
-use headroom_mem::allocator::periodic;
-use headroom_mem::{
-    AllocatorConfig, AllocatorPolicy, CachingPlatform, PlanBook, ReclaimPolicy, SpanId,
-};
+use headroom_mem::{AllocatorConfig, AllocatorPolicy, CachingPlatform, ReclaimPolicy};
 
 use super::Engine;
-use crate::blocks::{frames_for_blocks, BLOCK_FRAMES};
 use crate::config::EngineConfig;
 use crate::error::{AdmissionKind, EngineError, Result};
 use crate::mesh::Mesh;
@@ -129,7 +125,7 @@ impl MetaTwin {
             |_, twin| Self::meta_execute(twin, request, |e| e),
         )?;
         if rank >= books.len() {
-            return Err(EngineError::request("mesh", "rank outside the mesh"));
+            return Err(EngineError::Internal("a twin rank outside the mesh".into()));
         }
         Ok(books.swap_remove(rank))
     }
@@ -149,7 +145,7 @@ impl MetaTwin {
         let found = self.with_twin(config, kv_pool_bytes, |twin| {
             Self::plans_on(twin, request, order)
         })?;
-        found.ok_or_else(|| EngineError::request("allocator", "the meta twin was not created"))
+        found.ok_or_else(|| EngineError::Internal("the meta twin was not created".into()))
     }
 
     /// Runs `f` on the sim twin (created on first use, for the engine of `config` whose
@@ -228,152 +224,5 @@ impl MetaTwin {
         }
         drop(session);
         Ok(twin.platform().allocator().plans())
-    }
-}
-
-impl Engine {
-    /// Where image conditions settle ([`crate::condition::probe_settle_block`]), probed
-    /// once; `None` for a model without an image condition.
-    pub(crate) fn condition_settle_block(&self) -> Option<usize> {
-        let c = self.transformer().config();
-        if !c.takes_image_condition() {
-            return None;
-        }
-        *self
-            .condition_settles
-            .get_or_init(|| crate::condition::probe_settle_block(self.vae().config()))
-    }
-
-    /// Blocks a recording needs to end in steady chunks a periodic plan can repeat:
-    /// the KV window full (`window_frames` visible, the sink included) and the image
-    /// condition settled, then two runs of the longest period.
-    pub fn steady_blocks(&self) -> usize {
-        let window = self.config().window_frames.div_ceil(BLOCK_FRAMES);
-        let settled = self.condition_settle_block().unwrap_or(0);
-        window.max(settled) + periodic::marks_needed(periodic::MAX_CHUNKS)
-    }
-
-    /// Under the planned allocator: makes the session's plan (meta execution on the sim
-    /// twin) if there is none, refuses the session when the plan's peak does not fit
-    /// beside what the live sessions have committed, and opens its span beside theirs;
-    /// returns the span, if it opened one. A session of `blocks`
-    /// blocks longer than [`Engine::steady_blocks`], or without an end (`None`), gets a
-    /// periodic plan; one without an end that gets none runs on the caching path (a
-    /// recording would never end).
-    pub(crate) fn begin_planned_span(
-        &self,
-        request: &SessionRequest,
-        blocks: Option<usize>,
-    ) -> Result<Option<SpanId>> {
-        let allocator = self.platform().allocator();
-        if allocator.policy() != AllocatorPolicy::Planned {
-            return Ok(None);
-        }
-        let open_ended = blocks.is_none();
-        let steady = self.steady_blocks();
-        let repeats = blocks.is_none_or(|b| b > steady);
-        let rank = self.transformer().sharding().map(|s| {
-            (
-                s.tp.size(),
-                s.sp.size(),
-                s.sp.rank() * s.tp.size() + s.tp.rank(),
-            )
-        });
-        let key = span_key(self.config(), rank, request);
-        if let Some(cache) = &self.plan_cache {
-            // A plan the last session re-recorded goes to disk, a dropped one leaves it;
-            // then the file's plan is installed when the allocator has none.
-            cache.sync(&key, allocator);
-            cache.load_into(&key, allocator);
-        }
-        if let Some(meta) = &self.meta {
-            if allocator.wants_plan(&key) {
-                let pool_bytes = self.kv_pool().map(|p| p.bytes());
-                let made = if repeats {
-                    let prefix = SessionRequest {
-                        num_frames: frames_for_blocks(steady),
-                        latent_sink: None,
-                        ..request.clone()
-                    };
-                    // Placed once, cheaply: only its periodic plan is kept.
-                    let book = meta.plans_for(
-                        self.config(),
-                        pool_bytes,
-                        &prefix,
-                        Some(headroom_mem::PlacementOrder::Start),
-                    )?;
-                    book.get(&span_key(self.config(), rank, &prefix))
-                        .and_then(|p| periodic::periodic(&p.requests, &p.marks, None))
-                } else {
-                    None
-                };
-                match made {
-                    Some(plan) => {
-                        let mut book = PlanBook::default();
-                        book.insert(&key, plan);
-                        allocator.install_plans(&book);
-                    }
-                    // A session with an end is planned whole.
-                    None if !open_ended => {
-                        let book = meta.plans_for(self.config(), pool_bytes, request, None)?;
-                        allocator.install_plans(&book);
-                    }
-                    None => {}
-                }
-                if let Some(cache) = &self.plan_cache {
-                    cache.sync(&key, allocator);
-                }
-            }
-        }
-        match allocator.planned_peak(&key) {
-            Some(peak) => self.admit_planned_peak(peak)?,
-            // Without a plan a session with an end is recorded; one without is not.
-            None if open_ended => return Ok(None),
-            None => {}
-        }
-        let (id, _) = allocator
-            .open_span(&key)
-            .map_err(|e| EngineError::admission(AdmissionKind::PlannedPeak, e.to_string()))?;
-        if self
-            .batched_steps
-            .load(std::sync::atomic::Ordering::Relaxed)
-        {
-            allocator.detach_span(id);
-        }
-        Ok(Some(id))
-    }
-
-    /// Refuses a session whose planned peak does not fit beside what is committed: the
-    /// capacity must hold what is live outside the arenas (weights, the KV pool, cached
-    /// prompts, tensors of sessions left to the cache), every live session's planned
-    /// peak (its arena, reserved from its first chunk, and the long-lived tensors its
-    /// plan leaves to the cache, counted whole even where some are live already) and
-    /// the new peak. Free cached blocks count as free.
-    fn admit_planned_peak(&self, peak: u64) -> Result<()> {
-        let (_, capacity) = self.platform().mem_info();
-        let committed = self.committed_bytes();
-        if committed.saturating_add(peak) > capacity {
-            return Err(EngineError::admission(AdmissionKind::PlannedPeak, format!(
-                "the session's planned peak of {} does not fit: {} of the {} capacity is committed to the weights, the KV pool and the live sessions' planned peaks; lower the resolution or frames, wait for a session to end, or raise --capacity",
-                headroom_mem::format_bytes(peak),
-                headroom_mem::format_bytes(committed),
-                headroom_mem::format_bytes(capacity),
-            )));
-        }
-        Ok(())
-    }
-
-    /// Bytes the engine and its live sessions have committed: what is live outside the
-    /// arenas, arenas of ended spans still held, and every live span's planned peak;
-    /// what a session's admission adds its peak to.
-    pub fn committed_bytes(&self) -> u64 {
-        let allocator = self.platform().allocator();
-        let c = allocator.span_commitments();
-        let stats = self.platform().memory_stats();
-        let allocated = stats.allocated_now();
-        // Live outside the arenas, plus arenas of spans that ended but still hold a block.
-        let outside = allocated.saturating_sub(c.arena_allocated);
-        let retiring = c.arena_bytes.saturating_sub(c.planned_arenas);
-        outside + retiring + c.planned_peaks
     }
 }

@@ -1,0 +1,163 @@
+//! One driver for a session however it runs: alone on this engine, stepped together
+//! with other sessions through a [`StepQueue`] (their forwards batched), or led on every
+//! rank of a mesh ([`crate::replicated`]). `headroom generate` and the server drive
+//! their sessions through it, so the chunk loop is written once.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use headroom_model::camera::CameraUpdate;
+use headroom_tensor::comm::Communicator;
+
+use crate::cancel::CancelToken;
+use crate::engine::Engine;
+use crate::error::{EngineError, Result};
+use crate::replicated::{lead_open, LeadSession, RankMemory};
+use crate::request::SessionRequest;
+use crate::session::{Chunk, Session};
+use crate::step_queue::{Member, StepQueue};
+
+/// How a session is driven.
+#[derive(Clone, Copy)]
+pub enum Drive<'a> {
+    /// Alone on this engine: each chunk runs when asked for.
+    Alone,
+    /// Stepped with the other sessions of `queue`, whose forwards run batched.
+    Stepped(&'a Arc<StepQueue>),
+    /// On every rank of the mesh of `world` (this is rank 0; the others follow).
+    Led(&'a Arc<dyn Communicator>),
+}
+
+impl std::fmt::Debug for Drive<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Drive::Alone => "Alone",
+            Drive::Stepped(_) => "Stepped",
+            Drive::Led(_) => "Led",
+        })
+    }
+}
+
+/// A session as its caller drives it, whichever [`Drive`] it was opened with.
+#[derive(Debug)]
+pub struct SessionDriver {
+    how: Driven,
+}
+
+/// The session behind a [`SessionDriver`].
+#[derive(Debug)]
+enum Driven {
+    /// This engine's own session.
+    Alone(Session),
+    /// This engine's session, its chunks run through the step queue (it is `None` only
+    /// while the queue holds it).
+    Stepped {
+        session: Option<Session>,
+        queue: Arc<StepQueue>,
+        _member: Member,
+    },
+    /// Rank 0's side of a session every rank runs.
+    Led(LeadSession),
+}
+
+impl SessionDriver {
+    /// Admits and opens `request` on `engine`, driven as `how` says: a refused or
+    /// failed open leaves the engine (and every rank) as it was.
+    pub fn open(engine: &Engine, request: SessionRequest, how: Drive<'_>) -> Result<Self> {
+        let how = match how {
+            Drive::Alone => Driven::Alone(engine.open_session(request)?),
+            Drive::Stepped(queue) => Driven::Stepped {
+                session: Some(engine.open_session(request)?),
+                _member: queue.join(),
+                queue: Arc::clone(queue),
+            },
+            Drive::Led(world) => Driven::Led(lead_open(engine, world, request)?),
+        };
+        Ok(Self { how })
+    }
+
+    /// The session (`None` for a led session after it ended).
+    pub fn session(&self) -> Option<&Session> {
+        match &self.how {
+            Driven::Alone(s) => Some(s),
+            Driven::Stepped { session, .. } => session.as_ref(),
+            Driven::Led(s) => s.session(),
+        }
+    }
+
+    /// Chunks the session will produce; `None` for one that streams until stopped.
+    pub fn chunks_total(&self) -> Option<usize> {
+        self.session().and_then(Session::chunks_total)
+    }
+
+    /// The next chunk; [`EngineError::Finished`] after the last.
+    pub fn next_chunk(&mut self) -> Result<Chunk> {
+        self.next_chunk_due(Instant::now())
+    }
+
+    /// The next chunk, due at `due` on the session's playback clock: a step queue with
+    /// a capped batch runs the chunks due soonest first.
+    pub fn next_chunk_due(&mut self, due: Instant) -> Result<Chunk> {
+        match &mut self.how {
+            Driven::Alone(s) => s.next_chunk(),
+            Driven::Stepped { session, queue, .. } => {
+                let Some(s) = session.take() else {
+                    return Err(released());
+                };
+                let (back, chunk) = queue.next_chunk_due(s, due);
+                *session = Some(back);
+                chunk
+            }
+            Driven::Led(s) => s.next_chunk(),
+        }
+    }
+
+    /// Changes the prompt from the next chunk on (see [`Session::set_prompt`]).
+    pub fn set_prompt(&mut self, prompt: &str) -> Result<()> {
+        match &mut self.how {
+            Driven::Alone(s) => s.set_prompt(prompt),
+            Driven::Stepped { session, .. } => {
+                session.as_mut().ok_or_else(released)?.set_prompt(prompt)
+            }
+            Driven::Led(s) => s.set_prompt(prompt),
+        }
+    }
+
+    /// Queues a camera update for the next chunk (see [`Session::interact`]).
+    pub fn interact(&mut self, update: CameraUpdate) -> Result<()> {
+        match &mut self.how {
+            Driven::Alone(s) => s.interact(update),
+            Driven::Stepped { session, .. } => {
+                session.as_mut().ok_or_else(released)?.interact(update)
+            }
+            Driven::Led(s) => s.interact(update),
+        }
+    }
+
+    /// Stops the session at its next safe point when `token` fires. A led session is
+    /// stopped at chunk boundaries only (its ranks meet inside every forward), so the
+    /// token is not handed to it.
+    pub fn set_cancel(&mut self, token: CancelToken) {
+        match &mut self.how {
+            Driven::Alone(s)
+            | Driven::Stepped {
+                session: Some(s), ..
+            } => s.set_cancel(token),
+            _ => {}
+        }
+    }
+
+    /// Ends the session, releasing what it holds; for a led session, every rank's
+    /// memory over it.
+    pub fn finish(self, engine: &Engine) -> Result<Option<Vec<RankMemory>>> {
+        match self.how {
+            Driven::Alone(_) | Driven::Stepped { .. } => Ok(None),
+            Driven::Led(s) => s.close(engine).map(Some),
+        }
+    }
+}
+
+/// The error of a stepped session asked for while the queue holds it.
+fn released() -> EngineError {
+    EngineError::request("session", "already released")
+}
