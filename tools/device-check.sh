@@ -284,6 +284,8 @@ if bin=$(find_binary); then
   done
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
   export HEADROOM_CUDA_CACHE="$FIGURES/cuda-cache"
+  # On the GPU machine a missing device is a failure, not a skip.
+  export HEADROOM_REQUIRE_GPU=1
   if "$bin" cuda kernels --arch sm_90 --json >"$FIGURES/kernels.json" 2>>"$LOG"; then
     cp "$FIGURES/kernels.json" "$OUT_DIR/cuda-kernels.json"
     record cuda_kernels_compile pass "see cuda-kernels.json"

@@ -23,7 +23,11 @@ fn mpirun() -> Option<Command> {
         .status()
         .is_ok_and(|s| s.success());
     if !found {
-        eprintln!("skipped: mpirun is not installed (Debian: openmpi-bin libopenmpi-dev)");
+        headroom_mem::required::missing(
+            "mpirun",
+            "mpirun is not on PATH",
+            "Debian: apt-get install openmpi-bin libopenmpi-dev",
+        );
         return None;
     }
     let mut cmd = Command::new("mpirun");

@@ -15,6 +15,7 @@ pub mod platform;
 pub mod policy;
 pub mod reclaim;
 pub mod replay;
+pub mod required;
 pub mod rss;
 pub mod size;
 pub mod snapshot;

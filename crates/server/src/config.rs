@@ -98,6 +98,8 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Defaults of `session.start`.
     pub defaults: Defaults,
+    /// Who may come in: API keys, allowed origins, the socket cap ([`crate::door`]).
+    pub door: crate::door::DoorConfig,
 }
 
 impl Default for ServerConfig {
@@ -112,6 +114,7 @@ impl Default for ServerConfig {
             max_batch: None,
             limits: Limits::default(),
             defaults: Defaults::default(),
+            door: crate::door::DoorConfig::default(),
         }
     }
 }

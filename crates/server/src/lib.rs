@@ -8,6 +8,7 @@
 
 pub mod admission;
 pub mod config;
+pub mod door;
 pub mod error;
 pub mod image_ref;
 pub mod metrics;
@@ -22,6 +23,7 @@ pub mod worker;
 
 pub use admission::{Admission, Refusal, Slot, Ticket};
 pub use config::{Defaults, Limits, ServerConfig};
+pub use door::DoorConfig;
 pub use error::{Result, ServerError};
 pub use image_ref::decode_image_url;
 pub use metrics::{Histogram, Metrics, QueueGauges};

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use headroom_engine::Engine;
 
+use crate::door::DoorRefusal;
 use crate::refusal::Refusal;
 
 /// Upper bounds (seconds) of the latency histogram buckets; `+Inf` is implied.
@@ -120,6 +121,9 @@ pub struct Metrics {
     pub connections_open: AtomicU64,
     /// WebSocket connections served since start (counted when their task starts).
     pub connections_total: AtomicU64,
+    /// Requests and sockets the door turned away, by [`DoorRefusal`] (indexed by
+    /// [`DoorRefusal::index`]).
+    pub door_refusals: [AtomicU64; DoorRefusal::ALL.len()],
     /// Time to generate and encode one chunk.
     pub chunk_latency: Histogram,
     /// Time from `session.start` to the first chunk being ready.
@@ -139,6 +143,11 @@ pub(crate) fn counter(out: &mut String, name: &str, help: &str, value: impl std:
 }
 
 impl Metrics {
+    /// Counts a request or socket the door turned away.
+    pub fn door_refused(&self, reason: DoorRefusal) {
+        self.door_refusals[reason.index()].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Records one refusal for `reason` (also counted in `sessions_rejected`).
     pub fn refused(&self, reason: Refusal) {
         self.sessions_refused[reason.index()].fetch_add(1, Ordering::Relaxed);
@@ -370,6 +379,19 @@ impl Metrics {
             "WebSocket connections served.",
             load(&self.connections_total),
         );
+        let _ = writeln!(
+            o,
+            "# HELP headroom_door_refusals_total Requests and sockets turned away at the door, by reason."
+        );
+        let _ = writeln!(o, "# TYPE headroom_door_refusals_total counter");
+        for reason in DoorRefusal::ALL {
+            let _ = writeln!(
+                o,
+                "headroom_door_refusals_total{{reason=\"{}\"}} {}",
+                reason.label(),
+                load(&self.door_refusals[reason.index()])
+            );
+        }
         counter(
             o,
             "headroom_sessions_admitted_total",

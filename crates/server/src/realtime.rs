@@ -29,6 +29,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use serde_json::Value;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant as TokioInstant};
 
+use crate::door::{DoorRefusal, SocketPass, CLOSE_TRY_AGAIN_LATER};
 use crate::error::ServerError;
 use crate::protocol::{ClientMessage, Interaction, StartRequest};
 use crate::state::AppState;
@@ -41,6 +42,7 @@ const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// Serves one WebSocket connection to its end.
 pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>) {
     let _guard = state.socket_guard();
+    let pass = state.room.enter();
     let mut conn = Connection {
         socket,
         open: true,
@@ -50,9 +52,23 @@ pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>) {
         fresh_ids: 0,
         held: Vec::new(),
         scripted: false,
+        close_with: (1000, ""),
     };
-    if let Some((start, started_at)) = conn.await_start().await {
-        conn.run_session(start, started_at).await;
+    match pass {
+        None => {
+            // Every socket is past its start: this one cannot come in now.
+            conn.state.metrics.door_refused(DoorRefusal::Connections);
+            conn.close_with = (
+                CLOSE_TRY_AGAIN_LATER,
+                "the server holds its --max-connections sockets, all in sessions; try again later",
+            );
+        }
+        Some(pass) => {
+            if let Some((start, started_at)) = conn.await_start(&pass).await {
+                pass.started();
+                conn.run_session(start, started_at).await;
+            }
+        }
     }
     conn.close().await;
 }
@@ -71,6 +87,8 @@ struct Connection {
     held: Vec<Interaction>,
     /// The session follows its `camera_action_script`: camera updates are refused.
     scripted: bool,
+    /// The close frame's code and reason.
+    close_with: (u16, &'static str),
 }
 
 /// How a worker's run ended for the socket task.
@@ -148,11 +166,14 @@ impl Connection {
         if !self.open {
             return;
         }
+        let (code, reason) = self.close_with;
         let frame = CloseFrame {
-            code: 1000,
-            reason: "".into(),
+            code,
+            reason: reason.into(),
         };
-        if !self.send(Message::Close(Some(frame))).await {
+        if !self.send(Message::Close(Some(frame))).await || code == CLOSE_TRY_AGAIN_LATER {
+            // A socket turned away for room goes at once: it has nothing on its way, and
+            // lingering would hold the room it was closed to free.
             return;
         }
         let until = TokioInstant::now() + CLOSE_GRACE;
@@ -165,7 +186,10 @@ impl Connection {
 
     /// Reads until a valid `session.start` (answering pings); anything else before it is
     /// an error that ends the connection, as in vLLM-Omni.
-    async fn await_start(&mut self) -> Option<(serde_json::Map<String, Value>, Instant)> {
+    async fn await_start(
+        &mut self,
+        pass: &SocketPass,
+    ) -> Option<(serde_json::Map<String, Value>, Instant)> {
         let limits = self.state.config.limits.clone();
         let deadline = TokioInstant::now() + limits.start_timeout;
         let mut shutdown = self.state.shutdown_signal();
@@ -182,6 +206,15 @@ impl Connection {
                     return None;
                 }
                 _ = shutdown.changed() => continue,
+                _ = pass.evicted() => {
+                    // A newer socket needs the room this one holds without a start.
+                    self.state.metrics.door_refused(DoorRefusal::IdleEvicted);
+                    self.close_with = (
+                        CLOSE_TRY_AGAIN_LATER,
+                        "closed to make room: the server holds its --max-connections sockets and this one sent no session.start",
+                    );
+                    return None;
+                }
             };
             let text = match message {
                 Some(Ok(Message::Text(text))) => text,

@@ -2,7 +2,8 @@
 //!
 //! Routes: `GET /` (the web viewer), `GET /health`, `GET /ready`, `GET /metrics`
 //! (Prometheus text), `GET /stats` (the same figures as JSON, for the viewer) and
-//! `GET /v1/realtime/video` (the WebSocket API).
+//! `GET /v1/realtime/video` (the WebSocket API), all behind [`crate::door`] (keys,
+//! origins, the socket cap).
 //!
 //! Shutdown: when the shutdown future resolves the listener stops accepting, every open
 //! socket is told (its session ends at the next chunk boundary with
@@ -30,6 +31,10 @@ use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
 use crate::realtime::handle_socket;
 use crate::state::AppState;
+
+/// Bytes a WebSocket reads at a time (tungstenite's default, 128 KiB, would be held by
+/// every socket, idle ones included).
+const READ_CHUNK: usize = 16 << 10;
 
 /// The web viewer page.
 const VIEWER_HTML: &str = include_str!("../static/viewer.html");
@@ -65,6 +70,7 @@ impl Server {
         if config.max_sessions == 0 {
             return Err(ServerError::request("max_sessions", "must be at least 1"));
         }
+        config.door.validate()?;
         if world.is_some() && config.max_sessions != 1 {
             return Err(ServerError::request(
                 "max_sessions",
@@ -91,8 +97,14 @@ impl Server {
                 None => StepQueue::new(),
             })
         });
+        let room = Arc::new(crate::door::Sockets::new(
+            config
+                .door
+                .connection_cap(config.max_sessions, config.max_queue),
+        ));
         Ok(Self {
             state: Arc::new(AppState {
+                room,
                 engine,
                 steps,
                 world,
@@ -141,6 +153,10 @@ impl Server {
             .route("/metrics", get(metrics))
             .route("/stats", get(stats))
             .route("/v1/realtime/video", get(realtime))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&self.state),
+                crate::door::guard,
+            ))
             .with_state(Arc::clone(&self.state))
     }
 
@@ -298,7 +314,11 @@ async fn realtime(ws: WebSocketUpgrade, State(state): State<Arc<AppState>>) -> R
         .start_message_bytes
         .max(state.config.limits.control_message_bytes)
         .saturating_mul(2);
-    ws.max_message_size(ceiling)
+    // A small read chunk: a socket that waits for its start holds little (a message
+    // longer than the chunk is read in several).
+    ws.read_buffer_size(READ_CHUNK)
+        .max_message_size(ceiling)
         .max_frame_size(ceiling)
+        .protocols([crate::door::SUBPROTOCOL])
         .on_upgrade(move |socket| handle_socket(socket, state))
 }

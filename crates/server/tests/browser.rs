@@ -4,7 +4,8 @@
 //! free slot and then streams, drawing the memory chart with phase marks. The tests read
 //! the page over the DevTools protocol and save screenshots to `$CARGO_TARGET_TMPDIR`.
 //!
-//! Skipped (with a note) where no `chromium` binary is installed.
+//! Skipped (with a note) where no `chromium` binary is installed, and failed instead
+//! where Chromium is required (`CI=true`, `HEADROOM_REQUIRE_CHROMIUM=1`).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -165,7 +166,11 @@ async fn page(devtools: &str) -> Page {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewer_plays_a_tiny_session_until_stopped_in_headless_chromium_and_steers_it() {
     let Some(browser) = chromium() else {
-        eprintln!("skipped: no chromium binary (Debian: apt-get install chromium)");
+        headroom_mem::required::missing(
+            "chromium",
+            "no chromium binary on PATH",
+            "Debian: apt-get install chromium",
+        );
         return;
     };
     let engine = EngineConfig {
@@ -281,7 +286,11 @@ async fn read_to_done(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewer_shows_it_waits_for_a_free_slot_then_charts_memory_with_phase_marks() {
     let Some(browser) = chromium() else {
-        eprintln!("skipped: no chromium binary (Debian: apt-get install chromium)");
+        headroom_mem::required::missing(
+            "chromium",
+            "no chromium binary on PATH",
+            "Debian: apt-get install chromium",
+        );
         return;
     };
     let engine = EngineConfig {
@@ -387,6 +396,92 @@ async fn the_viewer_shows_it_waits_for_a_free_slot_then_charts_memory_with_phase
     assert!(
         last["painted"].as_u64().unwrap() > 500,
         "the chart is drawn: {last}"
+    );
+    let _ = stop.send(());
+    serving.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_viewer_plays_with_an_api_key_typed_into_it() {
+    let Some(browser) = chromium() else {
+        headroom_mem::required::missing(
+            "chromium",
+            "no chromium binary on PATH",
+            "Debian: apt-get install chromium",
+        );
+        return;
+    };
+    let engine = EngineConfig {
+        model: "tiny".to_string(),
+        ..EngineConfig::default()
+    };
+    let config = ServerConfig {
+        model_name: "tiny".to_string(),
+        door: headroom_server::DoorConfig {
+            api_keys: vec!["viewer-key_1".to_string()],
+            ..headroom_server::DoorConfig::default()
+        },
+        ..ServerConfig::default()
+    };
+    let server = Server::new(engine, config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.clone().serve(listener, async {
+        let _ = stopped.await;
+    }));
+    let url = format!("http://{addr}/?frames=21&seed=4&width=96&height=64");
+    let (mut child, devtools, _profile) = launch(browser, &url).await;
+    let probe = "JSON.stringify({state: document.getElementById('state')?.textContent ?? '', \
+                 ready: document.getElementById('ready')?.textContent ?? '', \
+                 asks: (document.getElementById('keyrow')?.style.display ?? 'none') !== 'none', \
+                 played: document.getElementById('video')?.currentTime ?? 0})";
+    let result = tokio::time::timeout(GUARD, async {
+        let mut page = page(&devtools).await;
+        let read = |v: Value| -> Value {
+            v.as_str()
+                .map(|s| serde_json::from_str(s).unwrap())
+                .unwrap_or(Value::Null)
+        };
+        // The page finds /stats closed and asks for the key.
+        loop {
+            let v = read(page.eval(probe).await);
+            if v["asks"] == true {
+                assert_eq!(v["ready"], "this server needs an API key", "{v}");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        page.eval(
+            "document.getElementById('key').value = 'viewer-key_1'; \
+             document.getElementById('start').click()",
+        )
+        .await;
+        loop {
+            let v = read(page.eval(probe).await);
+            let state = v["state"].as_str().unwrap_or_default();
+            assert!(!state.starts_with("error"), "{v}");
+            if state == "done" && v["played"].as_f64().unwrap_or(0.0) > 0.0 {
+                break v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let last = result.expect("the page never played a session with its key");
+    assert!(
+        last["ready"].as_str().unwrap().starts_with("ready"),
+        "{last}"
+    );
+    // The key went as a header and a subprotocol only: no refusal was counted after it.
+    let metrics = server.metrics();
+    assert_eq!(
+        metrics
+            .sessions_completed
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
     );
     let _ = stop.send(());
     serving.await.unwrap().unwrap();

@@ -10,10 +10,11 @@ fn nvrtc() -> Option<&'static Nvrtc> {
     match Nvrtc::get() {
         Ok(n) => Some(n),
         Err(e @ CudaError::NvrtcNotFound { .. }) => {
-            if std::env::var_os("HEADROOM_REQUIRE_NVRTC").is_some_and(|v| v == "1") {
-                panic!("HEADROOM_REQUIRE_NVRTC=1 but {e}");
-            }
-            eprintln!("skipped: {e}");
+            headroom_mem::required::missing(
+                "nvrtc",
+                &e.to_string(),
+                "pip install nvidia-cuda-nvrtc==13.0.88, then HEADROOM_CUDA_LIB_DIR",
+            );
             None
         }
         Err(e) => panic!("NVRTC present but unusable: {e}"),

@@ -81,9 +81,40 @@ impl TestServer {
         tokio_tungstenite::connect_async(url).await.unwrap().0
     }
 
+    /// A WebSocket upgrade with extra `headers`: the socket, or the HTTP status of the
+    /// refusal.
+    pub async fn connect_with(&self, headers: &[(&str, &str)]) -> Result<Ws, u16> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        use tokio_tungstenite::tungstenite::Error;
+        let url = format!("ws://{}/v1/realtime/video", self.addr);
+        let mut request = url.into_client_request().unwrap();
+        for (name, value) in headers {
+            request.headers_mut().insert(
+                tokio_tungstenite::tungstenite::http::HeaderName::from_bytes(name.as_bytes())
+                    .unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        match tokio_tungstenite::connect_async(request).await {
+            Ok((ws, _)) => {
+                self.connections.fetch_add(1, Ordering::Relaxed);
+                Ok(ws)
+            }
+            Err(Error::Http(response)) => Err(response.status().as_u16()),
+            Err(e) => panic!("the upgrade failed otherwise: {e}"),
+        }
+    }
+
     pub async fn get(&self, path: &str) -> (u16, String) {
+        self.get_with(path, &[]).await
+    }
+
+    /// A GET with extra `headers` (`Name: value` lines).
+    pub async fn get_with(&self, path: &str, headers: &[&str]) -> (u16, String) {
         let mut stream = TcpStream::connect(self.addr).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: test\r\n{extra}Connection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut raw = Vec::new();
         tokio::time::timeout(GUARD, stream.read_to_end(&mut raw))

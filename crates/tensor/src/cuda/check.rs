@@ -113,12 +113,12 @@ pub struct CheckedLauncher {
 
 impl CheckedLauncher {
     /// A checker with the sm_90 parameter tables; names only when NVRTC cannot be loaded,
-    /// unless `HEADROOM_REQUIRE_NVRTC` is set (then that is an error).
+    /// unless NVRTC is required here ([`headroom_mem::required`]: then that is an error).
     pub fn new() -> Result<Self> {
         let (params, source) = match tables() {
             Ok(t) => (Some(t), ParamSource::Cubins),
             Err(reason) => {
-                if std::env::var_os("HEADROOM_REQUIRE_NVRTC").is_some() {
+                if headroom_mem::required::is_required("nvrtc") {
                     return Err(CudaError::Launch {
                         kernel: "parameter tables".into(),
                         reason: reason.clone(),
