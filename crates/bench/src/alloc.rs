@@ -111,6 +111,38 @@ pub fn run_alloc_bench(config: &AllocBenchConfig) -> Result<Vec<AllocBenchRow>> 
     Ok(rows)
 }
 
+/// The report `bench alloc --json` prints: the policy and its rows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AllocBenchReport {
+    /// Our allocator's policy.
+    pub policy: &'static str,
+    /// One row per size.
+    pub rows: Vec<AllocBenchRow>,
+}
+
+/// The rows of a run of `config` as a text table, with its heading and how to read it.
+pub fn table(config: &AllocBenchConfig, rows: &[AllocBenchRow]) -> String {
+    let mut out = format!(
+        "cached allocate+free pairs, median of {} interleaved rounds of {} pairs (policy {})\n",
+        config.rounds, config.pairs, config.policy
+    );
+    out.push_str(&format!(
+        "{:>10}{:>16}{:>14}{:>10}\n",
+        "size", "headroom ns", "system ns", "ratio"
+    ));
+    for row in rows {
+        out.push_str(&format!(
+            "{:>10}{:>16.1}{:>14.1}{:>9.1}×\n",
+            headroom_mem::format_bytes(row.size),
+            row.headroom_ns,
+            row.system_ns,
+            row.speedup
+        ));
+    }
+    out.push_str("ratio = system ns / headroom ns (higher is better for headroom)\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +164,26 @@ mod tests {
             assert!(row.headroom_ns > 0.0 && row.system_ns > 0.0);
             assert!((row.speedup - row.system_ns / row.headroom_ns).abs() < 1e-9);
         }
+    }
+
+    #[test]
+    fn the_table_prints_one_aligned_row_per_size_between_its_heading_and_legend() {
+        let config = AllocBenchConfig {
+            sizes: vec![512],
+            pairs: 10,
+            rounds: 1,
+            policy: AllocatorPolicy::Pytorch,
+        };
+        let rows = [AllocBenchRow {
+            size: 512,
+            headroom_ns: 20.0,
+            system_ns: 50.0,
+            speedup: 2.5,
+        }];
+        assert_eq!(
+            table(&config, &rows),
+            "cached allocate+free pairs, median of 1 interleaved rounds of 10 pairs (policy pytorch)\n      size     headroom ns     system ns     ratio\n     512 B            20.0          50.0      2.5×\nratio = system ns / headroom ns (higher is better for headroom)\n"
+        );
     }
 
     #[test]

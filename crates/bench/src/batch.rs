@@ -214,6 +214,20 @@ pub fn run_batch_bench(cfg: &BatchBenchConfig) -> Result<Vec<BatchRow>, BenchErr
     Ok(rows)
 }
 
+/// The heading of a run of `config`: `model` and `allocator` as the command line named
+/// them, the size, frames, threads and CPU.
+pub fn heading(model: &str, allocator: &str, config: &BatchBenchConfig) -> String {
+    format!(
+        "# bench batch: {model} ({} decoder) at {}x{}, {} frames per session, {allocator} allocator, {} threads, {}\n\n",
+        config.engine.decoder,
+        config.width,
+        config.height,
+        config.frames,
+        headroom_tensor::parallel::num_threads(),
+        headroom_tensor::kernels::cpu::model_name(),
+    )
+}
+
 /// The rows as a Markdown table.
 pub fn markdown(rows: &[BatchRow]) -> String {
     let mib = |b: u64| b as f64 / (1 << 20) as f64;

@@ -226,3 +226,42 @@ pub fn run_decoder_bench(config: &DecoderBenchConfig) -> Result<DecoderBenchRepo
         rows,
     })
 }
+
+/// `report` as a Markdown table headed by the comparison's settings (`model` as the
+/// command line named it, `reps` timed streams), then the ratios.
+pub fn markdown(report: &DecoderBenchReport, model: &str, reps: usize) -> String {
+    let mut out = format!(
+        "# bench vae --decoder both: {model} at {}x{}, {}, one block = 3 latent frames, best of {reps}, {} threads, {}\n\n",
+        report.width, report.height, report.dtype, report.threads, report.cpu
+    );
+    out.push_str("| decoder | first block ms (9 frames) | later block ms (12 frames) | state MiB | allocated peak MiB |\n");
+    out.push_str("|---|---|---|---|---|\n");
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    for r in &report.rows {
+        out.push_str(&format!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+            r.decoder,
+            r.first_block_ms,
+            r.later_block_ms,
+            mib(r.state_bytes),
+            mib(r.allocated_peak_bytes)
+        ));
+    }
+    if let Some(ms) = report.reference_first_block_ms {
+        out.push_str(&format!("| taehv.py (PyTorch) | {ms:.1} | — | — | — |\n"));
+    }
+    if let [full, tiny] = &report.rows[..] {
+        out.push_str(&format!(
+            "\nfull / tiny: {:.1}× the time of a first block, {:.1}× a later one; state {:.0}× smaller\n",
+            report.full_over_tiny,
+            full.later_block_ms / tiny.later_block_ms,
+            full.state_bytes as f64 / tiny.state_bytes.max(1) as f64
+        ));
+    }
+    if let Some(r) = report.reference_over_tiny {
+        out.push_str(&format!(
+            "taehv.py / tiny: {r:.2}× the time of a first block\n"
+        ));
+    }
+    out
+}

@@ -450,3 +450,63 @@ pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     })?;
     Ok(rows)
 }
+
+/// The report `bench kernels --json` prints: the CPU, the kernel threads and the rows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KernelBenchReport {
+    /// CPU model name.
+    pub cpu: String,
+    /// Kernel threads.
+    pub threads: usize,
+    /// One row per kernel, path and compute.
+    pub kernels: Vec<KernelRow>,
+}
+
+impl KernelBenchReport {
+    /// `rows` measured on this machine's CPU and kernel threads.
+    pub fn new(rows: Vec<KernelRow>) -> Self {
+        Self {
+            cpu: headroom_tensor::kernels::cpu::model_name(),
+            threads: parallel::num_threads(),
+            kernels: rows,
+        }
+    }
+}
+
+/// The rows of a run of `config` as a text table, headed by how to read it; `gpu` names
+/// the GPU the ops ran on, if they did.
+pub fn table(config: &KernelBenchConfig, rows: &[KernelRow], gpu: Option<&str>) -> String {
+    let mut out = format!(
+        "{}: best of {} runs each, {} kernel threads; peak = the path's bare arithmetic loop on every thread (bf16: the tiles' or vdpbf16ps' own; near-f32: a third of it); gemm crate = one bare f32 gemm call of the FLOP-equivalent shape\n",
+        headroom_tensor::kernels::cpu::model_name(),
+        config.reps,
+        parallel::num_threads()
+    );
+    if let Some(name) = gpu {
+        out.push_str(&format!("on {name}: the reference column is one bf16 cuBLASLt GEMM of the FLOP-equivalent shape\n"));
+    }
+    out.push_str(&format!(
+        "{:<40}{:>8}{:>10}{:>10}{:>10}{:>8}{:>11}{:>14}\n",
+        "kernel", "path", "compute", "GFLOP/s", "peak", "% peak", "gemm crate", "scratch peak"
+    ));
+    for row in rows {
+        let peak = row
+            .peak_gflops
+            .map_or("—".to_string(), |p| format!("{p:.0}"));
+        let frac = row
+            .fraction_of_peak
+            .map_or("—".to_string(), |f| format!("{:.0}%", 100.0 * f));
+        out.push_str(&format!(
+            "{:<40}{:>8}{:>10}{:>10.1}{:>10}{:>8}{:>11.1}{:>14}\n",
+            row.name,
+            row.path,
+            row.compute,
+            row.gflops,
+            peak,
+            frac,
+            row.reference_gflops,
+            headroom_mem::format_bytes(row.scratch_peak_bytes)
+        ));
+    }
+    out
+}

@@ -270,6 +270,44 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
     Ok(rows)
 }
 
+/// The report `bench models --json` prints: the CPU, its threads and path, the rows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelBenchReport {
+    /// CPU model name.
+    pub cpu: String,
+    /// Kernel threads.
+    pub threads: usize,
+    /// The CPU path the kernels took.
+    pub path: &'static str,
+    /// One row per work and mode.
+    pub rows: Vec<ModelRow>,
+}
+
+impl ModelBenchReport {
+    /// `rows` measured on this machine's CPU, threads and path.
+    pub fn new(rows: Vec<ModelRow>) -> Self {
+        Self {
+            cpu: headroom_tensor::kernels::cpu::model_name(),
+            threads: headroom_tensor::parallel::num_threads(),
+            path: headroom_tensor::kernels::cpu::selected().name(),
+            rows,
+        }
+    }
+}
+
+/// The line that heads a run of `config`'s table: CPU, shapes, repetitions, threads, path.
+pub fn heading(config: &ModelBenchConfig) -> String {
+    format!(
+        "{}: one AR block: 3 latent frames at {}x{}, 512 text tokens; best of {} after a warm-up; {} kernel threads, path {}\n",
+        headroom_tensor::kernels::cpu::model_name(),
+        config.width,
+        config.height,
+        config.reps,
+        headroom_tensor::parallel::num_threads(),
+        headroom_tensor::kernels::cpu::selected()
+    )
+}
+
 /// The rows as a Markdown table.
 pub fn markdown(rows: &[ModelRow]) -> String {
     let mut s = String::from(

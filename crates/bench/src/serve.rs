@@ -533,6 +533,118 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
     Ok(summary)
 }
 
+/// One run's summary `s` (of `config`) as Markdown: its heading, the totals, the memory,
+/// each client when there were several, the clients not served, and where the summary is.
+pub fn markdown(s: &ServeBenchSummary, config: &ServeBenchConfig) -> String {
+    let bytes = |b: i64| headroom_mem::format_bytes(b.max(0) as u64);
+    let size = if config.sizes.is_empty() {
+        format!("{}x{}", config.width, config.height)
+    } else {
+        config
+            .sizes
+            .iter()
+            .map(|(w, h)| format!("{w}x{h}"))
+            .collect::<Vec<_>>()
+            .join(" or ")
+    };
+    let mut out = format!(
+        "# bench serve: {} clients, concurrency {}, {} frames at {size}, target {} fps{}\n\n",
+        s.clients,
+        s.concurrency,
+        s.frames,
+        s.fps,
+        s.hang_up_after_s
+            .map(|t| format!(", after a client hung up {t} s into its session"))
+            .unwrap_or_default()
+    );
+    out.push_str("| served | queued | queue wait p50 / p95 / max s | TTFC p50 / p95 s | interval mean / p50 / p95 / p99 / max s | real-time factor | deadline attainment |\n");
+    out.push_str("|---|---|---|---|---|---|---|\n");
+    out.push_str(&format!(
+        "| {} / {}{} | {} | {:.2} / {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} / {:.2} / {:.2} / {:.2} | {:.3} | {:.1} % |\n",
+        s.sessions,
+        s.clients,
+        if s.all_served { " (all)" } else { "" },
+        s.queued,
+        s.queue_wait_p50_s,
+        s.queue_wait_p95_s,
+        s.queue_wait_max_s,
+        s.ttfc_p50_s,
+        s.ttfc_p95_s,
+        s.interval_mean_s,
+        s.interval_p50_s,
+        s.interval_p95_s,
+        s.interval_p99_s,
+        s.interval_max_s,
+        s.realtime_factor,
+        100.0 * s.deadline_attainment
+    ));
+    out.push_str(&format!(
+        "\naggregate {:.2} fps over {:.1} s; server memory over {} samples: reserved / allocated at most {:.3}, reserved at most {}; after the run {} reserved, {} allocated, {} resident (weights + KV pool + prompt cache)\n",
+        s.aggregate_fps,
+        s.wall_s,
+        s.memory.samples,
+        s.memory.reserved_over_allocated_max,
+        bytes(s.memory.reserved_max_bytes),
+        bytes(s.memory.reserved_after_bytes),
+        bytes(s.memory.allocated_after_bytes),
+        bytes(s.memory.resident_after_bytes),
+    ));
+    out.push_str(&format!(
+        "{} hung up as drawn; during the run the server refused {} and ran out of memory {} times\n",
+        s.hung_up, s.memory.refused, s.memory.ooms
+    ));
+    if s.clients > 1 || s.hang_up_after_s.is_some() {
+        out.push_str(
+            "\n| client | queue wait s | video.start s | TTFC s | interval p50 / max s |\n",
+        );
+        out.push_str("|---|---|---|---|\n");
+        for (i, c) in s.per_session.iter().enumerate() {
+            let mut sorted = c.intervals_s.clone();
+            sorted.sort_by(f64::total_cmp);
+            let p50 = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+            let max = sorted.last().copied().unwrap_or(0.0);
+            out.push_str(&format!(
+                "| {i} | {:.2} | {:.2} | {:.2} | {p50:.2} / {max:.2} |\n",
+                c.queue_wait_s, c.start_s, c.ttfc_s
+            ));
+        }
+    }
+    for u in &s.unserved {
+        out.push_str(&format!("client {} not served: {}\n", u.client, u.error));
+    }
+    out.push_str(&format!("\nsummary.json in {}\n", config.out.display()));
+    out
+}
+
+/// Runs at several concurrencies as Markdown, one row each, aggregate fps also as a
+/// multiple of the first row's.
+pub fn by_concurrency(rows: &[ServeBenchSummary]) -> String {
+    let one = rows.first().map_or(0.0, |r| r.aggregate_fps);
+    let mut out =
+        String::from("# bench serve: by concurrency (aggregate over the first row's)\n\n");
+    out.push_str("| concurrency | aggregate fps | × first | TTFC p50 s | interval p50 / p95 s | deadline attainment | reserved / allocated max | reserved after |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {:.2} | {:.2}× | {:.2} | {:.2} / {:.2} | {:.1} % | {:.3} | {} |\n",
+            r.concurrency,
+            r.aggregate_fps,
+            if one > 0.0 {
+                r.aggregate_fps / one
+            } else {
+                0.0
+            },
+            r.ttfc_p50_s,
+            r.interval_p50_s,
+            r.interval_p95_s,
+            100.0 * r.deadline_attainment,
+            r.memory.reserved_over_allocated_max,
+            headroom_mem::format_bytes(r.memory.reserved_after_bytes.max(0) as u64),
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,3 +152,39 @@ pub fn run_vae_bench(config: &VaeBenchConfig) -> Result<VaeBenchReport> {
         declared_state_bytes: decoder.declared_state_bytes(config.height, config.width, DType::F32),
     })
 }
+
+/// `report` as text lines: the decode's size, its times and its memory.
+pub fn summary(report: &VaeBenchReport) -> String {
+    let bytes = headroom_mem::format_bytes;
+    let mut out = format!(
+        "VAE {} at {}x{}: {} latent frames → {} frames ({} kernel threads)\n",
+        report.config,
+        report.width,
+        report.height,
+        report.latent_frames,
+        report.frames,
+        headroom_tensor::parallel::num_threads()
+    );
+    out.push_str(&format!(
+        "first latent frame   {:>10.1} ms\n",
+        report.first_frame_ms
+    ));
+    out.push_str(&format!(
+        "later latent frames  {:>10.1} ms each\n",
+        report.later_frame_ms
+    ));
+    out.push_str(&format!(
+        "allocated peak       {:>10}\n",
+        bytes(report.allocated_peak_bytes)
+    ));
+    out.push_str(&format!(
+        "reserved peak        {:>10}\n",
+        bytes(report.reserved_peak_bytes)
+    ));
+    out.push_str(&format!(
+        "decoder state        {:>10} (declared by the config: {})\n",
+        bytes(report.state_bytes),
+        bytes(report.declared_state_bytes)
+    ));
+    out
+}

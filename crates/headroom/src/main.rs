@@ -1,20 +1,22 @@
 //! `headroom`: the command line of the headroom engine.
 
-mod bench_cmd;
+mod bench;
 mod builtin_world;
-mod cuda_cmd;
+mod cuda;
 mod device_arg;
-mod dit_cmd;
+mod dit;
 mod dtype_arg;
-mod generate_cmd;
-mod mem_cmd;
+mod engine_args;
+mod generate;
+mod help_order;
+mod mem;
 mod outputs;
-mod plan_cmd;
+mod plan;
 mod ranks;
-mod serve_cmd;
+mod serve;
 mod session_args;
-mod text_cmd;
-mod vae_cmd;
+mod text;
+mod vae;
 
 use std::process::ExitCode;
 
@@ -35,24 +37,24 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Generate a video: one streaming session on a built-in model (the main job).
-    Generate(generate_cmd::GenerateArgs),
+    Generate(generate::GenerateArgs),
     /// Memory tools: replay allocation traces through headroom's allocator.
-    Mem(mem_cmd::MemArgs),
+    Mem(mem::MemArgs),
     /// Benchmarks that print ratios measured side by side in one run.
-    Bench(bench_cmd::BenchArgs),
+    Bench(bench::BenchArgs),
     /// The realtime streaming server (vLLM-Omni's WS /v1/realtime/video) and its web viewer.
-    Serve(serve_cmd::ServeArgs),
+    Serve(serve::ServeArgs),
     /// The Wan VAE: decode latents and encode video (.npy in, .npy out).
-    Vae(vae_cmd::VaeArgs),
+    Vae(vae::VaeArgs),
     /// The Wan transformer: one full-sequence forward (.npy in, .npy out).
-    Dit(dit_cmd::DitArgs),
+    Dit(dit::DitArgs),
     /// Predict per-card memory of a deployment (model, resolution, TP × SP, capacity,
     /// policies) by meta execution of a whole session.
-    Plan(plan_cmd::PlanArgs),
+    Plan(plan::PlanArgs),
     /// The UMT5 text encoder: a prompt to Wan text embeddings (.npy out).
-    Text(text_cmd::TextArgs),
+    Text(text::TextArgs),
     /// The CUDA backend: compile-check the kernels (no GPU needed), self-test on a GPU.
-    Cuda(cuda_cmd::CudaArgs),
+    Cuda(cuda::CudaArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,15 +77,15 @@ fn main() -> ExitCode {
         headroom_tensor::parallel::set_threads(threads);
     }
     let result = match cli.command {
-        Command::Generate(args) => generate_cmd::run(args),
-        Command::Mem(args) => mem_cmd::run(args),
-        Command::Bench(args) => bench_cmd::run(args),
-        Command::Serve(args) => serve_cmd::run(args),
-        Command::Vae(args) => vae_cmd::run(args),
-        Command::Dit(args) => dit_cmd::run(args),
-        Command::Plan(args) => plan_cmd::run(args),
-        Command::Text(args) => text_cmd::run(args),
-        Command::Cuda(args) => cuda_cmd::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Mem(args) => mem::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Vae(args) => vae::run(args),
+        Command::Dit(args) => dit::run(args),
+        Command::Plan(args) => plan::run(args),
+        Command::Text(args) => text::run(args),
+        Command::Cuda(args) => cuda::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

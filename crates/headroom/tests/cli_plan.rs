@@ -116,3 +116,48 @@ fn plan_and_generate_with_the_same_flags_and_no_allocator_agree_byte_for_byte() 
         }
     }
 }
+
+#[test]
+fn plan_and_generate_given_only_a_model_describe_and_measure_the_same_session() {
+    // Neither command is told a size or a frame count: both take the model's own size
+    // and the same frames, and the plan's figures for generate's reclaim policy are the
+    // run's (one kernel thread for both: scratch sizes follow the thread count).
+    let res = headroom(&["--threads", "1", "plan", "--model", "world"]);
+    common::assert_ok(&res);
+    let table = String::from_utf8_lossy(&res.stdout);
+    let heading = table.lines().next().unwrap_or_default().to_string();
+    let rows = common::plan_report(&["--model", "world"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("world.mp4");
+    let res = headroom(&[
+        "--threads",
+        "1",
+        "generate",
+        "--model",
+        "world",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    common::assert_ok(&res);
+    let report: serde_json::Value = serde_json::from_slice(&res.stdout).unwrap();
+    let shape = format!(
+        " at {}x{}, {} frames,",
+        report["width"], report["height"], report["frames"]
+    );
+    assert!(
+        heading.contains(&shape),
+        "{heading:?} plans another session than{shape}"
+    );
+    let plan = rows
+        .iter()
+        .find(|r| r["policy"] == "before-decode")
+        .expect("plan's default policies include generate's");
+    for (planned, measured) in [
+        ("peak_allocated_bytes", "allocated_peak_bytes"),
+        ("peak_reserved_bytes", "reserved_peak_bytes"),
+        ("post_session_reserved_bytes", "post_session_reserved_bytes"),
+    ] {
+        assert_eq!(plan[planned], report[measured], "{planned}");
+    }
+}

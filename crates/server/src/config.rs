@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::error::{Result, ServerError};
+
 /// Protocol limits (vLLM-Omni's values by default, REFERENCE.md §6).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
@@ -99,7 +101,7 @@ pub struct ServerConfig {
     /// Defaults of `session.start`.
     pub defaults: Defaults,
     /// Who may come in: API keys, allowed origins, the socket cap ([`crate::door`]).
-    pub door: crate::door::DoorConfig,
+    pub door: DoorConfig,
 }
 
 impl Default for ServerConfig {
@@ -114,7 +116,51 @@ impl Default for ServerConfig {
             max_batch: None,
             limits: Limits::default(),
             defaults: Defaults::default(),
-            door: crate::door::DoorConfig::default(),
+            door: DoorConfig::default(),
         }
     }
+}
+
+/// Who the door lets in: the keys, the allowed origins and the socket cap.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DoorConfig {
+    /// API keys, any of which opens the door (empty: no key needed, as before keys).
+    pub api_keys: Vec<String>,
+    /// Origins allowed to open WebSockets besides the server's own (`*`: any).
+    pub allowed_origins: Vec<String>,
+    /// WebSockets open at once, at most (`None`: four times the sessions and the queue).
+    pub max_connections: Option<usize>,
+}
+
+impl DoorConfig {
+    /// Checks the keys: each one non-empty and made of HTTP token characters, so it can
+    /// travel as a subprotocol; the error names the field and the rule.
+    pub fn validate(&self) -> Result<()> {
+        for key in &self.api_keys {
+            if key.is_empty() || !key.bytes().all(is_token_byte) {
+                return Err(ServerError::request(
+                    "api_key",
+                    "must be non-empty and made of letters, digits and !#$%&'*+-.^_`|~ (it travels as an HTTP token)",
+                ));
+            }
+        }
+        if self.max_connections == Some(0) {
+            return Err(ServerError::request(
+                "max_connections",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The socket cap for a server of `max_sessions` slots and a queue of `max_queue`.
+    pub fn connection_cap(&self, max_sessions: usize, max_queue: usize) -> usize {
+        self.max_connections
+            .unwrap_or_else(|| 4 * (max_sessions + max_queue).max(1))
+    }
+}
+
+/// An HTTP token character (RFC 9110 `tchar`).
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }

@@ -80,16 +80,22 @@ fn decode_rgb(url: &str) -> Result<image::RgbImage> {
 }
 
 /// Scales `rgb` to cover `width × height` keeping its aspect ratio, then crops the centre.
+///
+/// The crop is taken in the source's pixels first and only it is scaled: scaling the
+/// whole image would make a thin one (1 × 8192, a few hundred bytes of PNG) as long as
+/// `8192 × width` pixels, gigabytes for one small request. This way the work and memory
+/// are bounded by the source and the `width × height` output.
 fn cover_crop(rgb: &image::RgbImage, width: u32, height: u32) -> image::RgbImage {
     let (w, h) = rgb.dimensions();
     if (w, h) == (width, height) {
         return rgb.clone();
     }
     let scale = (f64::from(width) / f64::from(w)).max(f64::from(height) / f64::from(h));
-    let sw = ((f64::from(w) * scale).round() as u32).max(width);
-    let sh = ((f64::from(h) * scale).round() as u32).max(height);
-    let scaled = imageops::resize(rgb, sw, sh, FilterType::CatmullRom);
-    imageops::crop_imm(&scaled, (sw - width) / 2, (sh - height) / 2, width, height).to_image()
+    // The source region that covers the output at that scale, centred.
+    let cw = ((f64::from(width) / scale).round() as u32).clamp(1, w);
+    let ch = ((f64::from(height) / scale).round() as u32).clamp(1, h);
+    let region = imageops::crop_imm(rgb, (w - cw) / 2, (h - ch) / 2, cw, ch).to_image();
+    imageops::resize(&region, width, height, FilterType::CatmullRom)
 }
 
 #[cfg(test)]
@@ -131,6 +137,18 @@ mod tests {
         let rgb = cover_crop(&decode_rgb(&url).unwrap(), 10, 10);
         assert_eq!(rgb.dimensions(), (10, 10));
         assert_eq!(rgb.get_pixel(5, 5).0, [0, 255, 0]);
+    }
+
+    #[test]
+    fn a_thin_image_is_cropped_before_it_is_scaled_so_memory_stays_bounded() {
+        // Found with fuzz/fuzz_targets/image_url.rs: a 1 × 64 PNG (70 bytes) covering
+        // 3840 × 16 was first scaled whole to 3840 × 245760 pixels, a 2.8 GB allocation.
+        let thin = image::RgbImage::from_pixel(1, 4096, image::Rgb([10, 20, 30]));
+        let rgb = cover_crop(&thin, 3840, 16);
+        assert_eq!(rgb.dimensions(), (3840, 16));
+        assert!(rgb.pixels().all(|p| p.0 == [10, 20, 30]));
+        let wide = image::RgbImage::from_pixel(4096, 1, image::Rgb([1, 2, 3]));
+        assert_eq!(cover_crop(&wide, 16, 3840).dimensions(), (16, 3840));
     }
 
     #[test]

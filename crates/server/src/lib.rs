@@ -17,6 +17,7 @@ pub mod protocol;
 pub mod realtime;
 pub mod refusal;
 pub mod server;
+pub mod sockets;
 pub mod state;
 pub mod wire;
 pub mod worker;

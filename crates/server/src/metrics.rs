@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use headroom_engine::Engine;
 
-use crate::door::DoorRefusal;
-use crate::refusal::Refusal;
+use crate::refusal::{DoorRefusal, Refusal};
 
 /// Upper bounds (seconds) of the latency histogram buckets; `+Inf` is implied.
 pub const BUCKETS: [f64; 14] = [

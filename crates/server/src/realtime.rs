@@ -29,9 +29,10 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use serde_json::Value;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant as TokioInstant};
 
-use crate::door::{DoorRefusal, SocketPass, CLOSE_TRY_AGAIN_LATER};
+use crate::door::{DoorRefusal, CLOSE_TRY_AGAIN_LATER};
 use crate::error::ServerError;
 use crate::protocol::{ClientMessage, Interaction, StartRequest};
+use crate::sockets::SocketPass;
 use crate::state::AppState;
 use crate::wire;
 use crate::worker::{self, Ending, Job, WorkerEvent, WorkerHandle};

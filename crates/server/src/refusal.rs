@@ -1,4 +1,5 @@
-//! Why a client was refused a session: the reasons `/metrics` counts.
+//! Why a client was refused a session, or turned away at the door: the reasons
+//! `/metrics` counts.
 
 /// Why the queue did not take a client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +38,45 @@ impl Refusal {
     }
 
     /// The index of this reason in [`Refusal::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why the door turned a request away (the `reason` label of
+/// `headroom_door_refusals_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DoorRefusal {
+    /// No key, or not a key of this server.
+    Key,
+    /// A WebSocket upgrade from an origin that is not allowed.
+    Origin,
+    /// A socket past `--max-connections` with none waiting for its start.
+    Connections,
+    /// A socket that waited for its `session.start` closed to make room for a new one.
+    IdleEvicted,
+}
+
+impl DoorRefusal {
+    /// Every refusal, in the order of their counters.
+    pub const ALL: [DoorRefusal; 4] = [
+        DoorRefusal::Key,
+        DoorRefusal::Origin,
+        DoorRefusal::Connections,
+        DoorRefusal::IdleEvicted,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            DoorRefusal::Key => "key",
+            DoorRefusal::Origin => "origin",
+            DoorRefusal::Connections => "connections",
+            DoorRefusal::IdleEvicted => "idle_evicted",
+        }
+    }
+
+    /// Index into the counters.
     pub fn index(self) -> usize {
         self as usize
     }

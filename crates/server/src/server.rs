@@ -97,7 +97,7 @@ impl Server {
                 None => StepQueue::new(),
             })
         });
-        let room = Arc::new(crate::door::Sockets::new(
+        let room = Arc::new(crate::sockets::Sockets::new(
             config
                 .door
                 .connection_cap(config.max_sessions, config.max_queue),

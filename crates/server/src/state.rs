@@ -34,8 +34,8 @@ pub struct AppState {
     pub(crate) shutdown_tx: watch::Sender<bool>,
     pub(crate) sockets: watch::Sender<usize>,
     pub(crate) request_ids: AtomicU64,
-    /// The open WebSockets under `--max-connections` ([`crate::door::Sockets`]).
-    pub(crate) room: Arc<crate::door::Sockets>,
+    /// The open WebSockets under `--max-connections` ([`crate::sockets::Sockets`]).
+    pub(crate) room: Arc<crate::sockets::Sockets>,
 }
 
 /// Decrements the open-socket count when a socket task ends.

@@ -22,15 +22,25 @@ use tokio_tungstenite::tungstenite::Message;
 /// Guard against a hang; never an assertion about speed.
 const GUARD: Duration = Duration::from_secs(180);
 
+/// The Chromium binary, or `None` after saying it is missing (a failure where Chromium
+/// is required).
 fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser"].into_iter().find(|b| {
+    let found = ["chromium", "chromium-browser"].into_iter().find(|b| {
         Command::new(b)
             .arg("--version")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
-    })
+    });
+    if found.is_none() {
+        headroom_mem::required::missing(
+            "chromium",
+            "no chromium binary on PATH",
+            "Debian: apt-get install chromium",
+        );
+    }
+    found
 }
 
 /// A GET that reads exactly the body its `Content-Length` announces (Chromium's DevTools
@@ -107,6 +117,38 @@ impl Page {
     }
 }
 
+/// A server on the `tiny` model, serving on a free port until `stop` fires.
+struct Serving {
+    addr: String,
+    server: Server,
+    stop: tokio::sync::oneshot::Sender<()>,
+    serving: tokio::task::JoinHandle<headroom_server::Result<()>>,
+}
+
+async fn serve(config: ServerConfig) -> Serving {
+    let engine = EngineConfig {
+        model: "tiny".to_string(),
+        ..EngineConfig::default()
+    };
+    let config = ServerConfig {
+        model_name: "tiny".to_string(),
+        ..config
+    };
+    let server = Server::new(engine, config).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(server.clone().serve(listener, async {
+        let _ = stopped.await;
+    }));
+    Serving {
+        addr,
+        server,
+        stop,
+        serving,
+    }
+}
+
 /// Starts headless `browser` on `url`; returns the process, its DevTools address and the
 /// profile folder (removed on drop).
 async fn launch(browser: &str, url: &str) -> (std::process::Child, String, tempfile::TempDir) {
@@ -166,28 +208,14 @@ async fn page(devtools: &str) -> Page {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewer_plays_a_tiny_session_until_stopped_in_headless_chromium_and_steers_it() {
     let Some(browser) = chromium() else {
-        headroom_mem::required::missing(
-            "chromium",
-            "no chromium binary on PATH",
-            "Debian: apt-get install chromium",
-        );
         return;
     };
-    let engine = EngineConfig {
-        model: "tiny".to_string(),
-        ..EngineConfig::default()
-    };
-    let config = ServerConfig {
-        model_name: "tiny".to_string(),
-        ..ServerConfig::default()
-    };
-    let server = Server::new(engine, config).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(server.clone().serve(listener, async {
-        let _ = stopped.await;
-    }));
+    let Serving {
+        addr,
+        stop,
+        serving,
+        ..
+    } = serve(ServerConfig::default()).await;
 
     // No frames: the viewer's default, a session played until Stop is pressed.
     let url = format!("http://{addr}/?autostart=1&seed=3&width=96&height=64");
@@ -286,28 +314,14 @@ async fn read_to_done(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewer_shows_it_waits_for_a_free_slot_then_charts_memory_with_phase_marks() {
     let Some(browser) = chromium() else {
-        headroom_mem::required::missing(
-            "chromium",
-            "no chromium binary on PATH",
-            "Debian: apt-get install chromium",
-        );
         return;
     };
-    let engine = EngineConfig {
-        model: "tiny".to_string(),
-        ..EngineConfig::default()
-    };
-    let config = ServerConfig {
-        model_name: "tiny".to_string(),
-        ..ServerConfig::default()
-    };
-    let server = Server::new(engine, config).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(server.clone().serve(listener, async {
-        let _ = stopped.await;
-    }));
+    let Serving {
+        addr,
+        stop,
+        serving,
+        ..
+    } = serve(ServerConfig::default()).await;
     // A client of the test's own holds the only slot with a long, large session.
     let (mut holder, _) =
         tokio_tungstenite::connect_async(format!("ws://{addr}/v1/realtime/video"))
@@ -404,32 +418,21 @@ async fn the_viewer_shows_it_waits_for_a_free_slot_then_charts_memory_with_phase
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_viewer_plays_with_an_api_key_typed_into_it() {
     let Some(browser) = chromium() else {
-        headroom_mem::required::missing(
-            "chromium",
-            "no chromium binary on PATH",
-            "Debian: apt-get install chromium",
-        );
         return;
     };
-    let engine = EngineConfig {
-        model: "tiny".to_string(),
-        ..EngineConfig::default()
-    };
-    let config = ServerConfig {
-        model_name: "tiny".to_string(),
+    let Serving {
+        addr,
+        stop,
+        serving,
+        server,
+    } = serve(ServerConfig {
         door: headroom_server::DoorConfig {
             api_keys: vec!["viewer-key_1".to_string()],
             ..headroom_server::DoorConfig::default()
         },
         ..ServerConfig::default()
-    };
-    let server = Server::new(engine, config).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(server.clone().serve(listener, async {
-        let _ = stopped.await;
-    }));
+    })
+    .await;
     let url = format!("http://{addr}/?frames=21&seed=4&width=96&height=64");
     let (mut child, devtools, _profile) = launch(browser, &url).await;
     let probe = "JSON.stringify({state: document.getElementById('state')?.textContent ?? '', \

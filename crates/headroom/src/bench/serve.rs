@@ -1,0 +1,108 @@
+//! `headroom bench serve`: a realtime-video client against a running `headroom serve`,
+//! at one concurrency or several compared.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use headroom_bench::serve::{
+    by_concurrency, markdown, run_serve_bench, ServeBenchConfig, ServeBenchSummary,
+};
+
+use crate::session_args::{DEFAULT_FRAMES, DEFAULT_SIZE};
+
+/// Arguments of `headroom bench serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The server's realtime endpoint.
+    #[arg(long, default_value = "ws://127.0.0.1:8000/v1/realtime/video")]
+    url: String,
+    /// Sessions in all.
+    #[arg(long, default_value_t = 4)]
+    sessions: usize,
+    /// Clients at a time (more than the server's slots: the rest wait in its queue);
+    /// several, comma-separated, run one after another and are compared.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    concurrency: Vec<usize>,
+    /// Frames per session: 12·K − 3.
+    #[arg(long, default_value_t = DEFAULT_FRAMES)]
+    frames: usize,
+    /// Width in pixels.
+    #[arg(long, default_value_t = DEFAULT_SIZE.0)]
+    width: usize,
+    /// Height in pixels.
+    #[arg(long, default_value_t = DEFAULT_SIZE.1)]
+    height: usize,
+    /// Playback rate the deadlines assume.
+    #[arg(long, default_value_t = 16.0)]
+    fps: f64,
+    /// Output folder (summary.json).
+    #[arg(long, default_value = "bench-serve")]
+    out: PathBuf,
+    /// First, one client starts a session and hangs up this many seconds after its
+    /// video.start (mid-chunk); the measured clients start right after.
+    #[arg(long)]
+    hang_up_after: Option<f64>,
+    /// Sizes the sessions draw from, comma-separated WxH (a fixed draw per session);
+    /// default: every session at --width × --height.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<String>,
+    /// Share of sessions whose client hangs up before its first chunk or after one of
+    /// them (drawn per session; a soak: they are counted, not timed).
+    #[arg(long, default_value_t = 0.0)]
+    hang_up_share: f64,
+}
+
+/// Runs `headroom bench serve`: each concurrency in turn, then their comparison.
+pub fn run(args: ServeArgs) -> Result<()> {
+    if let [one] = args.concurrency[..] {
+        serve_one(&args, one, args.out.clone())?;
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for &c in &args.concurrency {
+        rows.push(serve_one(&args, c, args.out.join(format!("c{c}")))?);
+        println!();
+    }
+    print!("{}", by_concurrency(&rows));
+    Ok(())
+}
+
+/// One `bench serve` run at `concurrency` clients, printed; its summary.
+fn serve_one(args: &ServeArgs, concurrency: usize, out: PathBuf) -> Result<ServeBenchSummary> {
+    let config = ServeBenchConfig {
+        url: args.url.clone(),
+        sessions: args.sessions,
+        concurrency,
+        frames: args.frames,
+        width: args.width,
+        height: args.height,
+        fps: args.fps,
+        out,
+        hang_up_after_s: args.hang_up_after,
+        sizes: args
+            .sizes
+            .iter()
+            .map(|s| parse_wxh(s))
+            .collect::<Result<Vec<_>>>()?,
+        hang_up_share: args.hang_up_share,
+    };
+    let s = run_serve_bench(&config)?;
+    print!("{}", markdown(&s, &config));
+    if !s.all_served {
+        anyhow::bail!(
+            "{} of {} clients were not served",
+            s.unserved.len(),
+            s.clients
+        );
+    }
+    Ok(s)
+}
+
+/// `WxH` as `(width, height)`.
+fn parse_wxh(s: &str) -> Result<(usize, usize)> {
+    let parsed = s
+        .split_once(['x', 'X'])
+        .and_then(|(w, h)| Some((w.trim().parse().ok()?, h.trim().parse().ok()?)));
+    parsed.ok_or_else(|| anyhow::anyhow!("--sizes: {s:?} is not WxH (e.g. 128x96)"))
+}

@@ -1,0 +1,136 @@
+//! The flags of `headroom serve`: the shared engine flags (worded for a server where it
+//! differs) and the server's own: address, slots, queue, limits, session defaults.
+
+use clap::{Arg, Args};
+
+use crate::engine_args::EngineArgs;
+use crate::ranks::RankArgs;
+
+/// Arguments of `headroom serve`.
+#[derive(Debug, Args)]
+#[command(mut_args(reword))]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port, printed at start).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The engine: model, device, dtype, decoders, allocator, reclaim policy, KV pages.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Sessions generating at once, at most.
+    #[arg(long, default_value_t = 1)]
+    pub max_sessions: usize,
+    /// Step the sessions generating at once together (one batched forward per DMD step,
+    /// batched VAE work; every stream the same bytes): true or false.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub batch_steps: bool,
+    /// Most sessions in one batched step (default: every session ready); beyond it the
+    /// chunks due soonest on their playback clocks go first.
+    #[arg(long)]
+    pub max_batch: Option<usize>,
+    /// Clients that may wait for a slot at once, first come first served (0: refuse at
+    /// once when full).
+    #[arg(long, default_value_t = 16)]
+    pub max_queue: usize,
+    /// Seconds a client may wait in the queue before it is refused with `capacity`.
+    #[arg(long, default_value_t = 120.0)]
+    pub queue_timeout: f64,
+    /// Largest session.start message (it may carry a data: image).
+    #[arg(long, default_value = "4MiB")]
+    pub max_start_message: String,
+    /// Largest message after session.start.
+    #[arg(long, default_value = "128KiB")]
+    pub max_control_message: String,
+    /// Seconds a new socket may take to send session.start.
+    #[arg(long, default_value_t = 10.0)]
+    pub start_timeout: f64,
+    /// Seconds a session may go without progress (a chunk or a ping) before it ends.
+    #[arg(long, default_value_t = 60.0)]
+    pub stall_timeout: f64,
+    /// Default width of a session.start that gives none (multiple of 16); default: the
+    /// model's own size (its first_frame.png), else 416.
+    #[arg(long)]
+    pub width: Option<usize>,
+    /// Default height of a session.start that gives none (multiple of 16); default: the
+    /// model's own size, else 240.
+    #[arg(long)]
+    pub height: Option<usize>,
+    /// Default frames of a session.start that gives none (12·K − 3), or 0: such a
+    /// session streams until the client stops it.
+    #[arg(long, default_value_t = 0)]
+    pub frames: usize,
+    /// Most frames one session may stream (default: unlimited): a session streamed
+    /// until stopped ends after the last chunk within it, a longer num_frames is refused.
+    #[arg(long)]
+    pub max_session_frames: Option<usize>,
+    /// The TP × SP mesh and its collective backend.
+    #[command(flatten)]
+    pub ranks: RankArgs,
+}
+
+/// `serve --help`'s flags in order, the engine's among the server's own.
+pub const HELP_ORDER: [&str; 30] = [
+    "host",
+    "port",
+    "model",
+    "decoder",
+    "tiny_decoder",
+    "dtype",
+    "transformer",
+    "config",
+    "policy",
+    "allocator",
+    "max_sessions",
+    "batch_steps",
+    "max_batch",
+    "max_queue",
+    "queue_timeout",
+    "kv_budget",
+    "capacity",
+    "max_start_message",
+    "max_control_message",
+    "start_timeout",
+    "stall_timeout",
+    "width",
+    "height",
+    "frames",
+    "max_session_frames",
+    "device",
+    "plan_cache",
+    "tp",
+    "sp",
+    "comm",
+];
+
+/// A shared engine flag as `serve` says it (a server loads `world` unless told, and its
+/// sessions share the KV budget), placed in [`HELP_ORDER`].
+fn reword(arg: Arg) -> Arg {
+    let arg = crate::help_order::place(arg, &HELP_ORDER);
+    match arg.get_id().as_str() {
+        "model" => arg
+            .help("Built-in model (world, tiny, small, …), a diffusers pipeline folder with transformer/ and vae/, or an original Wan repo folder")
+            .default_value(crate::builtin_world::WORLD),
+        "transformer" => arg.help(
+            "A transformer checkpoint over --model (Self-Forcing .pt, LingBot-World folder, …)",
+        ),
+        "kv_budget" => arg.help("KV page budget, taken at the first open: bytes (B, KiB, MiB, GiB), a fraction of the device capacity (--capacity, else physical memory; e.g. 0.05), or `auto` (exactly --max-sessions sessions of the first session's size, rebuilt while idle for a larger one). Pages hold 16 tokens, so every size shares them"),
+        "capacity" => arg.help(
+            "Device capacity (B, KiB, MiB, GiB) to emulate a memory-tight device; physical memory by default",
+        ),
+        "device" => arg.help("Where the engine runs: cpu, cuda[:N] (on a mesh, rank r of a node takes cuda:N+r and the collectives run on NCCL) or cuda-check (the GPU path without a GPU: launches checked, frames black)"),
+        "plan_cache" => arg.help(
+            "A folder that keeps the planned allocator's plans across restarts (a corrupt or stale file is rebuilt)",
+        ),
+        _ => arg,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn help_lists_every_flag_in_its_order() {
+        assert_eq!(crate::help_order::listed(&["serve"]), super::HELP_ORDER);
+    }
+}
