@@ -48,6 +48,9 @@ pub struct ServeBenchConfig {
     /// its chunks, drawn per session number (a soak, not a latency measurement: they
     /// count as `hung_up`, not in the timings).
     pub hang_up_share: f64,
+    /// The server's API key, sent as `Authorization: Bearer` on the socket and on
+    /// `/metrics` (`None`: a server without keys).
+    pub api_key: Option<String>,
 }
 
 impl ServeBenchConfig {
@@ -91,13 +94,17 @@ pub struct MemorySamples {
     pub refused: i64,
 }
 
-/// The `/metrics` text of the server whose realtime endpoint is `url`.
-async fn metrics_text(url: &str) -> Option<String> {
+/// The `/metrics` text of the server of `config`.
+async fn metrics_text(config: &ServeBenchConfig) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = url.strip_prefix("ws://")?;
+    let rest = config.url.strip_prefix("ws://")?;
     let host = rest.split('/').next()?;
     let mut stream = tokio::net::TcpStream::connect(host).await.ok()?;
-    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    let key = config
+        .api_key
+        .as_ref()
+        .map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n{key}\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut body = String::new();
     stream.read_to_string(&mut body).await.ok()?;
@@ -118,9 +125,9 @@ fn metric(body: &str, name: &str) -> Option<i64> {
 }
 
 /// `headroom_allocated_bytes` and `headroom_reserved_bytes` from the `/metrics` of the
-/// server whose realtime endpoint is `url` (`None` when it cannot be read).
-async fn sample_memory(url: &str) -> Option<(i64, i64)> {
-    let body = metrics_text(url).await?;
+/// server of `config` (`None` when it cannot be read).
+async fn sample_memory(config: &ServeBenchConfig) -> Option<(i64, i64)> {
+    let body = metrics_text(config).await?;
     Some((
         metric(&body, "headroom_allocated_bytes")?,
         metric(&body, "headroom_reserved_bytes")?,
@@ -128,8 +135,8 @@ async fn sample_memory(url: &str) -> Option<(i64, i64)> {
 }
 
 /// `headroom_ooms_total` and the refusals of every reason, now.
-async fn sample_failures(url: &str) -> (i64, i64) {
-    let body = metrics_text(url).await.unwrap_or_default();
+async fn sample_failures(config: &ServeBenchConfig) -> (i64, i64) {
+    let body = metrics_text(config).await.unwrap_or_default();
     (
         metric(&body, "headroom_ooms_total").unwrap_or(0),
         metric(&body, "headroom_sessions_refused_total").unwrap_or(0),
@@ -235,13 +242,40 @@ fn ws_err(e: impl std::fmt::Display) -> BenchError {
     }
 }
 
+/// A socket to the server of `config`, with its API key when it has one.
+async fn connect(
+    config: &ServeBenchConfig,
+) -> std::result::Result<
+    (
+        tokio_tungstenite::WebSocketStream<
+            tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+        >,
+        tokio_tungstenite::tungstenite::handshake::client::Response,
+    ),
+    String,
+> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = config
+        .url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| e.to_string())?;
+    if let Some(key) = &config.api_key {
+        let value = format!("Bearer {key}")
+            .parse()
+            .map_err(|_| "the API key is not a valid header value".to_string())?;
+        request.headers_mut().insert("authorization", value);
+    }
+    tokio_tungstenite::connect_async(request)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// Runs session `i` and times its chunks (`None`: its client hung up as drawn).
 async fn one_session(config: &ServeBenchConfig, i: usize) -> Result<Option<SessionTiming>> {
     let ((width, height), hang_up) = config.draw(i);
     let seed = 42 + i as u64;
-    let (mut ws, _) = tokio_tungstenite::connect_async(config.url.as_str())
-        .await
-        .map_err(ws_err)?;
+    let (mut ws, _) = connect(config).await.map_err(ws_err)?;
     let start = Instant::now();
     let (mut start_s, mut queue_wait_s, mut queued) = (None, 0.0, false);
     let request = json!({"type": "session.start", "format": "m4s", "num_frames": config.frames,
@@ -301,9 +335,7 @@ async fn one_session(config: &ServeBenchConfig, i: usize) -> Result<Option<Sessi
 
 /// Starts a session and drops the connection `after_s` seconds after its `video.start`.
 async fn hang_up(config: &ServeBenchConfig, after_s: f64) -> Result<()> {
-    let (mut ws, _) = tokio_tungstenite::connect_async(config.url.as_str())
-        .await
-        .map_err(ws_err)?;
+    let (mut ws, _) = connect(config).await.map_err(ws_err)?;
     let request = json!({"type": "session.start", "format": "m4s", "num_frames": config.frames,
         "width": config.width, "height": config.height, "seed": 41, "fps": config.fps});
     ws.send(Message::text(request.to_string()))
@@ -450,7 +482,7 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
         if let Some(after) = config.hang_up_after_s {
             hang_up(config, after).await?;
         }
-        let failures_before = sample_failures(&config.url).await;
+        let failures_before = sample_failures(config).await;
         let started = Instant::now();
         let workers = (0..config.concurrency.min(config.sessions)).map(|_| {
             let next = Arc::clone(&next);
@@ -474,7 +506,7 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
         let sampler = async {
             let mut memory = MemorySamples::default();
             while running.load(Ordering::Relaxed) {
-                if let Some((allocated, reserved)) = sample_memory(&config.url).await {
+                if let Some((allocated, reserved)) = sample_memory(config).await {
                     memory.samples += 1;
                     memory.reserved_max_bytes = memory.reserved_max_bytes.max(reserved);
                     if allocated > 0 {
@@ -489,7 +521,7 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
         };
         let ((outcomes, wall_s), mut memory) = futures_util::future::join(sessions, sampler).await;
         // A session's end is sent after it released what it held.
-        if let Some(body) = metrics_text(&config.url).await {
+        if let Some(body) = metrics_text(config).await {
             let m = |name| metric(&body, name).unwrap_or(0);
             memory.allocated_after_bytes = m("headroom_allocated_bytes");
             memory.reserved_after_bytes = m("headroom_reserved_bytes");
@@ -497,7 +529,7 @@ pub fn run_serve_bench(config: &ServeBenchConfig) -> Result<ServeBenchSummary> {
                 + m("headroom_kv_pool_bytes")
                 + m("headroom_prompt_cache_bytes");
         }
-        let failures_after = sample_failures(&config.url).await;
+        let failures_after = sample_failures(config).await;
         memory.ooms = failures_after.0 - failures_before.0;
         memory.refused = failures_after.1 - failures_before.1;
         Ok::<_, BenchError>((outcomes, wall_s, memory))
@@ -663,6 +695,7 @@ mod tests {
             hang_up_after_s: None,
             sizes: Vec::new(),
             hang_up_share: 0.0,
+            api_key: None,
         };
         // 9 frames at 2 s, then 12-frame chunks 0.5 s and 2 s later: playback of the
         // first 9 frames lasts 0.75 s, so the second chunk is on time, the third late.
@@ -714,6 +747,7 @@ mod tests {
             hang_up_after_s: None,
             sizes: Vec::new(),
             hang_up_share: 0.0,
+            api_key: None,
         };
         assert!((0..1000).all(|i| config.draw(i) == ((128, 96), None)));
         config.sizes = vec![(128, 96), (160, 128)];

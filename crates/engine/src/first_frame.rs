@@ -3,11 +3,9 @@
 
 use std::path::Path;
 
+use headroom_media::decode_image;
 use headroom_tensor::{Device, Tensor};
 use image::RgbImage;
-
-/// Transitional path of [`headroom_media::decode_image`].
-pub use headroom_media::decode_image;
 
 use crate::error::{EngineError, Result};
 

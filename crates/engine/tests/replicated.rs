@@ -56,7 +56,10 @@ fn led_sessions_produce_the_frames_of_direct_sharded_execution() {
     .unwrap();
     let led = mesh
         .run_threads(|groups| {
-            let engine = Engine::on_mesh(config(), platform(None), &groups)?;
+            let engine = Engine::load(
+                config(),
+                Placement::rank(Device::new(platform(None)), &groups),
+            )?;
             if groups.rank() != 0 {
                 follow(&engine, &groups.world)?;
                 return Ok(None);

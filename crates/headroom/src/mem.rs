@@ -107,7 +107,7 @@ fn replay_cmd(args: ReplayArgs) -> Result<()> {
     };
     if let Some(path) = &args.snapshot {
         let snapshot = platform.allocator().snapshot();
-        let out = if path.extension().is_some_and(|e| e == "json") {
+        let out = if crate::outputs::has_extension(path, "json") {
             snapshot.to_json().into_bytes()
         } else {
             snapshot.to_pickle()

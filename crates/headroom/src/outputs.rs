@@ -160,6 +160,14 @@ impl Drop for Output {
     }
 }
 
+/// Whether `path`'s extension is `ext`, in any case (`UP.MP4` is an MP4, as every
+/// player reads it).
+pub fn has_extension(path: &Path, ext: &str) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case(ext))
+}
+
 /// Moves every output into place at once: a signal sees either all of them partial (and
 /// removes them) or all of them done.
 pub fn commit_all(outputs: &mut [&mut Output]) -> Result<()> {

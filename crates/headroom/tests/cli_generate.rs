@@ -155,6 +155,20 @@ fn an_image_conditions_the_video_and_a_trace_pickle_is_written() {
 }
 
 #[test]
+fn an_upper_case_extension_names_the_same_kind_of_video() {
+    let dir = tempfile::tempdir().unwrap();
+    let mp4 = dir.path().join("UP.MP4");
+    common::assert_ok(&generate_tiny("9", &mp4, &[]));
+    assert_eq!(&std::fs::read(&mp4).unwrap()[4..8], b"ftyp", "an MP4");
+    let y4m = dir.path().join("UP.Y4m");
+    common::assert_ok(&generate_tiny("9", &y4m, &[]));
+    assert!(
+        std::fs::read(&y4m).unwrap().starts_with(b"YUV4MPEG2"),
+        "a Y4M"
+    );
+}
+
+#[test]
 fn generate_writes_an_h264_mp4_with_the_requested_frames_and_size() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("v.mp4");

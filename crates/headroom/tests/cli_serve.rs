@@ -6,14 +6,16 @@ mod common;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 
-use common::http_get as get;
+use common::{get_with_key, http_get as get};
 
 #[test]
 fn serve_answers_health_and_ready_then_exits_zero_on_sigterm() {
+    // A key from the environment, as an operator passes a secret.
     let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
         .args([
             "serve", "--model", "tiny", "--port", "0", "--width", "48", "--height", "32",
         ])
+        .env("HEADROOM_API_KEY", "cli-key.1")
         .stderr(Stdio::piped())
         .spawn()
         .expect("the headroom binary runs");
@@ -31,7 +33,11 @@ fn serve_answers_health_and_ready_then_exits_zero_on_sigterm() {
     assert_eq!(get(&addr, "/health").0, 200);
     let (status, body) = get(&addr, "/ready");
     assert_eq!(status, 200, "{body}");
-    let (status, metrics) = get(&addr, "/metrics");
+    // Without the key: 401, before any work.
+    let (status, body) = get(&addr, "/metrics");
+    assert_eq!(status, 401, "{body}");
+    // `bench serve --api-key` sends it, as vLLM-Omni's client sends its header.
+    let (status, metrics) = get_with_key(&addr, "/metrics", "cli-key.1");
     assert_eq!(status, 200);
     assert!(metrics.contains("headroom_allocated_bytes "));
     // `headroom bench serve` measures the running server.
@@ -55,6 +61,8 @@ fn serve_answers_health_and_ready_then_exits_zero_on_sigterm() {
             "32",
             "--out",
             dir.path().to_str().unwrap(),
+            "--api-key",
+            "cli-key.1",
         ])
         .output()
         .unwrap();
@@ -100,6 +108,8 @@ fn serve_refuses_bad_flags_with_the_flag_and_the_rule() {
         ("--kv-budget", "1.5", "--kv-budget"),
         ("--stall-timeout", "0", "--stall-timeout"),
         ("--queue-timeout", "0", "--queue-timeout"),
+        ("--api-key", "has space", "--api-key"),
+        ("--max-connections", "0", "--max-connections"),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_headroom"))
             .args(["serve", "--model", "tiny", "--port", "0", flag, value])

@@ -143,29 +143,6 @@ impl Engine {
         Self::load(config, Placement::host(platform))
     }
 
-    /// Transitional: [`Engine::load`] with [`Placement::device`].
-    pub fn on_device(config: EngineConfig, device: Device) -> Result<Self> {
-        Self::load(config, Placement::device(device))
-    }
-
-    /// Transitional: [`Engine::load`] with [`Placement::rank`] on the host.
-    pub fn on_mesh(
-        config: EngineConfig,
-        platform: Arc<dyn Platform>,
-        groups: &RankGroups,
-    ) -> Result<Self> {
-        Self::load(config, Placement::rank(Device::new(platform), groups))
-    }
-
-    /// Transitional: [`Engine::load`] with [`Placement::rank`].
-    pub fn on_mesh_device(
-        config: EngineConfig,
-        device: Device,
-        groups: &RankGroups,
-    ) -> Result<Self> {
-        Self::load(config, Placement::rank(device, groups))
-    }
-
     /// The sim twin of an engine of `config` on `platform`: no twin or plan cache of
     /// its own.
     pub(super) fn twin(config: EngineConfig, platform: Arc<dyn Platform>) -> Result<Self> {

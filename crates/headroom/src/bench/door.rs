@@ -124,9 +124,10 @@ async fn measure(args: &DoorArgs) -> Result<()> {
         );
     }
     ratios.sort_by(f64::total_cmp);
+    let n = ratios.len();
+    let median = (ratios[(n - 1) / 2] + ratios[n / 2]) / 2.0;
     println!(
-        "median ratio {:.2}×; resident memory the idle sockets added (most of any round): {}",
-        ratios[ratios.len() / 2],
+        "median ratio {median:.2}×; resident memory the idle sockets added (most of any round): {}",
         headroom_mem::format_bytes(grown)
     );
     Ok(())
@@ -184,7 +185,10 @@ async fn idle_socket(addr: SocketAddr) -> Result<TcpStream> {
         head.push(byte[0]);
     }
     if !head.starts_with(b"HTTP/1.1 101") {
-        bail!("the upgrade was refused: {}", String::from_utf8_lossy(&head));
+        bail!(
+            "the upgrade was refused: {}",
+            String::from_utf8_lossy(&head)
+        );
     }
     Ok(stream)
 }

@@ -4,6 +4,7 @@
 
 mod alloc;
 mod batch;
+mod door;
 mod kernels;
 mod models;
 mod serve;
@@ -40,6 +41,9 @@ enum BenchCommand {
     /// A realtime-video client against a running `headroom serve`: time to first chunk,
     /// inter-chunk intervals, real-time factor and deadline attainment.
     Serve(serve::ServeArgs),
+    /// A client's time to first chunk on an idle server and beside many idle sockets
+    /// (no session.start), in one run, with the memory those sockets add.
+    Door(door::DoorArgs),
 }
 
 /// Runs `headroom bench`.
@@ -52,5 +56,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchCommand::Session(args) => session::run(args),
         BenchCommand::Serve(args) => serve::run(args),
         BenchCommand::Batch(args) => batch::run(args),
+        BenchCommand::Door(args) => door::run(args),
     }
 }

@@ -51,6 +51,10 @@ pub struct ServeArgs {
     /// them (drawn per session; a soak: they are counted, not timed).
     #[arg(long, default_value_t = 0.0)]
     hang_up_share: f64,
+    /// The server's API key (`serve --api-key`), sent as `Authorization: Bearer`; also
+    /// read from HEADROOM_API_KEY.
+    #[arg(long)]
+    api_key: Option<String>,
 }
 
 /// Runs `headroom bench serve`: each concurrency in turn, then their comparison.
@@ -86,6 +90,12 @@ fn serve_one(args: &ServeArgs, concurrency: usize, out: PathBuf) -> Result<Serve
             .map(|s| parse_wxh(s))
             .collect::<Result<Vec<_>>>()?,
         hang_up_share: args.hang_up_share,
+        api_key: args.api_key.clone().or_else(|| {
+            std::env::var("HEADROOM_API_KEY")
+                .ok()
+                .and_then(|k| k.split(',').next().map(|k| k.trim().to_string()))
+                .filter(|k| !k.is_empty())
+        }),
     };
     let s = run_serve_bench(&config)?;
     print!("{}", markdown(&s, &config));

@@ -98,7 +98,7 @@ fn camera(actions: &str) -> Result<(Vec<Keys>, Option<Trajectory>)> {
 /// Loads `--text-embeds`: a `.npy`, or a `.safetensors` holding one `[L, text_dim]`
 /// tensor.
 pub fn load_text(path: &PathBuf, device: &Device) -> Result<Tensor> {
-    if path.extension().is_some_and(|e| e == "safetensors") {
+    if crate::outputs::has_extension(path, "safetensors") {
         let file = SafetensorsFile::open(path)?;
         let names = file.names()?;
         let [name] = names.as_slice() else {
@@ -119,9 +119,8 @@ pub fn load_text(path: &PathBuf, device: &Device) -> Result<Tensor> {
 pub fn load_image(path: &Path, width: usize, height: usize, device: &Device) -> Result<Tensor> {
     let bytes = std::fs::read(path)
         .with_context(|| format!("--image {}: cannot read it", path.display()))?;
-    let image =
-        headroom_engine::first_frame::decode_image(&bytes, headroom_engine::first_frame::MAX_SIDE)
-            .map_err(|e| anyhow::anyhow!("--image {}: {e}", path.display()))?;
+    let image = headroom_media::decode_image(&bytes, headroom_engine::first_frame::MAX_SIDE)
+        .map_err(|e| anyhow::anyhow!("--image {}: {e}", path.display()))?;
     Ok(headroom_engine::first_frame::to_tensor(
         &image, width, height, device,
     )?)

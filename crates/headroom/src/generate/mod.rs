@@ -2,14 +2,13 @@
 //! as MP4, Y4M or PNG frames, with its memory story.
 //!
 //! One job per file: [`args`] the flags, [`inputs`] what they name (checked before any
-//! weights load), [`video`] the writer and the output files, [`source`] the session the
-//! chunk loop pulls from, [`stream`] the chunk loop, [`report`] the report and how it
-//! prints. This file loads the engine, alone or on every rank of a mesh.
+//! weights load), [`video`] the writer and the output files, [`stream`] the chunk loop
+//! (over the engine's [`headroom_engine::SessionDriver`]), [`report`] the report and how
+//! it prints. This file loads the engine, alone or on every rank of a mesh.
 
 mod args;
 mod inputs;
 mod report;
-mod source;
 mod stream;
 mod video;
 
@@ -17,13 +16,12 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use headroom_engine::replicated;
-use headroom_engine::{Engine, RankGroups};
+use headroom_engine::{Drive, Engine, Placement, RankGroups};
 use headroom_tensor::Device;
 
 pub use args::GenerateArgs;
 use inputs::{prepare, Prepared};
 use report::Run;
-use source::ChunkSource;
 use stream::stream;
 
 /// Runs `headroom generate`.
@@ -36,12 +34,10 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         let config = &prepared.config;
         let engine =
             match device_arg.engine_device(&config.allocator, config.reclaim, config.capacity)? {
-                Some(device) => Engine::on_device(config.clone(), device)?,
+                Some(device) => Engine::load(config.clone(), Placement::device(device))?,
                 None => Engine::new(config.clone())?,
             };
-        Some(stream(&args, &prepared, &engine, |request| {
-            Ok(Box::new(engine.open_session(request)?) as Box<dyn ChunkSource>)
-        })?)
+        Some(stream(&args, &prepared, &engine, Drive::Alone)?)
     } else {
         let gpu = |local: usize| device_arg.rank_gpu(local, &prepared.config);
         let gpu: crate::ranks::GpuFor<'_> = &gpu;
@@ -66,18 +62,17 @@ fn rank_main(
     device: Option<Device>,
 ) -> Result<Option<Run>> {
     let config = &prepared.config;
-    let engine = match device {
-        Some(device) => Engine::on_mesh_device(config.clone(), device, &groups)?,
-        None => Engine::on_mesh(config.clone(), config.cpu_platform()?, &groups)?,
+    let device = match device {
+        Some(device) => device,
+        None => Device::new(config.cpu_platform()?),
     };
+    let engine = Engine::load(config.clone(), Placement::rank(device, &groups))?;
     if groups.rank() != 0 {
         replicated::follow(&engine, &groups.world)?;
         return Ok(None);
     }
     let world = Arc::clone(&groups.world);
-    let out = stream(args, prepared, &engine, |request| {
-        Ok(Box::new(replicated::lead_open(&engine, &world, request)?) as Box<dyn ChunkSource>)
-    });
+    let out = stream(args, prepared, &engine, Drive::Led(&world));
     // However rank 0 ended, the followers leave their loops (after an abort this fails
     // at once, and the job is ending anyway).
     let shutdown = replicated::lead_shutdown(&world);

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use headroom_engine::{Engine, LatentRecorder, NoiseSource, SessionRequest};
+use headroom_engine::{Drive, Engine, LatentRecorder, NoiseSource, SessionDriver, SessionRequest};
 use headroom_mem::format_bytes;
 use headroom_tensor::io::npy::{read_npy, write_npy};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -12,15 +12,17 @@ use indicatif::{ProgressBar, ProgressStyle};
 use super::args::GenerateArgs;
 use super::inputs::{load_image, load_text, Prepared};
 use super::report::{ChunkReport, GenerateReport, Run};
-use super::source::ChunkSource;
 use super::video::{Outputs, Sink};
 use crate::outputs::{commit_all, Output};
 
-/// Streams one session on `engine` (opened by `open`) into the output, and reports.
-pub fn stream<O>(args: &GenerateArgs, prepared: &Prepared, engine: &Engine, open: O) -> Result<Run>
-where
-    O: FnOnce(SessionRequest) -> Result<Box<dyn ChunkSource>>,
-{
+/// Streams one session on `engine` (driven as `how` says: alone, or led on every rank of
+/// a mesh) into the output, and reports.
+pub fn stream(
+    args: &GenerateArgs,
+    prepared: &Prepared,
+    engine: &Engine,
+    how: Drive<'_>,
+) -> Result<Run> {
     let (width, height) = (prepared.width, prepared.height);
     let reclaim = prepared.config.reclaim;
     let platform = engine.platform().clone();
@@ -68,13 +70,13 @@ where
     platform.reset_peak_stats();
     let start = Instant::now();
     // The request is validated (and admitted) before any output exists.
-    let mut session = open(request)?;
+    let mut session = SessionDriver::open(engine, request, how)?;
     let mut outputs = prepared
         .outputs
         .lock()
         .map_err(|_| anyhow::anyhow!("the outputs' lock was poisoned"))?;
     let mut sink = Sink::create(outputs.kind, outputs.video.open(), width, height)?;
-    let total = session.chunks_total();
+    let total = session.chunks_total().unwrap_or(0);
     crate::outputs::set_progress(0, total);
     let progress = ProgressBar::new(total as u64);
     progress.set_style(
@@ -130,7 +132,7 @@ where
     })();
     progress.finish();
     let ranks = match outcome {
-        Ok(()) => session.finish(engine),
+        Ok(()) => session.finish(engine).map_err(anyhow::Error::from),
         Err(e) => {
             drop(session);
             Err(e)

@@ -26,12 +26,13 @@ pub enum VideoKind {
 impl VideoKind {
     /// The kind `out` names, refused when its extension is none of them.
     fn of(out: &Path) -> Result<Self> {
-        match out.extension().and_then(|e| e.to_str()) {
-            Some("mp4") => Ok(VideoKind::Mp4),
-            Some("y4m") => Ok(VideoKind::Y4m),
+        use crate::outputs::has_extension;
+        match out.extension() {
+            _ if has_extension(out, "mp4") => Ok(VideoKind::Mp4),
+            _ if has_extension(out, "y4m") => Ok(VideoKind::Y4m),
             None => Ok(VideoKind::PngFrames),
             Some(_) => bail!(
-                "--out {}: use a .mp4 or .y4m file, or a folder (no extension) for PNG frames",
+                "--out {}: use a .mp4 or .y4m file (any case), or a folder (no extension) for PNG frames",
                 out.display()
             ),
         }

@@ -65,13 +65,28 @@ pub struct ServeArgs {
     /// until stopped ends after the last chunk within it, a longer num_frames is refused.
     #[arg(long)]
     pub max_session_frames: Option<usize>,
+    /// An API key clients must send as `Authorization: Bearer KEY` (a browser: the
+    /// WebSocket subprotocol `headroom.bearer.KEY`) on every route but /, /health and
+    /// /ready; repeat for several keys. Also read from HEADROOM_API_KEY
+    /// (comma-separated). Without one, no key is asked for.
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_keys: Vec<String>,
+    /// An origin whose pages may open WebSockets here besides the server's own (for
+    /// example https://app.example); repeatable; `*` allows any.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
+    /// WebSockets open at once, at most (default: 4 × (max-sessions + max-queue)); past
+    /// it the socket waiting longest for its session.start is closed first, else the new
+    /// one is (close code 1013).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// The TP × SP mesh and its collective backend.
     #[command(flatten)]
     pub ranks: RankArgs,
 }
 
 /// `serve --help`'s flags in order, the engine's among the server's own.
-pub const HELP_ORDER: [&str; 30] = [
+pub const HELP_ORDER: [&str; 33] = [
     "host",
     "port",
     "model",
@@ -97,6 +112,9 @@ pub const HELP_ORDER: [&str; 30] = [
     "height",
     "frames",
     "max_session_frames",
+    "api_keys",
+    "allowed_origins",
+    "max_connections",
     "device",
     "plan_cache",
     "tp",

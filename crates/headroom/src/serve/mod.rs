@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use headroom_engine::{replicated, Engine, EngineConfig, RankGroups};
+use headroom_engine::{replicated, Engine, EngineConfig, Placement, RankGroups};
 use headroom_mem::parse_size;
-use headroom_server::{Defaults, Limits, Server, ServerConfig};
+use headroom_server::{Defaults, DoorConfig, Limits, Server, ServerConfig};
 
 pub use args::ServeArgs;
 
@@ -84,8 +84,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
             num_frames: args.frames,
             ..Defaults::default()
         },
+        door: DoorConfig {
+            api_keys: api_keys(&args.api_keys),
+            allowed_origins: args.allowed_origins.clone(),
+            max_connections: args.max_connections,
+        },
         ..ServerConfig::default()
     };
+    // Who may come in is checked before any weights load.
+    config
+        .door
+        .validate()
+        .context("--api-key / --max-connections")?;
+    if !config.door.api_keys.is_empty() {
+        eprintln!(
+            "headroom serve: {} API key(s); every route but /, /health and /ready needs one",
+            config.door.api_keys.len()
+        );
+    }
     if !args.ranks.is_single()? {
         return serve_mesh(&args, engine, config);
     }
@@ -100,7 +116,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 max_sessions: config.max_sessions,
                 ..engine
             };
-            let loaded = Engine::on_device(engine, device)
+            let loaded = Engine::load(engine, Placement::device(device))
                 .context("cannot load the engine on the device")?;
             Server::with_engine(loaded, None, config)?
         }
@@ -121,9 +137,12 @@ fn serve_mesh(args: &ServeArgs, mut engine: EngineConfig, config: ServerConfig) 
     let on_gpu = device != crate::device_arg::DeviceArg::Cpu;
     let gpu = |local: usize| device.rank_gpu(local, &engine);
     let gpu: crate::ranks::GpuFor<'_> = &gpu;
-    let load = |groups: &RankGroups, device: Option<headroom_tensor::Device>| match device {
-        Some(device) => Engine::on_mesh_device(engine.clone(), device, groups),
-        None => Engine::on_mesh(engine.clone(), engine.cpu_platform()?, groups),
+    let load = |groups: &RankGroups, device: Option<headroom_tensor::Device>| {
+        let device = match device {
+            Some(device) => device,
+            None => headroom_tensor::Device::new(engine.cpu_platform()?),
+        };
+        Engine::load(engine.clone(), Placement::rank(device, groups))
     };
     args.ranks.launch(on_gpu.then_some(gpu), |groups, device| {
         if groups.rank() != 0 {
@@ -184,4 +203,16 @@ fn serve(args: &ServeArgs, server: Server) -> Result<()> {
         eprintln!("headroom serve: stopped");
         Ok(())
     })
+}
+
+/// The API keys of `--api-key` (as given: an empty one is refused, not ignored) and of
+/// `HEADROOM_API_KEY` (comma-separated, blanks dropped).
+fn api_keys(flags: &[String]) -> Vec<String> {
+    let from_env = std::env::var("HEADROOM_API_KEY").unwrap_or_default();
+    let env_keys = from_env.split(',').map(str::trim).filter(|k| !k.is_empty());
+    flags
+        .iter()
+        .cloned()
+        .chain(env_keys.map(str::to_string))
+        .collect()
 }

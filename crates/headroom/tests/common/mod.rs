@@ -60,11 +60,21 @@ pub fn relative_error(a: &[f32], b: &[f32]) -> f64 {
 
 /// `GET path` on `addr` over plain HTTP/1.1: the status code and the whole response.
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    http_get_with(addr, path, "")
+}
+
+/// [`http_get`] with the API key `key` as `Authorization: Bearer`.
+pub fn get_with_key(addr: &str, path: &str, key: &str) -> (u16, String) {
+    http_get_with(addr, path, &format!("Authorization: Bearer {key}\r\n"))
+}
+
+/// A GET with the extra header lines `headers` (each ending in CRLF).
+fn http_get_with(addr: &str, path: &str, headers: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: t\r\n{headers}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut text = String::new();
