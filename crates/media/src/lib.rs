@@ -2,6 +2,10 @@
 //! them out: YUV4MPEG2 (`.y4m`, playable by ffplay/mpv, 4:4:4), PNG
 //! sequences, and H.264 in MP4 or fragmented MP4 ([`mp4`]). Frames are RGB u8,
 //! `height × width × 3`, row-major.
+//!
+//! The trade-off: what a stream needs and no more (OpenH264 built from source, our own
+//! fragmented-MP4 writer, PNG/JPEG decoding under limits) instead of an FFmpeg
+//! dependency, so it builds offline and reads untrusted bytes with stated bounds.
 #![warn(missing_docs, missing_debug_implementations)]
 
 mod h264;

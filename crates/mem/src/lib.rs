@@ -4,6 +4,10 @@
 //! Every tensor byte in headroom comes from a [`CachingAllocator`] owned by a
 //! [`Platform`]; the platform says whether it caches device memory, and its
 //! [`ReclaimPolicy`] decides at each named [`Phase`] whether to give the cache back.
+//!
+//! The trade-off: headroom writes its own allocator instead of borrowing one, so every
+//! byte is measured, planned and reclaimed exactly, at the price of keeping PyTorch's
+//! accounting (and its caching rules, under the `pytorch` policy) byte for byte.
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod allocator;

@@ -1,6 +1,10 @@
 //! Wan-family networks on headroom's tensor runtime: weights by diffusers key, the Wan
 //! 2.1 causal VAE and its session-owned streaming decoder, TAEHV's tiny decoder, and the
 //! one decoder interface over both.
+//!
+//! The trade-off: the networks are written layer by layer against diffusers' names and
+//! checked against its outputs, so a new checkpoint layout is an import, not a new
+//! model; what diffusers does not have (streaming caches, KV pages) is ours to prove.
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod camera;

@@ -3,11 +3,11 @@
 //!
 //! [`MpiJob::init`] joins the job (`MPI_Init_thread`, serialized: only one thread of a
 //! rank calls MPI at a time, which every call here enforces with one lock), and
-//! [`MpiJob::split`] carves the world into groups by `MPI_Comm_split` (the TP and SP
-//! groups of a mesh). A group's [`Communicator`] moves the bytes of our own allocator's
+//! `MpiJob::split` carves the world into groups by `MPI_Comm_split` (the TP and SP
+//! groups of a mesh). A group's `Communicator` moves the bytes of our own allocator's
 //! tensors with `MPI_Allgather` and `MPI_Alltoall` straight between their buffers (the
 //! only copy is the packing the shared collective code does for an all-to-all whose
-//! split axis is not the outermost); [`Communicator::abort`] is `MPI_Abort`, which ends
+//! split axis is not the outermost); `Communicator::abort` is `MPI_Abort`, which ends
 //! every process of the job.
 //!
 //! This crate is its own so that the `mpi` feature of the `headroom` binary recompiles

@@ -4,6 +4,10 @@
 //! Every session runs on its own worker thread (never on the async runtime) and reaches
 //! its socket through a bounded channel; every way a session ends releases its KV pages,
 //! decoder state and conditioning before the client hears of the end.
+//!
+//! The trade-off: a session gets a whole slot at admission or waits in the queue; the
+//! server never shares memory it has not planned, so a client may wait, but a session
+//! never runs out mid-stream.
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod admission;

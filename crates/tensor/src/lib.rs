@@ -1,6 +1,10 @@
 //! headroom's tensor runtime: tensors whose bytes come from headroom's allocator, CPU
 //! kernels at GEMM speed, meta (shape-only) execution on a `sim` platform, and
 //! deterministic results for a given thread count.
+//!
+//! The trade-off: a small op set made for the Wan networks rather than a general
+//! framework. Every byte comes from the allocator and results repeat bit for bit, at the
+//! price of writing and proving the kernels here.
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod comm;

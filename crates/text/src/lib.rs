@@ -3,6 +3,10 @@
 //! runtime, and a `TextEncoder` that turns prompts into the `[512, d_model]` embeddings
 //! the Wan pipelines feed the transformer, with resident or on-demand weights and an LRU
 //! embedding cache.
+//!
+//! The trade-off: on-demand weights free the encoder's memory between prompts at the
+//! price of loading it for the next one; the embedding cache makes a repeated prompt
+//! free.
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod cache;

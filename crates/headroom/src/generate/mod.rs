@@ -2,7 +2,7 @@
 //! as MP4, Y4M or PNG frames, with its memory story.
 //!
 //! One job per file: [`args`] the flags, [`inputs`] what they name (checked before any
-//! weights load), [`video`] the writer and the output files, [`stream`] the chunk loop
+//! weights load), [`video`] the writer and the output files, [`stream`](mod@stream) the chunk loop
 //! (over the engine's [`headroom_engine::SessionDriver`]), [`report`] the report and how
 //! it prints. This file loads the engine, alone or on every rank of a mesh.
 

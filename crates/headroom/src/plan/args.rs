@@ -41,7 +41,7 @@ pub struct PlanArgs {
     /// Memory of each card (B, KiB, MiB, GiB).
     #[arg(long, default_value = "64GiB")]
     pub capacity: String,
-    /// Device whose capacity to plan for: cpu (use --capacity) or cuda[:N] (the card's
+    /// Device whose capacity to plan for: cpu (use --capacity) or `cuda[:N]` (the card's
     /// memory as the driver reports it replaces --capacity; needs --features cuda).
     #[arg(long, default_value = "cpu")]
     pub device: crate::device_arg::DeviceArg,

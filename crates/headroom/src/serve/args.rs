@@ -72,7 +72,7 @@ pub struct ServeArgs {
     #[arg(long = "api-key", value_name = "KEY")]
     pub api_keys: Vec<String>,
     /// An origin whose pages may open WebSockets here besides the server's own (for
-    /// example https://app.example); repeatable; `*` allows any.
+    /// example `https://app.example`); repeatable; `*` allows any.
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     pub allowed_origins: Vec<String>,
     /// WebSockets open at once, at most (default: 4 × (max-sessions + max-queue)); past

@@ -2,7 +2,7 @@
 //! half of the released `taew2_1` / `taew2_2` files, streamed per session.
 //!
 //! The network is one sequence of 2-D layers over frames: `tanh(x/3)·3`, a 3×3 conv to
-//! the first width, then three stages of three [`MemBlock`]s, a nearest ×2 upsample, a
+//! the first width, then three stages of three `MemBlock`s, a nearest ×2 upsample, a
 //! `TGrow` (a 1×1 conv whose channel groups become successive frames) and a 3×3 conv to
 //! the next width; a ReLU, a last 3×3 conv to `3·p²` channels, a pixel shuffle by `p`,
 //! and a clamp to [0, 1]. A memory block sees its own input at the previous frame, so a

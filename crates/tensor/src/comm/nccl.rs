@@ -8,11 +8,11 @@
 //! the library up by the bare name `libnccl.so`, which neither the wheel nor a driver-only
 //! machine has, so the few calls are bound here.)
 //!
-//! With the `cuda` feature, [`NcclComm`] is a [`Communicator`] over one NCCL
+//! With the `cuda` feature, `NcclComm` is a `Communicator` over one NCCL
 //! communicator per group: the unique id is made by the group's rank 0 and broadcast
 //! over the group's control communicator (MPI), every exchange is enqueued on the
 //! device's own stream (so it is ordered with the kernels around it, as our allocator's
-//! stream-ordered frees assume), and [`Communicator::abort`] is `ncclCommAbort` followed
+//! stream-ordered frees assume), and `Communicator::abort` is `ncclCommAbort` followed
 //! by the control group's abort.
 
 use std::ffi::{c_char, c_int, c_void};

@@ -11,7 +11,7 @@
 //! without a GPU.
 //!
 //! Behind the `cuda` feature: loading the cubins on a device and launching them
-//! ([`backend`]), cuBLASLt GEMM, and the [`runtime::CudaRuntime`] launcher. The op-level
+//! (`backend`), cuBLASLt GEMM, and the `runtime::CudaRuntime` launcher. The op-level
 //! GPU-vs-host self-test is [`crate::ops::selftest`].
 
 #[cfg(feature = "cuda")]

@@ -1,4 +1,4 @@
-//! SiLU over f32 slices without libm, built on the branch-free [`fast_exp`], so the loops
+//! SiLU over f32 slices without libm, built on the branch-free `fast_exp`, so the loops
 //! auto-vectorise; they run through [`super::simd`]'s builds for the selected path. The
 //! tanh-GELU is [`super::gelu`]'s (re-exported here). Every
 //! version performs the same IEEE operations in the same order (Rust never fuses a

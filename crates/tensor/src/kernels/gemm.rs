@@ -1,6 +1,6 @@
 //! Matrix multiply on raw buffers: the one place kernels call GEMM, so thread use,
 //! strides and the instruction-set path ([`crate::kernels::cpu`]) are handled once.
-//! [`sgemm`] is exact f32 through the `gemm` crate; [`gemm`] routes f32 or bf16 compute
+//! [`sgemm`] is exact f32 through the `gemm` crate; [`gemm()`] routes f32 or bf16 compute
 //! to the selected path (AMX tiles, AVX-512, AVX2, scalar).
 
 use gemm::Parallelism;
@@ -153,7 +153,7 @@ pub fn set_near_f32(near: bool) {
     );
 }
 
-/// f32 scratch elements that [`gemm`] needs for these shapes on the selected path.
+/// f32 scratch elements that [`gemm()`] needs for these shapes on the selected path.
 pub fn gemm_scratch_len(m: usize, n: usize, k: usize, compute: Compute, threads: Threads) -> usize {
     gemm_scratch_len_on(cpu::selected(), m, n, k, compute, threads)
 }
@@ -230,7 +230,7 @@ pub fn gemm(
     )
 }
 
-/// [`gemm`] on `path` (which must be supported: see [`CpuPath::supported`]).
+/// [`gemm()`] on `path` (which must be supported: see [`CpuPath::supported`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_on(
     path: CpuPath,

@@ -1,7 +1,7 @@
 //! The AVX-512F f32 micro-kernel of the direct convolution (`conv::planes`): one 32 × 32
 //! block of C from an f32 A panel (`[k][32]`, a row of 32 output channels per k) and B
 //! rows of 32 columns read in place from f32 planes, one offset per k. The block is
-//! computed in four bands of [`BAND`] rows: 16 accumulators (8 rows × 2 column halves)
+//! computed in four bands of `BAND` rows: 16 accumulators (8 rows × 2 column halves)
 //! stay in registers over every k of the call, fed by two B loads and eight A broadcasts
 //! per k. Each element is one chain of fused multiply-adds in k order, so the bytes do
 //! not depend on the blocking or the thread. x86-64 only.

@@ -6,7 +6,7 @@
 //! row 32 bf16 values (16 pairs of consecutive k), and 32 columns of B as two 16-column
 //! halves, each of 16 pair rows of 16 columns × 2 k values: a pair row of B is exactly one
 //! `vdpbf16ps` operand, and one pair of an A row broadcast to all 16 lanes is the other.
-//! The block is computed in four bands of [`BAND`] rows: 16 f32 accumulators (8 rows × 2
+//! The block is computed in four bands of `BAND` rows: 16 f32 accumulators (8 rows × 2
 //! column halves) stay in registers over every k-step of the call, fed by two B loads and
 //! eight A broadcasts per pair. Every element sums its pairs in one fixed order (k
 //! ascending), so the bytes do not depend on the blocking or the thread. x86-64 only, as
