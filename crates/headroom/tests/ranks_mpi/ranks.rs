@@ -1,41 +1,15 @@
-//! Ranks as processes: `mpirun -n T·S headroom generate --tp T --sp S` (a build with
-//! `--features mpi`). Every test skips, saying why, where `mpirun` is absent.
-#![cfg(feature = "mpi")]
+//! The multi-process runs themselves (a build with `--features mpi`).
 
-mod common;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{
-    collective_counts, generate_ranks, npy_values, plan_ranks, plan_report, relative_error,
+use super::common::{
+    self, collective_counts, generate_ranks, npy_values, plan_ranks, plan_report, relative_error,
 };
+use super::mpirun;
 
 const SESSION: [&str; 4] = ["--width", "64", "--height", "32"];
-
-/// `mpirun` with root allowed and more ranks than cores, or `None` (with the reason
-/// printed) where it is absent.
-fn mpirun() -> Option<Command> {
-    let found = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        headroom_mem::required::missing(
-            "mpirun",
-            "mpirun is not on PATH",
-            "Debian: apt-get install openmpi-bin libopenmpi-dev",
-        );
-        return None;
-    }
-    let mut cmd = Command::new("mpirun");
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .args(["--oversubscribe", "--bind-to", "none"]);
-    Some(cmd)
-}
 
 /// The tiny model's session: 21 frames.
 const TINY: (&str, &str) = ("tiny", "21");
