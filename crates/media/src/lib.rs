@@ -12,8 +12,8 @@ mod h264;
 pub mod image;
 pub mod mp4;
 
-pub use h264::check_h264_size;
 pub use self::image::{decode_image, ImageError};
+pub use h264::check_h264_size;
 pub use mp4::{FragmentedMp4, Mp4Writer};
 
 use std::fs::File;

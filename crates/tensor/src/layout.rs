@@ -74,7 +74,9 @@ impl Layout {
             if d != 1 && s != expected {
                 return false;
             }
-            expected *= d;
+            // As `contiguous_strides` counts: a zero-length axis leaves the strides
+            // before it as if it had length 1, so a fresh `[2, 0, 3]` is contiguous.
+            expected *= d.max(1);
         }
         true
     }
@@ -307,5 +309,14 @@ mod tests {
         let l = Layout::contiguous(&[4, 5]).narrow(1, 1, 2).unwrap();
         assert!(!l.is_contiguous());
         assert_eq!(l.storage_extent(), 1 + 3 * 5 + 1 + 1);
+    }
+
+    #[test]
+    fn a_fresh_layout_with_a_zero_length_axis_is_contiguous() {
+        // Found through fuzz/fuzz_targets/camera.rs: a `.npy` of shape (3, 4, 0, …) made a
+        // tensor whose f32 copy asserted its own fresh output was contiguous.
+        for shape in [&[2, 0, 3][..], &[0, 5], &[4, 0], &[3, 4, 0, 0, 500, 41]] {
+            assert!(Layout::contiguous(shape).is_contiguous(), "{shape:?}");
+        }
     }
 }

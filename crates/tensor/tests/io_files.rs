@@ -84,6 +84,46 @@ fn npy_round_trips_every_numpy_dtype() {
     }
 }
 
+/// A `.npy` file of `descr` and the shape text `shape`, followed by `data`.
+fn npy_bytes(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+    let header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    bytes
+}
+
+#[test]
+fn npy_shapes_past_addressable_memory_are_refused_not_a_panic() {
+    // Found by fuzz/fuzz_targets/npy.rs: the element count of an untrusted shape
+    // overflowed while it was multiplied out.
+    let dev = cpu();
+    for shape in [
+        "(4294967296, 4294967296)",
+        "(2, 3, 3000000000000000000)",
+        "(0, 4294967296, 4294967296)",
+        "(4294967296, 4294967296, 0)",
+    ] {
+        let err = parse_npy(&npy_bytes("<f4", shape, &[]), &dev)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("larger than memory can address"),
+            "{shape}: {err}"
+        );
+    }
+}
+
+#[test]
+fn npy_arrays_with_a_zero_length_axis_load_empty() {
+    // Found through fuzz/fuzz_targets/camera.rs: widening such a tensor to f32 asserted.
+    let dev = cpu();
+    let t = parse_npy(&npy_bytes("<f2", "(2, 0, 3)", &[]), &dev).unwrap();
+    assert_eq!(t.shape(), [2, 0, 3]);
+    assert!(t.to_f32_vec().unwrap().is_empty());
+}
+
 #[test]
 fn npy_reads_f64_as_f32_and_rejects_what_it_cannot_read() {
     let dev = cpu();

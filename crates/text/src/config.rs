@@ -180,6 +180,15 @@ impl Umt5Config {
                 return Err(TextError::config(field, "must be at least 1"));
             }
         }
+        if self.num_heads.checked_mul(self.d_kv).is_none() {
+            return Err(TextError::config(
+                "num_heads / d_kv",
+                format!(
+                    "their product (the attention width) does not fit in memory: {} × {}",
+                    self.num_heads, self.d_kv
+                ),
+            ));
+        }
         // Bidirectional buckets: half per direction, half of those exact.
         if self.relative_attention_num_buckets < 4 {
             return Err(TextError::config(
@@ -232,5 +241,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("dense_act_fn"), "{err}");
+    }
+
+    #[test]
+    fn an_attention_width_that_overflows_is_refused_naming_the_fields() {
+        let err = Umt5Config::from_json(&serde_json::json!({
+            "num_heads": 1u64 << 40,
+            "d_kv": 1u64 << 40,
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("num_heads / d_kv"), "{err}");
     }
 }

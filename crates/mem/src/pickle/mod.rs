@@ -158,9 +158,9 @@ pub enum PickleError {
         limit: usize,
     },
     /// Shared references expand the value past the reader's size limit.
-    #[error("pickle value expands to more than {limit} values through shared references")]
+    #[error("pickle value expands to more than {limit} bytes through shared references")]
     TooLarge {
-        /// The limit on values built.
+        /// The limit on the bytes of the values built (each value and the text it owns).
         limit: usize,
     },
 }

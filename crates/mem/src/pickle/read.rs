@@ -38,11 +38,15 @@ fn read(bytes: &[u8], globals: Option<&[(&str, &str)]>) -> PickleResult<PickleVa
         nodes: Vec::new(),
         stack: Vec::new(),
         memo: HashMap::new(),
-        // Shared references (BINGET of frame lists) make the tree bigger than
-        // the file; a bound that grows with the file stops a tiny hostile
-        // pickle from doubling itself into gigabytes, and leaves real
-        // snapshots alone.
-        limit: bytes.len().saturating_mul(1024).clamp(1 << 22, 1 << 28),
+        // Shared references (BINGET of frame lists) make the tree bigger than the file; a
+        // bound that grows with the file stops a tiny hostile pickle from doubling itself,
+        // or copying one long string, into gigabytes, and leaves real snapshots alone.
+        // It counts bytes (each value, and the text of strings, bytes and globals), so a
+        // pickle of a few KiB builds at most 64 MiB.
+        limit: bytes
+            .len()
+            .saturating_mul(32 << 10)
+            .clamp(64 << 20, 16 << 30),
     };
     let root = reader.run()?;
     let mut budget = reader.limit;
@@ -77,7 +81,7 @@ struct Reader<'a> {
     nodes: Vec<Node>,
     stack: Vec<Slot>,
     memo: HashMap<u64, usize>,
-    /// How many values `build` may make.
+    /// How many bytes of values `build` may make.
     limit: usize,
 }
 
@@ -411,29 +415,30 @@ impl<'a> Reader<'a> {
         if depth > MAX_DEPTH {
             return Err(PickleError::TooDeep { limit: MAX_DEPTH });
         }
-        *budget = budget
-            .checked_sub(1)
-            .ok_or(PickleError::TooLarge { limit: self.limit })?;
-        let mut child = |id: usize| self.build(id, depth + 1, budget);
         // Every id comes from `run`, so the node exists; None only keeps this
         // path free of indexing.
         let Some(node) = self.nodes.get(id) else {
             return Ok(PickleValue::None);
         };
+        // Charged before the copy is made: the value itself, and the text it owns.
+        let text = match node {
+            Node::Leaf(PickleValue::Str(s)) => s.len(),
+            Node::Leaf(PickleValue::Bytes(b)) => b.len(),
+            Node::Leaf(PickleValue::Global { module, name }) => module.len() + name.len(),
+            _ => 0,
+        };
+        *budget = budget
+            .checked_sub(std::mem::size_of::<PickleValue>() + text)
+            .ok_or(PickleError::TooLarge { limit: self.limit })?;
+        let mut child = |id: usize| self.build(id, depth + 1, budget);
         Ok(match node {
             Node::Leaf(value) => value.clone(),
-            Node::List(items) => {
-                PickleValue::List(items.iter().map(|&i| child(i)).collect::<Result<_, _>>()?)
+            // Containers are allocated at their exact size, so the budget is what they take.
+            Node::List(items) => PickleValue::List(exact(items, |&i| child(i))?),
+            Node::Tuple(items) => PickleValue::Tuple(exact(items, |&i| child(i))?),
+            Node::Dict(pairs) => {
+                PickleValue::Dict(exact(pairs, |&(k, v)| Ok((child(k)?, child(v)?)))?)
             }
-            Node::Tuple(items) => {
-                PickleValue::Tuple(items.iter().map(|&i| child(i)).collect::<Result<_, _>>()?)
-            }
-            Node::Dict(pairs) => PickleValue::Dict(
-                pairs
-                    .iter()
-                    .map(|&(k, v)| Ok((child(k)?, child(v)?)))
-                    .collect::<PickleResult<_>>()?,
-            ),
             Node::Call(callable, args) => PickleValue::Call {
                 callable: Box::new(child(*callable)?),
                 args: Box::new(child(*args)?),
@@ -441,6 +446,16 @@ impl<'a> Reader<'a> {
             Node::Persistent(id) => PickleValue::Persistent(Box::new(child(*id)?)),
         })
     }
+}
+
+/// `items` mapped through `f` into a vector of exactly their number (collecting a
+/// `Result` would grow it by doubling, up to twice what the size limit counted).
+fn exact<T, U>(items: &[T], mut f: impl FnMut(&T) -> PickleResult<U>) -> PickleResult<Vec<U>> {
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        out.push(f(item)?);
+    }
+    Ok(out)
 }
 
 /// Width in bytes of the length or index argument of a sized or memo opcode.

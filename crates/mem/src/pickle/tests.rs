@@ -407,6 +407,27 @@ fn self_containing_and_exploding_values_are_errors() {
 }
 
 #[test]
+fn one_shared_string_copied_past_the_byte_limit_is_an_error() {
+    // Found with fuzz/fuzz_targets/pickle.rs: a 3.4 KiB pickle whose 1000-byte string is
+    // referenced 600 × 600 times built 360 MB of copies; the limit counted values, not
+    // the bytes they own.
+    let mut bytes = b"\x80\x02X".to_vec();
+    bytes.extend_from_slice(&1000u32.to_le_bytes());
+    bytes.extend_from_slice(&[b'a'; 1000]);
+    bytes.extend_from_slice(b"q\x00](");
+    bytes.extend(b"h\x00".repeat(600));
+    bytes.extend_from_slice(b"eq\x01](");
+    bytes.extend(b"h\x01".repeat(600));
+    bytes.extend_from_slice(b"e.");
+    // 3418 bytes × 32 KiB of values per input byte.
+    let message = error(&bytes);
+    assert!(
+        message.contains("expands to more than 112001024 bytes"),
+        "{message}"
+    );
+}
+
+#[test]
 fn never_panics_on_prefixes_or_noise() {
     // Every prefix costs a parse, so leave out the 1000+ item containers.
     let PickleValue::Dict(mut pairs) = snapshot_shaped() else {

@@ -101,6 +101,19 @@ impl DitConfig {
                 "must be at least 1",
             ));
         }
+        if self
+            .num_attention_heads
+            .checked_mul(self.attention_head_dim)
+            .is_none()
+        {
+            return Err(ModelError::config(
+                "num_attention_heads / attention_head_dim",
+                format!(
+                    "their product (the model width) does not fit in memory: {} × {}",
+                    self.num_attention_heads, self.attention_head_dim
+                ),
+            ));
+        }
         if !self.attention_head_dim.is_multiple_of(2) || self.attention_head_dim < 6 {
             return Err(ModelError::config(
                 "attention_head_dim",
@@ -151,7 +164,11 @@ impl DitConfig {
     /// Whether the input is Wan 2.1 I2V's `[noise | mask (4) | first-frame latents]`:
     /// `in_channels = 2 · out_channels + 4` (36 for the 16-channel Wan VAE).
     pub fn takes_image_condition(&self) -> bool {
-        self.in_channels == 2 * self.out_channels() + IMAGE_MASK_CHANNELS
+        // Checked: the channel counts come from an untrusted config.json.
+        self.out_channels()
+            .checked_mul(2)
+            .and_then(|c| c.checked_add(IMAGE_MASK_CHANNELS))
+            == Some(self.in_channels)
     }
 }
 
@@ -211,5 +228,26 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn channel_counts_that_overflow_are_refused_not_a_panic() {
+        // Found by fuzz/fuzz_targets/config.rs: a width or channel count near usize::MAX.
+        let json = serde_json::json!({
+            "num_attention_heads": 1u64 << 40,
+            "attention_head_dim": 1u64 << 40,
+        });
+        let err = DitConfig::from_json(&json).unwrap_err().to_string();
+        assert!(
+            err.contains("num_attention_heads / attention_head_dim"),
+            "{err}"
+        );
+        let json = serde_json::json!({
+            "in_channels": 36,
+            "out_channels": u64::MAX,
+            "keep_first_frame": true,
+        });
+        let err = DitConfig::from_json(&json).unwrap_err().to_string();
+        assert!(err.contains("keep_first_frame"), "{err}");
     }
 }

@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use headroom_tensor::io::npy::read_npy;
-use headroom_tensor::Device;
+use headroom_tensor::io::npy::parse_npy;
+use headroom_tensor::{Device, TensorError};
 
 use crate::camera::{Pose, Trajectory};
 use crate::error::{ModelError, Result};
@@ -47,15 +47,35 @@ pub fn transformer_dir(dir: &Path) -> Result<Option<PathBuf>> {
 /// and `dir/intrinsics.npy` `[F, 4]` (`fx, fy, cx, cy`, in the 832×480 reference units
 /// of [`Trajectory`]), read through `device`.
 pub fn trajectory_from_dir(dir: &Path, device: &Device) -> Result<Trajectory> {
-    let read = |name: &str| -> Result<(Vec<usize>, Vec<f32>)> {
+    let read = |name: &str| -> Result<Vec<u8>> {
         let path = dir.join(name);
-        let t = read_npy(&path, device).map_err(|e| ModelError::Io {
+        std::fs::read(&path).map_err(|e| ModelError::Io {
             path: path.display().to_string(),
             reason: e.to_string(),
+        })
+    };
+    trajectory_from_npy(dir, &read("poses.npy")?, &read("intrinsics.npy")?, device)
+}
+
+/// [`trajectory_from_dir`] from the bytes of the two `.npy` files (untrusted: every
+/// shape and value is checked); `dir` only names the files in errors.
+pub fn trajectory_from_npy(
+    dir: &Path,
+    poses: &[u8],
+    intrinsics: &[u8],
+    device: &Device,
+) -> Result<Trajectory> {
+    let parse = |name: &str, bytes: &[u8]| -> Result<(Vec<usize>, Vec<f32>)> {
+        let t = parse_npy(bytes, device).map_err(|e| ModelError::Io {
+            path: dir.join(name).display().to_string(),
+            reason: match e {
+                TensorError::Io { reason, .. } => reason,
+                other => other.to_string(),
+            },
         })?;
         Ok((t.shape().to_vec(), t.to_f32_vec()?))
     };
-    let (shape, poses) = read("poses.npy")?;
+    let (shape, poses) = parse("poses.npy", poses)?;
     let frames = match shape[..] {
         [f, 4, 4] if f > 0 => f,
         _ => {
@@ -68,7 +88,7 @@ pub fn trajectory_from_dir(dir: &Path, device: &Device) -> Result<Trajectory> {
             ))
         }
     };
-    let (ishape, intr) = read("intrinsics.npy")?;
+    let (ishape, intr) = parse("intrinsics.npy", intrinsics)?;
     if ishape != [frames, 4] {
         return Err(ModelError::input(
             "camera intrinsics",

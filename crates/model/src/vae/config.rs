@@ -66,6 +66,10 @@ impl Default for VaeConfig {
     }
 }
 
+/// Most encoder/decoder stages a config may declare: the spatial compression is
+/// `2^(stages − 1)`, so more would overflow it long before any real VAE needs them.
+const MAX_STAGES: usize = 16;
+
 impl VaeConfig {
     /// Parses a `config.json` value and checks it describes a Wan 2.1 VAE.
     pub fn from_json(value: &serde_json::Value) -> Result<Self> {
@@ -99,6 +103,30 @@ impl VaeConfig {
                 format!(
                     "must be non-empty positive multipliers, got {:?}",
                     self.dim_mult
+                ),
+            );
+        }
+        // The stage count sets the compression 2^(stages − 1); channel widths are
+        // base_dim · dim_mult. Untrusted numbers: refuse before anything multiplies them.
+        if self.dim_mult.len() > MAX_STAGES {
+            return rule(
+                "dim_mult",
+                format!(
+                    "at most {MAX_STAGES} stages are supported (Wan 2.1 has 4), got {}",
+                    self.dim_mult.len()
+                ),
+            );
+        }
+        if let Some(m) = self
+            .dim_mult
+            .iter()
+            .find(|&&m| m.checked_mul(self.base_dim).is_none())
+        {
+            return rule(
+                "base_dim / dim_mult",
+                format!(
+                    "channel width base_dim {} × {m} does not fit in memory",
+                    self.base_dim
                 ),
             );
         }
@@ -176,5 +204,32 @@ impl VaeConfig {
     /// Temporal compression `2^(temporal stages)`.
     pub fn temporal_factor(&self) -> usize {
         1 << self.temperal_downsample.iter().filter(|&&t| t).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn widths_and_stage_counts_that_overflow_are_refused_naming_the_field() {
+        // Found by fuzz/fuzz_targets/config.rs: `[6666666666666666666]` deserialises as a
+        // config whose first field, base_dim, overflowed `base_dim · dim_mult`.
+        let err = VaeConfig::from_json(&serde_json::json!([6666666666666666666u64]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("base_dim / dim_mult"), "{err}");
+        let err = VaeConfig::from_json(&serde_json::json!({
+            "dim_mult": vec![1; 70],
+            "temperal_downsample": vec![true; 69],
+        }))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("dim_mult") && err.contains("at most 16"),
+            "{err}"
+        );
+        let ok = VaeConfig::from_json(&serde_json::json!({})).unwrap();
+        assert_eq!(ok.spatial_factor(), 8);
     }
 }

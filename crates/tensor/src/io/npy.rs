@@ -81,7 +81,6 @@ pub fn parse_npy(bytes: &[u8], device: &Device) -> Result<Tensor> {
         })
         .collect::<Result<Vec<usize>>>()?;
     let data = &bytes[start + header_len..];
-    let n: usize = shape.iter().product();
     let (dtype, size) = match descr {
         "<f4" => (DType::F32, 4),
         "<f8" => (DType::F32, 8),
@@ -94,6 +93,19 @@ pub fn parse_npy(bytes: &[u8], device: &Device) -> Result<Tensor> {
             )))
         }
     };
+    // The shape is untrusted: its byte count must be addressable before it is compared
+    // with the data (which then bounds every allocation). Zero-length axes count as 1
+    // here, as the row-major strides of a tensor count them.
+    let addressable = shape
+        .iter()
+        .try_fold(size, |n: usize, &d| n.checked_mul(d.max(1)))
+        .is_some();
+    if !addressable {
+        return Err(bad(&format!(
+            "shape {shape:?} is larger than memory can address"
+        )));
+    }
+    let n: usize = shape.iter().product();
     let data = data
         .get(..n * size)
         .ok_or_else(|| bad("data shorter than its shape"))?;
