@@ -5,10 +5,12 @@
 #[path = "../../../fuzz/replay.rs"]
 mod replay;
 use replay::replay;
+#[path = "../../../fuzz/entries/model_configs.rs"]
+mod entry;
+use entry::model_configs;
 
 use headroom_model::camera::{Keys, Trajectory};
 use headroom_model::import::lingbot::trajectory_from_npy;
-use headroom_model::{DitConfig, VaeConfig};
 use headroom_tensor::Device;
 
 #[test]
@@ -44,13 +46,6 @@ fn config_corpus_replays_through_the_transformer_and_vae_readers() {
         let Ok(json) = serde_json::from_slice::<serde_json::Value>(data) else {
             return;
         };
-        if let Ok(c) = DitConfig::from_json(&json) {
-            let _ = (c.dim(), c.out_channels(), c.takes_image_condition());
-        }
-        if let Ok(c) = VaeConfig::from_json(&json) {
-            let _ = c.validate_latent_stats();
-            let _ = (c.enc_dims(), c.dec_dims(), c.temperal_upsample());
-            let _ = (c.spatial_factor(), c.temporal_factor());
-        }
+        model_configs(&json);
     });
 }

@@ -6,10 +6,11 @@
 mod replay;
 use replay::replay;
 
-use headroom_model::camera::InteractionHandler;
-use headroom_model::DecoderKind;
-use headroom_server::protocol::{ClientMessage, Interaction, StartRequest};
-use headroom_server::{decode_image_url, Defaults, Limits};
+#[path = "../../../fuzz/entries/protocol.rs"]
+mod entry;
+use entry::protocol;
+
+use headroom_server::decode_image_url;
 use headroom_tensor::Device;
 
 #[test]
@@ -29,27 +30,5 @@ fn image_url_corpus_replays_without_panics() {
 
 #[test]
 fn protocol_corpus_replays_without_panics() {
-    replay("protocol", |data| {
-        let Ok(text) = std::str::from_utf8(data) else {
-            return;
-        };
-        match ClientMessage::parse(text) {
-            Ok(ClientMessage::Start(map)) => {
-                if let Ok(start) = StartRequest::parse(&map, &Defaults::default()) {
-                    let _ = start.config("small", DecoderKind::Full);
-                }
-            }
-            Ok(ClientMessage::Interaction(map)) => {
-                if let Ok(event) = Interaction::parse(&map, &Limits::default(), || "e".into()) {
-                    if let Some(camera) = event.camera {
-                        let mut handler = InteractionHandler::default();
-                        if handler.queue(camera).is_ok() {
-                            let _ = handler.step_chunk(3);
-                        }
-                    }
-                }
-            }
-            _ => {}
-        }
-    });
+    replay("protocol", protocol);
 }

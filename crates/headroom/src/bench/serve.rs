@@ -90,12 +90,10 @@ fn serve_one(args: &ServeArgs, concurrency: usize, out: PathBuf) -> Result<Serve
             .map(|s| parse_wxh(s))
             .collect::<Result<Vec<_>>>()?,
         hang_up_share: args.hang_up_share,
-        api_key: args.api_key.clone().or_else(|| {
-            std::env::var("HEADROOM_API_KEY")
-                .ok()
-                .and_then(|k| k.split(',').next().map(|k| k.trim().to_string()))
-                .filter(|k| !k.is_empty())
-        }),
+        api_key: args
+            .api_key
+            .clone()
+            .or_else(|| crate::serve::env_api_keys().into_iter().next()),
     };
     let s = run_serve_bench(&config)?;
     print!("{}", markdown(&s, &config));

@@ -27,14 +27,17 @@ impl VideoKind {
     /// The kind `out` names, refused when its extension is none of them.
     fn of(out: &Path) -> Result<Self> {
         use crate::outputs::has_extension;
-        match out.extension() {
-            _ if has_extension(out, "mp4") => Ok(VideoKind::Mp4),
-            _ if has_extension(out, "y4m") => Ok(VideoKind::Y4m),
-            None => Ok(VideoKind::PngFrames),
-            Some(_) => bail!(
+        if has_extension(out, "mp4") {
+            Ok(VideoKind::Mp4)
+        } else if has_extension(out, "y4m") {
+            Ok(VideoKind::Y4m)
+        } else if out.extension().is_none() {
+            Ok(VideoKind::PngFrames)
+        } else {
+            bail!(
                 "--out {}: use a .mp4 or .y4m file (any case), or a folder (no extension) for PNG frames",
                 out.display()
-            ),
+            )
         }
     }
 }

@@ -208,11 +208,17 @@ fn serve(args: &ServeArgs, server: Server) -> Result<()> {
 /// The API keys of `--api-key` (as given: an empty one is refused, not ignored) and of
 /// `HEADROOM_API_KEY` (comma-separated, blanks dropped).
 fn api_keys(flags: &[String]) -> Vec<String> {
+    flags.iter().cloned().chain(env_api_keys()).collect()
+}
+
+/// The keys of `HEADROOM_API_KEY` (comma-separated, blanks dropped): what `serve` takes
+/// and `bench serve` sends.
+pub fn env_api_keys() -> Vec<String> {
     let from_env = std::env::var("HEADROOM_API_KEY").unwrap_or_default();
-    let env_keys = from_env.split(',').map(str::trim).filter(|k| !k.is_empty());
-    flags
-        .iter()
-        .cloned()
-        .chain(env_keys.map(str::to_string))
+    from_env
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(str::to_string)
         .collect()
 }
