@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use headroom_engine::phases::DecodeStart;
 use headroom_model::import::{load_vae, ImportOptions};
 use headroom_model::{
     OutputFormat, StreamingDecodeState, TinyConfig, TinyDecoder, VaeConfig, VideoDecoder, WanVae,
@@ -130,7 +131,7 @@ fn measure(
                     &[block],
                     &mut [&mut state],
                     OutputFormat::PlanarUint8,
-                    &|_| true,
+                    &DecodeStart::on(platform.as_ref()),
                 )
                 .map_err(|e| invalid("decode", e.to_string()))?;
             let ms = start.elapsed().as_secs_f64() * 1e3;

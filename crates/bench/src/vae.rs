@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use headroom_engine::phases::DecodeStart;
 use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder, VaeConfig, WanVae};
 use headroom_tensor::{DType, Device, Tensor};
 use serde::Serialize;
@@ -125,7 +126,13 @@ pub fn run_vae_bench(config: &VaeBenchConfig) -> Result<VaeBenchReport> {
         let chunk = z.narrow(2, i, 1)?;
         let start = Instant::now();
         decoder
-            .decode_chunk(&chunk, &mut state, OutputFormat::Video, true)
+            .decode_chunk_with(
+                &chunk,
+                &mut state,
+                OutputFormat::Video,
+                true,
+                &DecodeStart::on(platform.as_ref()),
+            )
             .map_err(|e| BenchError::InvalidConfig {
                 field: "decode",
                 rule: e.to_string(),

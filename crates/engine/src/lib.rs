@@ -41,6 +41,7 @@ pub mod first_frame;
 pub mod loop_io;
 pub mod mesh;
 pub mod model_source;
+pub mod phases;
 pub mod plan;
 pub mod plan_cache;
 pub mod preset;

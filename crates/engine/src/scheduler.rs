@@ -34,13 +34,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use headroom_mem::{CachingAllocator, MemoryStats, Phase};
+use headroom_mem::{CachingAllocator, MemoryStats};
 use headroom_model::{OutputFormat, StreamingDecodeState};
 use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::Tensor;
 
 use crate::condition::ImageCondition;
 use crate::error::{EngineError, Result};
+use crate::phases;
 use crate::session::{frames_of, BlockRun, Chunk, Denoised, Session};
 
 /// Runs the next chunk of every session in `sessions` together and returns each one's
@@ -215,7 +216,7 @@ pub(crate) fn next_chunks_in(
     }
     if !denoised.is_empty() {
         let platform = dit.device().platform().clone();
-        platform.phase(Phase::DenoiseEnd);
+        phases::denoise_end(platform.as_ref());
         let stats = platform.memory_stats();
         // The round's decode is a span of its own: the denoise's arena goes back before
         // the decode's is taken, while what the decode leaves for later (each session's
@@ -361,7 +362,8 @@ fn decode(
                 .filter(|(i, _)| owners.contains(i))
                 .map(|(_, s)| s.decoder().1)
                 .collect();
-            decoder.decode_streams(&zs, &mut states, OutputFormat::PlanarUint8, &|_| true)
+            let control = phases::DecodeStart::on(zs[0].device().platform().as_ref());
+            decoder.decode_streams(&zs, &mut states, OutputFormat::PlanarUint8, &control)
         };
         match decoded.and_then(|out| {
             out.ok_or_else(|| headroom_model::ModelError::input("decode", "no frames produced"))

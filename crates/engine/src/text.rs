@@ -123,7 +123,11 @@ impl Prompts {
         if prompt.trim().is_empty() && !self.available() {
             return Ok(None);
         }
-        Ok(Some(self.encoder()?.encode(prompt)?))
+        let encoder = self.encoder()?;
+        let platform = encoder.device().platform().clone();
+        Ok(Some(encoder.encode_with(prompt, &|| {
+            crate::phases::text_end(platform.as_ref())
+        })?))
     }
 
     /// The text encoder's memory and cache report, once one exists.

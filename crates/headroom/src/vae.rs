@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
+use headroom_engine::phases::DecodeStart;
 use headroom_model::import::{load_vae, ImportOptions};
 use headroom_model::taehv::is_taehv_file;
 use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder, TinyDecoder, WanVae};
@@ -131,15 +132,16 @@ fn decode(args: DecodeArgs, device: &Device) -> Result<()> {
         )?))
     };
     let start = std::time::Instant::now();
+    // Each chunk crosses `decode_start` as a session's decode does.
+    let control = DecodeStart::on(device.platform().as_ref());
     for n in chunks {
         let chunk = latents.narrow(2, at, n)?.contiguous()?;
         let out = match &loaded {
             // The Wan VAE here takes denormalised latents, as diffusers' vae.decode does.
-            Loaded::Full(vae) => {
-                StreamingDecoder::new(vae, None).decode_chunk(&chunk, &mut state, format, true)?
-            }
+            Loaded::Full(vae) => StreamingDecoder::new(vae, None)
+                .decode_chunk_with(&chunk, &mut state, format, true, &control)?,
             Loaded::Tiny(tiny) => tiny
-                .decode_streams(&[&chunk], &mut [&mut state], format, &|_| true)?
+                .decode_streams(&[&chunk], &mut [&mut state], format, &control)?
                 .and_then(|mut v| v.pop()),
         };
         outs.push(out.context("the decode produced no frames")?);

@@ -9,6 +9,7 @@ use std::str::FromStr;
 
 use headroom_tensor::{DType, Tensor};
 
+use crate::decode_control::DecodeControl;
 use crate::error::{ModelError, Result};
 use crate::taehv::TinyDecoder;
 use crate::vae::{OutputFormat, StreamingDecodeState, StreamingDecoder, WanVae};
@@ -70,15 +71,15 @@ pub trait VideoDecoder: fmt::Debug + Send + Sync {
     /// Bytes a session's state holds for video of `height × width`.
     fn state_bytes(&self, height: usize, width: usize) -> u64;
     /// Decodes `latents[k]` (`[1, C, T, h, w]`, one shape) as the next chunk of the
-    /// session of `states[k]` (all at one point of their streams), asking
-    /// `go_on(frames_done)` before each latent frame after the first: each session's
-    /// frames in `format`, or `None` when `go_on` said stop.
+    /// session of `states[k]` (all at one point of their streams), telling `control`
+    /// when the decode proper starts and asking it before each latent frame after the
+    /// first: each session's frames in `format`, or `None` when it said stop.
     fn decode_streams(
         &self,
         latents: &[&Tensor],
         states: &mut [&mut StreamingDecodeState],
         format: OutputFormat,
-        go_on: &dyn Fn(usize) -> bool,
+        control: &dyn DecodeControl,
     ) -> Result<Option<Vec<Tensor>>>;
 }
 
@@ -103,13 +104,13 @@ impl VideoDecoder for WanVae {
         latents: &[&Tensor],
         states: &mut [&mut StreamingDecodeState],
         format: OutputFormat,
-        go_on: &dyn Fn(usize) -> bool,
+        control: &dyn DecodeControl,
     ) -> Result<Option<Vec<Tensor>>> {
         let decoder = StreamingDecoder::new(self, None);
         if let ([latent], [state]) = (latents, &mut *states) {
             let z = self.denormalize(latent)?;
             return Ok(decoder
-                .decode_chunk_until(&z, state, format, true, go_on)?
+                .decode_chunk_with(&z, state, format, true, control)?
                 .map(|out| vec![out]));
         }
         let zs = latents
@@ -117,7 +118,9 @@ impl VideoDecoder for WanVae {
             .map(|l| self.denormalize(l))
             .collect::<Result<Vec<_>>>()?;
         let refs: Vec<&Tensor> = zs.iter().collect();
-        decoder.decode_batch(&refs, states, format).map(Some)
+        decoder
+            .decode_batch_with(&refs, states, format, control)
+            .map(Some)
     }
 }
 
@@ -142,8 +145,8 @@ impl VideoDecoder for TinyDecoder {
         latents: &[&Tensor],
         states: &mut [&mut StreamingDecodeState],
         format: OutputFormat,
-        go_on: &dyn Fn(usize) -> bool,
+        control: &dyn DecodeControl,
     ) -> Result<Option<Vec<Tensor>>> {
-        TinyDecoder::decode_streams(self, latents, states, format, go_on)
+        TinyDecoder::decode_streams(self, latents, states, format, control)
     }
 }

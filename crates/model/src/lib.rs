@@ -9,6 +9,7 @@
 
 pub mod camera;
 pub mod checkpoint;
+pub mod decode_control;
 pub mod decoder;
 pub mod dit;
 pub mod dmd;
@@ -19,6 +20,7 @@ pub mod taehv;
 pub mod vae;
 pub mod weights;
 
+pub use decode_control::{DecodeControl, RunToEnd};
 pub use decoder::{DecoderKind, VideoDecoder};
 pub use dit::{DitConfig, WanTransformer};
 pub use error::{ModelError, Result};

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use headroom_model::taehv::recognise;
 use headroom_model::{
-    DecoderKind, OutputFormat, StreamingDecodeState, TinyConfig, TinyDecoder, VideoDecoder,
+    DecoderKind, OutputFormat, RunToEnd, StreamingDecodeState, TinyConfig, TinyDecoder,
+    VideoDecoder,
 };
 use headroom_tensor::io::npy::read_npy;
 use headroom_tensor::{DType, Device, Tensor};
@@ -40,7 +41,7 @@ fn chunked(decoder: &TinyDecoder, z: &Tensor, sizes: &[usize]) -> Tensor {
     for &n in sizes {
         let part = z.narrow(2, at, n).unwrap().contiguous().unwrap();
         let out = decoder
-            .decode_streams(&[&part], &mut [&mut state], OutputFormat::Video, &|_| true)
+            .decode_streams(&[&part], &mut [&mut state], OutputFormat::Video, &RunToEnd)
             .unwrap()
             .unwrap();
         outs.extend(out);
@@ -147,13 +148,13 @@ fn batched_tiny_decode_gives_each_stream_its_own_bytes() {
                 &[za, zb],
                 &mut [&mut a, &mut b],
                 OutputFormat::PlanarUint8,
-                &|_| true,
+                &RunToEnd,
             )
             .unwrap()
             .unwrap();
         for (zk, state, got) in [(za, &mut a1, &together[0]), (zb, &mut b1, &together[1])] {
             let alone = decoder
-                .decode_streams(&[zk], &mut [state], OutputFormat::PlanarUint8, &|_| true)
+                .decode_streams(&[zk], &mut [state], OutputFormat::PlanarUint8, &RunToEnd)
                 .unwrap()
                 .unwrap();
             assert_eq!(
@@ -183,7 +184,7 @@ fn a_fresh_and_a_running_stream_do_not_batch() {
     let mut ahead = StreamingDecodeState::new("ahead").unwrap();
     decoder.decode(&z).unwrap();
     decoder
-        .decode_streams(&[&z], &mut [&mut ahead], OutputFormat::Video, &|_| true)
+        .decode_streams(&[&z], &mut [&mut ahead], OutputFormat::Video, &RunToEnd)
         .unwrap();
     let mut fresh = StreamingDecodeState::new("fresh").unwrap();
     let err = decoder
@@ -191,7 +192,7 @@ fn a_fresh_and_a_running_stream_do_not_batch() {
             &[&z, &z],
             &mut [&mut ahead, &mut fresh],
             OutputFormat::Video,
-            &|_| true,
+            &RunToEnd,
         )
         .unwrap_err();
     assert!(err.to_string().contains("same point"), "{err}");

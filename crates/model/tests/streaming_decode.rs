@@ -6,7 +6,9 @@ use headroom_mem::{
     AllocatorConfig, CachingPlatform, Phase, Platform, PlatformCall, ReclaimPolicy,
     RecordingPlatform, TraceAction,
 };
-use headroom_model::{OutputFormat, StreamingDecodeState, StreamingDecoder, VaeConfig, WanVae};
+use headroom_model::{
+    DecodeControl, OutputFormat, StreamingDecodeState, StreamingDecoder, VaeConfig, WanVae,
+};
 use headroom_tensor::{DType, Device, Tensor};
 
 /// WAN.md §2.11's tiny config with attention in the encoder: temporal ×2, spatial ×2.
@@ -389,6 +391,16 @@ fn recording_device(policy: ReclaimPolicy, caches: bool) -> (Arc<RecordingPlatfo
     (recording, device)
 }
 
+/// The engine's `decode_start` (`headroom_engine::phases::DecodeStart`) as the control
+/// a session's decode runs under.
+struct DecodeStart<'a>(&'a dyn Platform);
+
+impl DecodeControl for DecodeStart<'_> {
+    fn started(&self) {
+        self.0.phase(Phase::DecodeStart);
+    }
+}
+
 #[test]
 fn decode_chunk_reclaims_first_before_any_decode_allocation() {
     let (platform, dev) = recording_device(ReclaimPolicy::BeforeDecode, true);
@@ -399,8 +411,9 @@ fn decode_chunk_reclaims_first_before_any_decode_allocation() {
     platform.clear();
     let decoder = StreamingDecoder::new(&vae, None);
     let mut state = StreamingDecodeState::new("s").unwrap();
+    let control = DecodeStart(platform.as_ref());
     decoder
-        .decode_chunk(&z, &mut state, OutputFormat::Video, true)
+        .decode_chunk_with(&z, &mut state, OutputFormat::Video, true, &control)
         .unwrap();
     let calls = platform.calls();
     assert_eq!(
@@ -432,11 +445,18 @@ fn a_platform_that_does_not_cache_device_memory_is_never_asked_to_reclaim() {
     let vae = vae(tiny(), &dev);
     let decoder = StreamingDecoder::new(&vae, None);
     let mut state = StreamingDecodeState::new("s").unwrap();
+    let control = DecodeStart(platform.as_ref());
+    let z = latents(2, 13, &dev);
     decoder
-        .decode_chunk(&latents(2, 13, &dev), &mut state, OutputFormat::Video, true)
+        .decode_chunk_with(&z, &mut state, OutputFormat::Video, true, &control)
         .unwrap();
     assert_eq!(platform.count(PlatformCall::Phase(Phase::DecodeStart)), 1);
     assert_eq!(platform.count(PlatformCall::EmptyCache), 0);
+    // A decode on its own (no control) names no phase: the schedule is its driver's.
+    decoder
+        .decode_chunk(&z, &mut state, OutputFormat::Video, true)
+        .unwrap();
+    assert_eq!(platform.count(PlatformCall::Phase(Phase::DecodeStart)), 1);
 }
 
 #[test]

@@ -9,9 +9,9 @@
 //! fraction of the work (a 20-token prompt costs 20 tokens, not 512).
 //!
 //! Memory: `resident` keeps the weights for the encoder's life. `on-demand` loads them
-//! for each prompt that misses the cache and releases them before returning, then
-//! crosses the `text_end` phase boundary so the platform's reclaim policy can hand the
-//! freed bytes back; the embedding is copied out before and back after the release, so
+//! for each prompt that misses the cache and releases them before returning, then calls
+//! the caller's `released` ([`TextEncoder::encode_with`]; the engine crosses `text_end`
+//! there) so the platform's reclaim policy can hand the freed bytes back; the embedding is copied out before and back after the release, so
 //! the only bytes the text phase leaves reserved are the returned embedding's. The cache
 //! is keyed by the cleaned prompt (prompts that clean the same encode the same).
 
@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Mutex;
 
-use headroom_mem::Phase;
 use headroom_tensor::{DType, Device, Tensor};
 
 use crate::cache::{CacheStats, EmbeddingCache};
@@ -355,6 +354,11 @@ impl TextEncoder {
         self.mode
     }
 
+    /// The device the encoder runs on.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
     /// The tokenizer.
     pub fn tokenizer(&self) -> &TextTokenizer {
         &self.tokenizer
@@ -368,6 +372,13 @@ impl TextEncoder {
     /// The Wan embedding of `prompt`: f32 `[max_length, d_model]`, rows past the real
     /// tokens zero. Served from the cache when the cleaned prompt is there.
     pub fn encode(&self, prompt: &str) -> Result<Tensor> {
+        self.encode_with(prompt, &|| {})
+    }
+
+    /// [`encode`](Self::encode) that calls `released` once an on-demand encode has
+    /// released its weights (on success and on error), before the embedding is copied
+    /// back: the caller's `text_end` boundary, where a reclaim returns the weights.
+    pub fn encode_with(&self, prompt: &str, released: &dyn Fn()) -> Result<Tensor> {
         let cleaned = prompt_clean(prompt);
         let mut state = self.lock();
         if let Some(hit) = state.cache.get(&cleaned) {
@@ -376,17 +387,22 @@ impl TextEncoder {
         let tokens = self.tokenizer.tokenize(&cleaned)?;
         let embeds = match state.resident.as_ref() {
             Some(weights) => self.embed(weights, &tokens)?,
-            None => self.encode_on_demand(&mut state, &tokens)?,
+            None => self.encode_on_demand(&mut state, &tokens, released)?,
         };
         state.encodes += 1;
         state.cache.insert(&cleaned, &embeds);
         Ok(embeds)
     }
 
-    /// Loads the weights, encodes, releases the weights and crosses `text_end`; the
-    /// embedding is re-created after the reclaim so it does not pin a segment of the
-    /// released weights.
-    fn encode_on_demand(&self, state: &mut State, tokens: &TokenizedPrompt) -> Result<Tensor> {
+    /// Loads the weights, encodes, releases the weights and calls `released`; the
+    /// embedding is re-created after it (a reclaim there) so it does not pin a segment
+    /// of the released weights.
+    fn encode_on_demand(
+        &self,
+        state: &mut State,
+        tokens: &TokenizedPrompt,
+        released: &dyn Fn(),
+    ) -> Result<Tensor> {
         let shape = [self.max_length(), self.d_model()];
         let result = (|| -> Result<Option<Vec<f32>>> {
             let weights = self.instantiate()?;
@@ -399,7 +415,7 @@ impl TextEncoder {
             Ok(Some(embeds.to_f32_vec()?))
         })();
         // Every device byte of the phase is dropped by now, on success and on error.
-        self.device.platform().phase(Phase::TextEnd);
+        released();
         match result? {
             Some(host) => Ok(Tensor::from_slice(&host, &shape, &self.device)?),
             None => Ok(Tensor::zeros(&shape, DType::F32, &self.device)?),

@@ -38,7 +38,13 @@ fn on_demand_text_phase_leaves_only_the_embedding_reserved() {
     assert_eq!(encoder.report().resident_weight_bytes, 0);
     let before = reserved(&platform);
 
-    let embeds = encoder.encode("a cat runs across the green grass").unwrap();
+    // The engine's schedule crosses `text_end` where the encoder released its weights.
+    let text_end = || {
+        platform.phase(Phase::TextEnd);
+    };
+    let embeds = encoder
+        .encode_with("a cat runs across the green grass", &text_end)
+        .unwrap();
     let after = reserved(&platform);
     let report = encoder.report();
     assert_eq!(report.loads, 1);

@@ -152,7 +152,7 @@ impl Engine {
     /// back to the device (under every reclaim policy but `never`), leaving the weights,
     /// the KV pool and the prompt cache resident.
     pub fn sleep(&self) -> Option<headroom_mem::Reclaim> {
-        self.platform().phase(headroom_mem::Phase::Sleep)
+        crate::phases::sleep(self.platform().as_ref())
     }
 
     /// The KV pool, once the first session created it.

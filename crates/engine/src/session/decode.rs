@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use headroom_mem::{MemoryStats, Phase};
+use headroom_mem::MemoryStats;
 use headroom_model::{OutputFormat, StreamingDecodeState, VideoDecoder, WanVae};
 use headroom_tensor::Tensor;
 
@@ -13,6 +13,7 @@ use super::{cancelled, Chunk, ChunkTimings, Session};
 use crate::cancel::{CancelToken, Checkpoint};
 use crate::condition::ImageCondition;
 use crate::error::{EngineError, Result};
+use crate::phases;
 
 /// Decodes clean block latents into u8 frames `[T, H, W, 3]` through the session's
 /// decoder state, looking at `cancel` before it starts and between latent frames.
@@ -35,8 +36,9 @@ fn decode_block(
         }
         !stop
     };
+    let control = phases::DecodeStart::on(x0.device().platform().as_ref()).until(&go_on);
     let pixels = decoder
-        .decode_streams(&[x0], &mut [state], OutputFormat::PlanarUint8, &go_on)?
+        .decode_streams(&[x0], &mut [state], OutputFormat::PlanarUint8, &control)?
         .and_then(|mut v| v.pop());
     let Some(pixels) = pixels else {
         let at = Checkpoint::DecodedFrames {
@@ -127,7 +129,7 @@ impl Session {
             Some(block) => block,
             None => {
                 let block = self.denoise_block(n)?;
-                platform.phase(Phase::DenoiseEnd);
+                phases::denoise_end(platform.as_ref());
                 block
             }
         };
@@ -161,7 +163,7 @@ impl Session {
                 decoded.map_err(|_| EngineError::Internal("the decode thread panicked".into()))?;
             self.decode_state = state;
             self.pending = Some(next?);
-            platform.phase(Phase::DenoiseEnd);
+            phases::denoise_end(platform.as_ref());
             decoded?
         };
         Ok(self.delivered(n, &block, frames, decode, stats_denoise_end))

@@ -17,7 +17,7 @@ pub(crate) use step::{BlockRun, Denoised};
 use std::sync::Arc;
 use std::time::Duration;
 
-use headroom_mem::{MemoryStats, Phase, SpanGuard, SpanId};
+use headroom_mem::{MemoryStats, SpanGuard, SpanId};
 use headroom_model::camera::{framewise_deltas, Controller, InteractionHandler, Keys, Pose};
 use headroom_model::dit::TextKeyValues;
 use headroom_model::dmd::DmdSchedule;
@@ -29,6 +29,7 @@ use crate::cancel::{CancelToken, Checkpoint};
 use crate::condition::ImageCondition;
 use crate::error::{EngineError, Result};
 use crate::loop_io::{LatentSink, NoiseSource};
+use crate::phases;
 pub use crate::request::SessionRequest;
 use crate::text::Prompts;
 
@@ -339,18 +340,18 @@ impl Session {
     /// Ends the session when its chunk failed or was cancelled: what it held is given
     /// back now, and the platform hears the phase.
     pub(crate) fn settle<T>(&mut self, result: &Result<T>) {
-        let phase = match result {
+        let end: fn(&dyn headroom_mem::Platform) = match result {
             Ok(_) | Err(EngineError::Finished(_)) => return,
             // A cancelled chunk ends the session as a close does.
-            Err(EngineError::Cancelled { .. }) => Phase::SessionEnd,
+            Err(EngineError::Cancelled { .. }) => phases::session_end,
             // A failed chunk ends the session: give back what it held now.
-            Err(_) => Phase::Error,
+            Err(_) => phases::error,
         };
         // The session leaves its round: its end ends its own span.
         self.round = None;
         let _own = self.enter_span();
         self.release();
-        self.device.platform().phase(phase);
+        end(self.device.platform().as_ref());
     }
 
     /// The next block's index, checking that the session can run it.
@@ -449,7 +450,7 @@ impl Drop for Session {
     fn drop(&mut self) {
         let inside = self.enter_span();
         self.release();
-        self.device.platform().phase(Phase::SessionEnd);
+        phases::session_end(self.device.platform().as_ref());
         drop(inside);
         // The phase ended the span (it was entered); a second close does nothing.
         if let Some(id) = self.span {

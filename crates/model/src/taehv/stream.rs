@@ -2,25 +2,26 @@
 //! frame per memory block, sessions of one shape and one point of their stream batched
 //! along the batch axis.
 
-use headroom_mem::Phase;
 use headroom_tensor::Tensor;
 
 use super::TinyDecoder;
+use crate::decode_control::{DecodeControl, RunToEnd};
 use crate::error::{ModelError, Result};
 use crate::vae::{OutputFormat, StreamingDecodeState};
 
 impl TinyDecoder {
     /// Decodes `latents[k]` (each `[1, C, T, h, w]` in the DiT's space, one shape for
     /// all) as the next chunk of the stream of `states[k]`: each stream's frames in
-    /// `format` (`Video` is `[1, 3, T′, H, W]` in [−1, 1]). `go_on(frames_done)` is asked
-    /// before each latent frame after the first; `None` when it said stop (the states
-    /// are then part-way through the chunk, fit only to be released).
+    /// `format` (`Video` is `[1, 3, T′, H, W]` in [−1, 1]). `control` hears `started`
+    /// once the streams' caches are stacked and is asked before each latent frame after
+    /// the first; `None` when it said stop (the states are then part-way through the
+    /// chunk, fit only to be released).
     pub fn decode_streams(
         &self,
         latents: &[&Tensor],
         states: &mut [&mut StreamingDecodeState],
         format: OutputFormat,
-        go_on: &dyn Fn(usize) -> bool,
+        control: &dyn DecodeControl,
     ) -> Result<Option<Vec<Tensor>>> {
         self.check(latents, states)?;
         for state in states.iter_mut() {
@@ -36,7 +37,7 @@ impl TinyDecoder {
         drop(lists);
         // After the streams' own caches went into the stack: a reclaim here returns
         // them too.
-        self.device.platform().phase(Phase::DecodeStart);
+        control.started();
         let z = Tensor::cat(latents, 0)?;
         let [b, _, t, _, _] = *z.shape() else {
             unreachable!("checked 5-D")
@@ -44,7 +45,7 @@ impl TinyDecoder {
         let up = self.config.t_upscale();
         let mut outs = Vec::with_capacity(t);
         for i in 0..t {
-            if i > 0 && !go_on(i) {
+            if i > 0 && !control.go_on(i) {
                 return Ok(None);
             }
             let frame = z.narrow(2, i, 1)?.squeeze(2)?.contiguous()?;
@@ -84,7 +85,7 @@ impl TinyDecoder {
     /// in [−1, 1], `T′ = 1 + 4·(T − 1)`.
     pub fn decode(&self, z: &Tensor) -> Result<Tensor> {
         let mut state = StreamingDecodeState::new("decode")?;
-        self.decode_streams(&[z], &mut [&mut state], OutputFormat::Video, &|_| true)?
+        self.decode_streams(&[z], &mut [&mut state], OutputFormat::Video, &RunToEnd)?
             .and_then(|mut v| v.pop())
             .ok_or_else(|| ModelError::input("tiny decode", "no output produced"))
     }

@@ -9,11 +9,11 @@
 use std::fmt;
 use std::str::FromStr;
 
-use headroom_mem::Phase;
 use headroom_tensor::{DType, Tensor};
 
 use super::blocks::Slots;
 use super::WanVae;
+use crate::decode_control::{DecodeControl, RunToEnd};
 use crate::error::{ModelError, Result};
 
 /// What `decode_chunk` returns.
@@ -154,26 +154,28 @@ impl<'a> StreamingDecoder<'a> {
         format: OutputFormat,
         produce_output: bool,
     ) -> Result<Option<Tensor>> {
-        self.decode_chunk_until(latent, state, format, produce_output, &|_| true)
+        self.decode_chunk_with(latent, state, format, produce_output, &RunToEnd)
     }
 
-    /// [`decode_chunk`](Self::decode_chunk) that asks `go_on(frames_done)` before each
-    /// latent frame after the first and returns `None` as soon as it says no; the state
-    /// is then part-way through the chunk, fit only to be released.
-    pub fn decode_chunk_until(
+    /// [`decode_chunk`](Self::decode_chunk) under `control`: it hears `started` first,
+    /// before any of the decode's allocations, and is asked before each latent frame
+    /// after the first; when it says stop this returns `None` and the state is part-way
+    /// through the chunk, fit only to be released.
+    pub fn decode_chunk_with(
         &self,
         latent: &Tensor,
         state: &mut StreamingDecodeState,
         format: OutputFormat,
         produce_output: bool,
-        go_on: &dyn Fn(usize) -> bool,
+        control: &dyn DecodeControl,
     ) -> Result<Option<Tensor>> {
-        self.vae.device().platform().phase(Phase::DecodeStart);
+        control.started();
         self.check(latent, state)?;
         self.adopt(state);
         let x = self.vae.post_quant(latent)?;
         let t = x.shape()[2];
-        let Some((outs, frames)) = self.run_frames(&x, &mut state.slots, produce_output, go_on)?
+        let Some((outs, frames)) =
+            self.run_frames(&x, &mut state.slots, produce_output, control)?
         else {
             return Ok(None);
         };
@@ -202,6 +204,19 @@ impl<'a> StreamingDecoder<'a> {
         states: &mut [&mut StreamingDecodeState],
         format: OutputFormat,
     ) -> Result<Vec<Tensor>> {
+        self.decode_batch_with(latents, states, format, &RunToEnd)
+    }
+
+    /// [`decode_batch`](Self::decode_batch) under `control`: it hears `started` once the
+    /// sessions' caches are stacked (so a reclaim then returns those too) and is never
+    /// asked to stop (a batch runs whole).
+    pub fn decode_batch_with(
+        &self,
+        latents: &[&Tensor],
+        states: &mut [&mut StreamingDecodeState],
+        format: OutputFormat,
+        control: &dyn DecodeControl,
+    ) -> Result<Vec<Tensor>> {
         let op = "decode_batch";
         crate::vae::batch::check_batch(op, latents, states.len())?;
         for (latent, state) in latents.iter().zip(states.iter()) {
@@ -216,12 +231,12 @@ impl<'a> StreamingDecoder<'a> {
         drop(lists);
         // After the sessions' own caches went into the stack: a reclaim here returns
         // them too.
-        self.vae.device().platform().phase(Phase::DecodeStart);
+        control.started();
         let refs: Vec<&Tensor> = latents.to_vec();
         let x = self.vae.post_quant(&Tensor::cat(&refs, 0)?)?;
         let t = x.shape()[2];
         let (outs, frames) = self
-            .run_frames(&x, &mut slots, true, &|_| true)?
+            .run_frames(&x, &mut slots, true, &RunToEnd)?
             .ok_or_else(|| ModelError::input(op, "no frames produced"))?;
         drop(x);
         for (state, own) in states
@@ -255,19 +270,19 @@ impl<'a> StreamingDecoder<'a> {
 
     /// The decoder over each latent frame of post-quant `x` against `slots`: each
     /// frame's clamped output when `keep` (else none) and the video frames made, or
-    /// `None` when `go_on(frames_done)` said stop before a frame after the first.
+    /// `None` when `control` said stop before a frame after the first.
     fn run_frames(
         &self,
         x: &Tensor,
         slots: &mut [Option<Tensor>],
         keep: bool,
-        go_on: &dyn Fn(usize) -> bool,
+        control: &dyn DecodeControl,
     ) -> Result<Option<(Vec<Tensor>, usize)>> {
         let t = x.shape()[2];
         let mut outs = Vec::with_capacity(if keep { t } else { 0 });
         let mut frames = 0;
         for i in 0..t {
-            if i > 0 && !go_on(i) {
+            if i > 0 && !control.go_on(i) {
                 return Ok(None);
             }
             let mut cache = Slots {
