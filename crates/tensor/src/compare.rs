@@ -1,5 +1,6 @@
 //! How far two tensors' values are apart: the one measure the golden tests, `vae decode
-//! --compare` and the bf16 checks use (largest absolute difference, element by element).
+//! --compare` and the bf16 checks use (largest absolute difference, element by element),
+//! and the relative L2 error quantized products are held to.
 
 use crate::error::{Result, TensorError};
 use crate::tensor::Tensor;
@@ -33,6 +34,36 @@ pub fn max_abs_error(a: &Tensor, b: &Tensor) -> Result<f32> {
     }
     let (x, y) = (a.to_f32_vec()?, b.to_f32_vec()?);
     Ok(max_abs_diff(&x, &y).unwrap_or(f32::INFINITY))
+}
+
+/// `‖a − b‖₂ / ‖b‖₂` over two slices of one length, in f64 (0 when both are zero);
+/// `None` when their lengths differ: the measure quantization errors are stated in.
+pub fn relative_l2_diff(a: &[f32], b: &[f32]) -> Option<f64> {
+    (a.len() == b.len()).then(|| {
+        let (mut err, mut norm) = (0f64, 0f64);
+        for (x, y) in a.iter().zip(b) {
+            err += (f64::from(*x) - f64::from(*y)).powi(2);
+            norm += f64::from(*y).powi(2);
+        }
+        if err == 0.0 {
+            0.0
+        } else {
+            (err / norm).sqrt()
+        }
+    })
+}
+
+/// [`relative_l2_diff`] over two tensors of one shape, read as f32; an error naming both
+/// shapes when they differ.
+pub fn relative_l2(a: &Tensor, b: &Tensor) -> Result<f64> {
+    if a.shape() != b.shape() {
+        return Err(TensorError::shape(
+            "relative_l2",
+            format!("shapes {:?} and {:?} differ", a.shape(), b.shape()),
+        ));
+    }
+    let (x, y) = (a.to_f32_vec()?, b.to_f32_vec()?);
+    Ok(relative_l2_diff(&x, &y).unwrap_or(f64::INFINITY))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub(crate) mod copy;
 pub mod dispatch;
 pub mod elementwise;
 pub mod fused;
+pub mod int8;
 pub mod matmul;
 pub mod norm;
 pub mod packed;

@@ -20,6 +20,7 @@
 
 pub mod amx;
 pub mod fma;
+pub mod int8;
 pub mod pack;
 pub mod peak;
 pub mod scalar;
@@ -113,6 +114,8 @@ pub struct CpuFeatures {
     pub avx512: bool,
     /// AVX512_BF16.
     pub avx512_bf16: bool,
+    /// AVX512_VNNI (`vpdpbusd`: int8 dot products).
+    pub avx512_vnni: bool,
     /// AMX-TILE and AMX-BF16, with the OS supporting tile state (XCR0 bits 17 and 18).
     pub amx_bf16: bool,
 }
@@ -152,6 +155,7 @@ fn detect() -> CpuFeatures {
         avx2_fma,
         avx512,
         avx512_bf16: avx512 && bit(l7_1.eax, 5),
+        avx512_vnni: avx512 && bit(l7.ecx, 11),
         amx_bf16: tile_os && bit(l7.edx, 22) && bit(l7.edx, 24),
     }
 }

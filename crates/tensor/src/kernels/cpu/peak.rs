@@ -40,6 +40,30 @@ pub fn peak_gflops(path: CpuPath, iterations: usize) -> Option<f64> {
     Some(best)
 }
 
+/// GOP/s (one multiply and one add per int8 product) of 24 independent `vpdpbusd`
+/// chains over the whole pool, the ceiling of the int8 products; `None` where the CPU has
+/// no AVX512_VNNI.
+pub fn peak_int8_gops(iterations: usize) -> Option<f64> {
+    let f = super::features();
+    if !(f.avx512 && f.avx512_vnni) {
+        return None;
+    }
+    parallel::pool().broadcast(|_| vnni_loop(iterations / 10 + 1));
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let rate: f64 = parallel::pool()
+            .broadcast(|_| {
+                let start = thread_cpu_seconds();
+                let ops = vnni_loop(iterations);
+                ops / (thread_cpu_seconds() - start).max(1e-9)
+            })
+            .into_iter()
+            .sum();
+        best = best.max(rate / 1e9);
+    }
+    Some(best)
+}
+
 /// CPU time this thread has run, in seconds.
 fn thread_cpu_seconds() -> f64 {
     let mut ts = libc::timespec {
@@ -175,6 +199,21 @@ fn avx512bf16_loop(iterations: usize) -> f64 {
     (iterations.max(1) * 24 * 16 * 2 * 2) as f64
 }
 
+/// `iterations` rounds of 24 independent `vpdpbusd` (16 lanes × 4 int8 products each);
+/// operations done.
+#[cfg(target_arch = "x86_64")]
+fn vnni_loop(iterations: usize) -> f64 {
+    // SAFETY: the caller checked AVX-512 and AVX512_VNNI support; only registers are
+    // touched.
+    unsafe { zmm_loop!("vpdpbusd", iterations.max(1)) };
+    (iterations.max(1) * 24 * 16 * 4 * 2) as f64
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn vnni_loop(_: usize) -> f64 {
+    unreachable!("AVX512_VNNI is never detected off x86_64")
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 fn amx_loop(_: usize) -> f64 {
     unreachable!("AMX is never detected off x86_64")
@@ -203,5 +242,10 @@ mod tests {
             }
         }
         assert_eq!(peak_gflops(CpuPath::Scalar, 10), None);
+        let vnni = super::super::features().avx512_vnni && super::super::features().avx512;
+        match peak_int8_gops(1000) {
+            Some(g) => assert!(g > 0.0 && g.is_finite(), "int8: {g}"),
+            None => assert!(!vnni, "VNNI runs but measured nothing"),
+        }
     }
 }
