@@ -61,7 +61,7 @@ def psnr(a, b):
     return 10 * np.log10(255.0 ** 2 / max(mse, 1e-10))
 
 
-def generate(headroom, model, seed, first, actions, workdir, guidance=None):
+def generate(headroom, model, seed, first, actions, workdir, guidance=None, extra=()):
     first_png = workdir / "first.png"
     Image.fromarray(first).save(first_png)
     out = workdir / "gen"
@@ -70,6 +70,7 @@ def generate(headroom, model, seed, first, actions, workdir, guidance=None):
            "--height", str(first.shape[0]), "--seed", str(seed), "--out", str(out), "--json"]
     if guidance is not None:
         cmd.append(f"--camera-guidance={guidance}")
+    cmd.extend(extra)
     subprocess.run(cmd, check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     return np.stack([np.array(Image.open(out / f"frame_{i:05d}.png").convert("RGB"))
                      for i in range(FRAMES)])
@@ -152,6 +153,8 @@ def main():
     ap.add_argument("--strip", type=pathlib.Path)
     ap.add_argument("--camera-guidance", type=float,
                     help="run generate with this camera guidance (default: the model's)")
+    ap.add_argument("--generate-args", default="",
+                    help="more flags for every generate, e.g. \"--dtype bf16 --weights int8\"")
     a = ap.parse_args()
     rng = np.random.default_rng(99)
     cases = [(HELD_OUT_SEED + i, held_out_script(rng)) for i in range(a.cases)]
@@ -163,7 +166,8 @@ def main():
         tmp = pathlib.Path(tmp)
         for n, (seed, keys) in enumerate(cases):
             truth = render.render(seed, keys, FRAMES)
-            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp, a.camera_guidance)
+            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp, a.camera_guidance,
+                             a.generate_args.split())
             g = float(np.mean([psnr(video[i], truth[i]) for i in range(1, FRAMES)]))
             b = float(np.mean([psnr(truth[0], truth[i]) for i in range(1, FRAMES)]))
             f0 = float(psnr(video[0], truth[0]))
@@ -190,7 +194,8 @@ def main():
         for name, keys in STEER.items():
             seed = HELD_OUT_SEED + 500 + ord(name)
             truth = render.render(seed, keys, FRAMES)
-            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp, a.camera_guidance)
+            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp, a.camera_guidance,
+                             a.generate_args.split())
             sg, st = shifts(video), shifts(truth)
             lg, lt = latent_shifts(video), latent_shifts(truth)
             bar = steering_bar(lg, lt)

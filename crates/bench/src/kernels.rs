@@ -1,7 +1,7 @@
 //! `headroom bench kernels`: GFLOP/s of headroom's tensor ops at Wan shapes on every CPU
-//! path this machine runs (AMX, AVX-512) and in each compute (f32, near-f32 on AMX, bf16),
-//! each beside the path's bare arithmetic peak measured in the same run, and the scratch
-//! memory each op took from the allocator.
+//! path this machine runs (AMX, AVX-512) and in each compute (f32, near-f32 on AMX, bf16,
+//! and int8 W8A8 linears where the CPU has VNNI), each beside the path's bare arithmetic
+//! peak measured in the same run, and the scratch memory each op took from the allocator.
 
 use std::time::Instant;
 
@@ -341,6 +341,42 @@ fn conv2d_row(
     Ok(row(name, flops, secs, &reference, ref_secs, scratch))
 }
 
+/// `x · Wᵀ` with `W` quantized to int8 once as a model holds it (`--weights int8`), the
+/// input quantized per row in each call: the W8A8 product, in GOP/s.
+fn int8_linear_row(
+    device: &Device,
+    m: usize,
+    k: usize,
+    n: usize,
+    reps: usize,
+) -> Result<KernelRow> {
+    let x = random(&[m, k], 1, device)?.to_dtype(DType::F32)?;
+    let w = random(&[n, k], 2, device)?.quantize_linear_int8()?;
+    let mut reference = Reference::new(device, m, k, n)?;
+    let (secs, ref_secs, scratch) =
+        compare(device, reps, (m * n * 4) as u64, &mut reference, || {
+            Ok(x.linear_int8(&w, None)?)
+        })?;
+    Ok(row(
+        format!("linear {m}x{k}x{n} (int8 weight, W8A8)"),
+        2.0 * (m * n * k) as f64,
+        secs,
+        &reference,
+        ref_secs,
+        scratch,
+    ))
+}
+
+/// The W8A8 linears at the Wan 1.3B's shapes (attention and both FFN products).
+fn int8_rows(device: &Device, config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
+    let s = config.shrink.max(1);
+    let tokens = 4680 / s;
+    [(1536, 1536 / s), (1536, 8960 / s), (8960 / s, 1536)]
+        .into_iter()
+        .map(|(k, n)| int8_linear_row(device, tokens, k, n, config.reps))
+        .collect()
+}
+
 /// The kernels at Wan shapes in the current path and compute.
 fn kernel_rows(device: &Device, config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     let s = config.shrink.max(1);
@@ -441,6 +477,18 @@ pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
                 rows.push(row);
             }
         }
+        // int8 products run where the path has AVX-512 and the CPU VNNI.
+        let int8_peak = cpu::peak::peak_int8_gops(iterations);
+        if path >= CpuPath::Avx512 && int8_peak.is_some() {
+            set_near_f32(false);
+            for mut row in int8_rows(&device, config)? {
+                row.path = path.name().to_string();
+                row.compute = "int8".to_string();
+                row.peak_gflops = int8_peak;
+                row.fraction_of_peak = int8_peak.map(|p| row.gflops / p);
+                rows.push(row);
+            }
+        }
     }
     set_near_f32(false);
     OPERAND_DTYPE.with(|d| d.set(DType::F32));
@@ -477,7 +525,7 @@ impl KernelBenchReport {
 /// the GPU the ops ran on, if they did.
 pub fn table(config: &KernelBenchConfig, rows: &[KernelRow], gpu: Option<&str>) -> String {
     let mut out = format!(
-        "{}: best of {} runs each, {} kernel threads; peak = the path's bare arithmetic loop on every thread (bf16: the tiles' or vdpbf16ps' own; near-f32: a third of it); gemm crate = one bare f32 gemm call of the FLOP-equivalent shape\n",
+        "{}: best of {} runs each, {} kernel threads; peak = the path's bare arithmetic loop on every thread (bf16: the tiles' or vdpbf16ps' own; near-f32: a third of it; int8: vpdpbusd's, in GOP/s); gemm crate = one bare f32 gemm call of the FLOP-equivalent shape\n",
         headroom_tensor::kernels::cpu::model_name(),
         config.reps,
         parallel::num_threads()

@@ -1,13 +1,16 @@
 //! `headroom bench models`: the whole networks at one AR block's shapes — the DiT forward
 //! over 3 latent frames with 512 text tokens and the VAE decode of that block — in f32,
-//! near-f32 (AMX) and bf16, load excluded, with the allocator's peak beside each; and,
-//! with `reference`, diffusers on the same weights and inputs timed in the same run.
+//! near-f32 (AMX), bf16 and int8 (bf16 with the DiT blocks' linears W8A8), load
+//! excluded, with the allocator's peak beside each; and, with `reference`, diffusers on
+//! the same weights and inputs timed in the same run (int8 against diffusers' bf16).
+//! Where f32 runs first, each later mode's DiT output is compared with f32's (relative
+//! L2), and where bf16 runs, each other mode's time is given against it.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use headroom_engine::ModelPreset;
-use headroom_model::{WanTransformer, WanVae};
+use headroom_model::{WanTransformer, WanVae, WeightFormat, WeightStore};
 use headroom_tensor::kernels::gemm::set_near_f32;
 use headroom_tensor::{DType, Device, Tensor};
 use serde::Serialize;
@@ -20,7 +23,7 @@ pub struct ModelBenchConfig {
     /// A diffusers pipeline folder (`transformer/`, `vae/`); `None`: the seeded
     /// `wan2.1-t2v-1.3b` preset.
     pub model: Option<PathBuf>,
-    /// Modes to run: `f32`, `near-f32`, `bf16`.
+    /// Modes to run: `f32`, `near-f32`, `bf16`, `int8`.
     pub modes: Vec<String>,
     /// Timed repetitions (best counts) after one warm-up.
     pub reps: usize,
@@ -54,6 +57,13 @@ pub struct ModelRow {
     pub reference_seconds: Option<f64>,
     /// `reference_seconds / seconds`: how many times faster headroom is.
     pub speedup: Option<f64>,
+    /// Our bf16 row's seconds over this one's (same work, same run), for other modes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vs_bf16: Option<f64>,
+    /// The DiT output's relative L2 distance from the f32 mode's (same run), for later
+    /// modes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_vs_f32: Option<f64>,
     /// Per op kind, from one extra recorded run (with `profile`), most time first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub profile: Vec<OpRow>,
@@ -176,14 +186,16 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
     let device = Device::cpu()?;
     let platform = device.platform().clone();
     let mut rows = Vec::new();
+    let mut f32_out: Option<Tensor> = None;
     for mode in &config.modes {
-        let dtype = match mode.as_str() {
-            "f32" | "near-f32" => DType::F32,
-            "bf16" => DType::BF16,
+        let (dtype, format) = match mode.as_str() {
+            "f32" | "near-f32" => (DType::F32, WeightFormat::Native),
+            "bf16" => (DType::BF16, WeightFormat::Native),
+            "int8" => (DType::BF16, WeightFormat::Int8),
             other => {
                 return Err(invalid(
                     "modes",
-                    format!("{other:?} is not f32, near-f32 or bf16"),
+                    format!("{other:?} is not f32, near-f32, bf16 or int8"),
                 ))
             }
         };
@@ -193,16 +205,20 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
         let preset = ModelPreset::named("wan2.1-t2v-1.3b").map_err(|e| invalid("model", e))?;
         let dit = match (&config.model, runs("dit")) {
             (_, false) => None,
-            (Some(dir), true) => Some(WanTransformer::load(
-                &dir.join("transformer"),
-                &device,
-                dtype,
-            )),
-            (None, true) => Some(WanTransformer::seeded(
+            (Some(dir), true) => {
+                let dir = dir.join("transformer");
+                headroom_model::weights::read_config(&dir)
+                    .and_then(|c| headroom_model::DitConfig::from_json(&c))
+                    .and_then(|config| {
+                        let store = WeightStore::from_dir(&dir, &device, dtype)?;
+                        WanTransformer::from_store(config, &store.with_format(format))
+                    })
+                    .map(Some)
+                    .transpose()
+            }
+            (None, true) => Some(WanTransformer::from_store(
                 preset.dit.clone(),
-                0,
-                &device,
-                dtype,
+                &WeightStore::seeded(0, &device, dtype).with_format(format),
             )),
         };
         let vae = match (&config.model, runs("vae")) {
@@ -213,6 +229,7 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
         let dit = dit.transpose().map_err(|e| invalid("model", e))?;
         let vae = vae.transpose().map_err(|e| invalid("model", e))?;
         let (h, w) = (config.height / 8, config.width / 8);
+        let mut dit_error = None;
         let reference = reference(config, if dtype == DType::BF16 { "bf16" } else { "f32" })?;
         let mut measure =
             |work: &str, f: &mut dyn FnMut() -> Result<()>, reference: Option<f64>| {
@@ -232,6 +249,8 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
                     allocated_peak_bytes,
                     reference_seconds: reference,
                     speedup: reference.map(|r| r / seconds),
+                    vs_bf16: None,
+                    error_vs_f32: None,
                     profile,
                     profile_seconds,
                 });
@@ -253,6 +272,19 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
                 },
                 reference.and_then(|r| r.0),
             )?;
+            // One more forward for the output, held for (or against) the f32 one.
+            if config.modes.len() > 1 && config.modes.iter().any(|m| m == "f32") {
+                let out = dit
+                    .forward(&latents, 999.0, Some(&text), None)
+                    .map_err(|e| invalid("dit", e))?;
+                match &f32_out {
+                    None if mode == "f32" => f32_out = Some(out),
+                    Some(reference) => {
+                        dit_error = Some(headroom_tensor::compare::relative_l2(&out, reference)?);
+                    }
+                    None => {}
+                }
+            }
         }
         if let Some(vae) = &vae {
             let z = Tensor::randn(&[1, vae.config().z_dim, 3, h, w], 3, 0, DType::F32, &device)?;
@@ -265,8 +297,23 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
                 reference.and_then(|r| r.1),
             )?;
         }
+        if let Some(row) = rows
+            .iter_mut()
+            .find(|r| r.work == "dit forward" && &r.mode == mode)
+        {
+            row.error_vs_f32 = dit_error;
+        }
     }
     set_near_f32(false);
+    for i in 0..rows.len() {
+        let bf16 = rows
+            .iter()
+            .find(|r| r.mode == "bf16" && r.work == rows[i].work)
+            .map(|r| r.seconds);
+        if rows[i].mode != "bf16" {
+            rows[i].vs_bf16 = bf16.map(|b| b / rows[i].seconds);
+        }
+    }
     Ok(rows)
 }
 
@@ -308,17 +355,31 @@ pub fn heading(config: &ModelBenchConfig) -> String {
     )
 }
 
-/// The rows as a Markdown table.
+/// The rows as a Markdown table (with `× our bf16` and `rel. L2 vs f32` columns where
+/// some row has them).
 pub fn markdown(rows: &[ModelRow]) -> String {
-    let mut s = String::from(
-        "| work | mode | headroom s | diffusers s | speedup | allocated peak |\n|---|---|---|---|---|---|\n",
-    );
+    let extra = rows
+        .iter()
+        .any(|r| r.vs_bf16.is_some() || r.error_vs_f32.is_some());
+    let mut s = String::from(if extra {
+        "| work | mode | headroom s | diffusers s | speedup | × our bf16 | rel. L2 vs f32 | allocated peak |\n|---|---|---|---|---|---|---|---|\n"
+    } else {
+        "| work | mode | headroom s | diffusers s | speedup | allocated peak |\n|---|---|---|---|---|---|\n"
+    });
     for r in rows {
         let opt = |v: Option<f64>, suffix: &str| {
             v.map_or("—".to_string(), |v| format!("{v:.2}{suffix}"))
         };
+        let more = if extra {
+            let error = r
+                .error_vs_f32
+                .map_or("—".to_string(), |e| format!("{:.2} %", e * 100.0));
+            format!(" {} | {error} |", opt(r.vs_bf16, "×"))
+        } else {
+            String::new()
+        };
         s.push_str(&format!(
-            "| {} | {} | {:.2} | {} | {} | {} |\n",
+            "| {} | {} | {:.2} | {} | {} |{more} {} |\n",
             r.work,
             r.mode,
             r.seconds,
@@ -384,11 +445,45 @@ mod tests {
             allocated_peak_bytes: 0,
             reference_seconds: None,
             speedup: None,
+            vs_bf16: None,
+            error_vs_f32: None,
             profile: rows,
             profile_seconds: wall,
         }]);
         assert!(
             table.contains("per op kind") && table.contains("| linear |"),
+            "{table}"
+        );
+        assert!(!table.contains("× our bf16"), "{table}");
+    }
+
+    #[test]
+    fn the_table_gives_each_mode_against_our_bf16_and_its_error_against_f32() {
+        let row = |mode: &str, seconds: f64, vs_bf16, error_vs_f32| ModelRow {
+            work: "dit forward".into(),
+            mode: mode.into(),
+            seconds,
+            allocated_peak_bytes: 1 << 30,
+            reference_seconds: Some(10.0),
+            speedup: Some(10.0 / seconds),
+            vs_bf16,
+            error_vs_f32,
+            profile: Vec::new(),
+            profile_seconds: 0.0,
+        };
+        let table = markdown(&[
+            row("bf16", 8.0, None, Some(0.005)),
+            row("int8", 5.0, Some(1.6), Some(0.02)),
+        ]);
+        assert!(table.contains("| × our bf16 | rel. L2 vs f32 |"), "{table}");
+        assert!(
+            table.contains(
+                "| dit forward | int8 | 5.00 | 10.00 | 2.00× | 1.60× | 2.00 % | 1.0 GiB |"
+            ),
+            "{table}"
+        );
+        assert!(
+            table.contains("| bf16 | 8.00 | 10.00 | 1.25× | — | 0.50 % |"),
             "{table}"
         );
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use headroom_mem::{AllocatorConfig, CachingPlatform, Platform, ReclaimPolicy};
-use headroom_model::DecoderKind;
+use headroom_model::{DecoderKind, WeightFormat};
 use headroom_tensor::DType;
 use headroom_text::TextEncoderMode;
 
@@ -43,6 +43,8 @@ pub struct EngineConfig {
     pub window_frames: usize,
     /// Storage dtype of the weights (compute is f32).
     pub weight_dtype: DType,
+    /// How the DiT blocks' linear weights are held: as loaded, or int8 (`--weights`).
+    pub weights: WeightFormat,
     /// Capacity of the `cpu` platform in bytes (physical memory when `None`): emulates a
     /// memory-tight device, and is what `bounded` reclaim fractions refer to.
     pub capacity: Option<u64>,
@@ -80,6 +82,7 @@ impl Default for EngineConfig {
             sink_frames: 9,
             window_frames: 18,
             weight_dtype: DType::F32,
+            weights: WeightFormat::Native,
             capacity: None,
             text_encoder: TextEncoderMode::Resident,
             text_cache_bytes: 64 << 20,

@@ -70,6 +70,9 @@ struct ForwardArgs {
     /// What the transformer's weights are held and computed in.
     #[arg(long, value_enum, default_value = "f32")]
     dtype: crate::dtype_arg::DtypeArg,
+    /// How the blocks' linear weights are held: native or int8 (W8A8 products).
+    #[arg(long, default_value = "native")]
+    weights: headroom_model::WeightFormat,
 }
 
 /// Runs `headroom dit`.
@@ -89,7 +92,7 @@ fn load(args: LoadArgs, device: &Device) -> Result<()> {
     };
     let options = ImportOptions {
         config: args.config.clone(),
-        base: None,
+        ..ImportOptions::default()
     };
     let before = process_peak_rss_bytes().unwrap_or(0);
     let start = std::time::Instant::now();
@@ -125,6 +128,7 @@ fn forward(args: ForwardArgs, device: &Device) -> Result<()> {
     let options = ImportOptions {
         config: args.config.clone(),
         base: None,
+        weights: args.weights,
     };
     let model = load_transformer(&args.model, &options, device, args.dtype.dtype(), None)
         .with_context(|| format!("loading the transformer from {}", args.model.display()))?;

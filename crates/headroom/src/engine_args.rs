@@ -16,6 +16,7 @@ use headroom_engine::EngineConfig;
 use headroom_mem::{
     format_bytes, parse_size, AllocatorConfig, AllocatorPolicy, HostMemory, ReclaimPolicy,
 };
+use headroom_model::WeightFormat;
 
 use crate::device_arg::DeviceArg;
 use crate::dtype_arg::DtypeArg;
@@ -40,6 +41,10 @@ pub struct ModelArgs {
     /// What the model's weights are held and computed in.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DtypeArg,
+    /// How the DiT blocks' linear weights are held: native (as loaded) or int8 (per
+    /// output channel; the products W8A8 on the CPU, `vpdpbusd` where the CPU has it).
+    #[arg(long, default_value = "native")]
+    pub weights: WeightFormat,
 }
 
 impl ModelArgs {
@@ -142,6 +147,7 @@ impl EngineArgs {
             kv_budget_bytes,
             capacity,
             weight_dtype: self.model.dtype.dtype(),
+            weights: self.model.weights,
             plan_cache: self.plan_cache.clone(),
             ..EngineConfig::default()
         }))

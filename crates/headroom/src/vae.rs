@@ -94,7 +94,7 @@ fn load(
 ) -> Result<WanVae> {
     let options = ImportOptions {
         config: config.cloned(),
-        base: None,
+        ..ImportOptions::default()
     };
     load_vae(model, &options, device, dtype)
         .with_context(|| format!("loading the VAE from {}", model.display()))

@@ -26,7 +26,7 @@ pub use dit::{DitConfig, WanTransformer};
 pub use error::{ModelError, Result};
 pub use taehv::{TinyConfig, TinyDecoder};
 pub use vae::{OutputFormat, StreamingDecodeState, StreamingDecoder, VaeConfig, WanVae};
-pub use weights::WeightStore;
+pub use weights::{WeightFormat, WeightStore};
 
 /// What a model's products compute in for weights of `dtype`: bf16 weights give a bf16
 /// model (activations rounded to bf16 at each GEMM, f32 accumulation); f32 weights the

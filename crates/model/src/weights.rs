@@ -38,12 +38,56 @@ enum Source {
     Seeded(u64),
 }
 
+/// How a network's large linear weights (the DiT blocks' attention and FFN) are held in
+/// memory; every other tensor stays as loaded.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightFormat {
+    /// As the file has them (8-bit files stay 8-bit), in the load dtype otherwise.
+    #[default]
+    Native,
+    /// int8 per output channel (symmetric), the products W8A8.
+    Int8,
+}
+
+impl WeightFormat {
+    /// The name `--weights` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::Native => "native",
+            WeightFormat::Int8 => "int8",
+        }
+    }
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for WeightFormat {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "native" => Ok(WeightFormat::Native),
+            "int8" => Ok(WeightFormat::Int8),
+            other => Err(format!(
+                "unknown weight format {other:?}; use native or int8"
+            )),
+        }
+    }
+}
+
 /// Where a network's weights come from.
 #[derive(Debug)]
 pub struct WeightStore {
     source: Source,
     device: Device,
     dtype: DType,
+    format: WeightFormat,
     counter: std::cell::Cell<u64>,
 }
 
@@ -123,8 +167,20 @@ impl WeightStore {
             },
             device: device.clone(),
             dtype,
+            format: WeightFormat::Native,
             counter: std::cell::Cell::new(0),
         }
+    }
+
+    /// The store with its large linear weights held as `format`.
+    pub fn with_format(mut self, format: WeightFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// How the large linear weights are held.
+    pub fn format(&self) -> WeightFormat {
+        self.format
     }
 
     /// Our keys the store holds (empty for a seeded store).
@@ -194,6 +250,7 @@ impl WeightStore {
             source: Source::Seeded(seed),
             device: device.clone(),
             dtype,
+            format: WeightFormat::Native,
             counter: std::cell::Cell::new(0),
         }
     }

@@ -53,7 +53,7 @@ fn every_dit_layout_gives_diffusers_numbers() {
     let plain = ImportOptions::default();
     let with_config = ImportOptions {
         config: Some(fixture("wan/config.json")),
-        base: None,
+        ..ImportOptions::default()
     };
     // The base model's config, as `--transformer FILE` over `--model FOLDER` uses it.
     let base = ImportOptions {
@@ -63,6 +63,7 @@ fn every_dit_layout_gives_diffusers_numbers() {
                 .unwrap()
                 .0,
         ),
+        ..ImportOptions::default()
     };
     for (path, options, what) in [
         (fixture("diffusers"), &plain, "diffusers pipeline folder"),

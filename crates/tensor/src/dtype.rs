@@ -1,10 +1,13 @@
 //! Element types a tensor can hold. Compute is f32 (bf16/f16 are storage formats widened
-//! on load and rounded on store); u8 holds pixels, i64 holds indices.
+//! on load and rounded on store); u8 holds pixels, i64 holds indices; the 8-bit floats and
+//! i8 hold quantized weights as checkpoints ship them (converted, not computed on).
 
 use std::fmt;
 use std::str::FromStr;
 
 use half::{bf16, f16};
+
+use crate::float8::{F8E4M3, F8E5M2};
 
 /// The element type of a tensor's storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -20,6 +23,12 @@ pub enum DType {
     U8,
     /// 64-bit signed integer (indices, token ids).
     I64,
+    /// `float8_e4m3fn` storage (quantized weights).
+    F8E4M3,
+    /// `float8_e5m2` storage (quantized weights).
+    F8E5M2,
+    /// Signed byte (quantized weights).
+    I8,
 }
 
 impl DType {
@@ -28,7 +37,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::BF16 | DType::F16 => 2,
-            DType::U8 => 1,
+            DType::U8 | DType::F8E4M3 | DType::F8E5M2 | DType::I8 => 1,
             DType::I64 => 8,
         }
     }
@@ -41,6 +50,9 @@ impl DType {
             DType::F16 => "f16",
             DType::U8 => "u8",
             DType::I64 => "i64",
+            DType::F8E4M3 => "f8e4m3",
+            DType::F8E5M2 => "f8e5m2",
+            DType::I8 => "i8",
         }
     }
 
@@ -65,8 +77,11 @@ impl FromStr for DType {
             "f16" | "float16" => Ok(DType::F16),
             "u8" | "uint8" => Ok(DType::U8),
             "i64" | "int64" => Ok(DType::I64),
+            "f8e4m3" | "float8_e4m3fn" => Ok(DType::F8E4M3),
+            "f8e5m2" | "float8_e5m2" => Ok(DType::F8E5M2),
+            "i8" | "int8" => Ok(DType::I8),
             other => Err(format!(
-                "unknown dtype {other:?}; use f32, bf16, f16, u8 or i64"
+                "unknown dtype {other:?}; use f32, bf16, f16, u8, i64, f8e4m3, f8e5m2 or i8"
             )),
         }
     }
@@ -130,5 +145,35 @@ impl Element for i64 {
     }
     fn from_f32(value: f32) -> Self {
         value as i64
+    }
+}
+
+impl Element for F8E4M3 {
+    const DTYPE: DType = DType::F8E4M3;
+    fn to_f32(self) -> f32 {
+        F8E4M3::to_f32(self)
+    }
+    fn from_f32(value: f32) -> Self {
+        F8E4M3::from_f32(value)
+    }
+}
+
+impl Element for F8E5M2 {
+    const DTYPE: DType = DType::F8E5M2;
+    fn to_f32(self) -> f32 {
+        F8E5M2::to_f32(self)
+    }
+    fn from_f32(value: f32) -> Self {
+        F8E5M2::from_f32(value)
+    }
+}
+
+impl Element for i8 {
+    const DTYPE: DType = DType::I8;
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+    fn from_f32(value: f32) -> Self {
+        value.round().clamp(-128.0, 127.0) as i8
     }
 }

@@ -30,6 +30,14 @@ pub enum TensorError {
         /// The operation.
         op: &'static str,
     },
+    /// The op has no kernel for this device or format.
+    #[error("{op}: {reason}")]
+    Unsupported {
+        /// The operation.
+        op: &'static str,
+        /// What it does not take, and what it takes instead.
+        reason: String,
+    },
     /// The allocator could not provide memory (out of memory and friends).
     #[error(transparent)]
     Mem(#[from] headroom_mem::MemError),

@@ -13,6 +13,7 @@ pub mod cuda;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod float8;
 pub mod io;
 pub mod kernels;
 pub mod layout;

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 
+use crate::float8::{F8E4M3, F8E5M2};
+
 use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{Result, TensorError};
@@ -100,6 +102,9 @@ impl Tensor {
                 DType::F16 => t.fill_typed::<f16>(value),
                 DType::U8 => t.fill_typed::<u8>(value),
                 DType::I64 => t.fill_typed::<i64>(value),
+                DType::F8E4M3 => t.fill_typed::<F8E4M3>(value),
+                DType::F8E5M2 => t.fill_typed::<F8E5M2>(value),
+                DType::I8 => t.fill_typed::<i8>(value),
             }
         }
         Ok(t)
@@ -201,6 +206,9 @@ impl Tensor {
                 DType::I64 => {
                     |b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) as f32
                 }
+                DType::F8E4M3 => |b| F8E4M3(b[0]).to_f32(),
+                DType::F8E5M2 => |b| F8E5M2(b[0]).to_f32(),
+                DType::I8 => |b| f32::from(b[0] as i8),
             }
         }
         fn fill<T: Element>(t: &mut Tensor, bytes: &[u8], stored: DType) {
@@ -223,6 +231,9 @@ impl Tensor {
             DType::F16 => fill::<f16>(&mut t, bytes, stored),
             DType::U8 => fill::<u8>(&mut t, bytes, stored),
             DType::I64 => fill::<i64>(&mut t, bytes, stored),
+            DType::F8E4M3 => fill::<F8E4M3>(&mut t, bytes, stored),
+            DType::F8E5M2 => fill::<F8E5M2>(&mut t, bytes, stored),
+            DType::I8 => fill::<i8>(&mut t, bytes, stored),
         }
         Ok(t)
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use headroom_mem::Platform;
 use headroom_model::dit::Sharding;
 use headroom_model::import::{self, ImportOptions};
-use headroom_model::{DecoderKind, TinyDecoder, VideoDecoder, WanTransformer, WanVae};
+use headroom_model::{DecoderKind, TinyDecoder, VideoDecoder, WanTransformer, WanVae, WeightStore};
 use headroom_tensor::{DType, Device};
 
 use crate::error::{EngineError, Result};
@@ -193,11 +193,16 @@ impl Engine {
         let override_config = ImportOptions {
             config: config.transformer_config.clone(),
             base: None,
+            weights: config.weights,
         };
         let (dit, vae) = if let Some(folder) = source.folder() {
             // Real weights: a diffusers pipeline or an original Wan repo folder.
             let plain = ImportOptions::default();
             let vae = import::load_vae(folder, &plain, &device, dtype)?;
+            let plain = ImportOptions {
+                weights: config.weights,
+                ..plain
+            };
             let dit = match &config.transformer {
                 Some(path) => {
                     let base = source.dit_config()?;
@@ -220,11 +225,10 @@ impl Engine {
                     };
                     import::load_transformer(Path::new(path), &options, &device, dtype, shard)?
                 }
-                None => WanTransformer::seeded_sharded(
+                None => WanTransformer::from_store_sharded(
                     preset.dit,
-                    config.weight_seed,
-                    &device,
-                    dtype,
+                    &WeightStore::seeded(config.weight_seed, &device, dtype)
+                        .with_format(config.weights),
                     shard,
                 )?,
             };

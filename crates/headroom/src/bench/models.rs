@@ -14,7 +14,9 @@ pub struct ModelsArgs {
     /// when absent (then no reference can run).
     #[arg(long)]
     model: Option<std::path::PathBuf>,
-    /// Modes, comma-separated: f32, near-f32, bf16.
+    /// Modes, comma-separated: f32, near-f32, bf16, int8 (bf16 with the DiT blocks' linears
+    /// W8A8; diffusers runs bf16 beside it). With f32 first, later modes' DiT outputs are
+    /// compared with it (relative L2).
     #[arg(long, value_delimiter = ',', default_value = "f32,near-f32,bf16")]
     modes: Vec<String>,
     /// Timed repetitions after one warm-up (best counts).

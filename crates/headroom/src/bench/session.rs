@@ -58,7 +58,7 @@ pub struct SessionArgs {
 }
 
 /// `bench session --help`'s flags in order, the model's among the session's.
-pub const HELP_ORDER: [&str; 21] = [
+pub const HELP_ORDER: [&str; 22] = [
     "model",
     "frames",
     "width",
@@ -67,6 +67,7 @@ pub const HELP_ORDER: [&str; 21] = [
     "capacity",
     "device",
     "dtype",
+    "weights",
     "policies",
     "allocator",
     "max_split_size",

@@ -85,7 +85,7 @@ pub struct GenerateArgs {
 
 /// `generate --help`'s flags in order: the shared engine and session flags among the
 /// command's own, where they have always been listed.
-pub const HELP_ORDER: [&str; 35] = [
+pub const HELP_ORDER: [&str; 36] = [
     "model",
     "frames",
     "width",
@@ -94,6 +94,7 @@ pub const HELP_ORDER: [&str; 35] = [
     "capacity",
     "device",
     "dtype",
+    "weights",
     "decoder",
     "tiny_decoder",
     "transformer",

@@ -86,13 +86,14 @@ pub struct ServeArgs {
 }
 
 /// `serve --help`'s flags in order, the engine's among the server's own.
-pub const HELP_ORDER: [&str; 33] = [
+pub const HELP_ORDER: [&str; 34] = [
     "host",
     "port",
     "model",
     "decoder",
     "tiny_decoder",
     "dtype",
+    "weights",
     "transformer",
     "config",
     "policy",

@@ -2,12 +2,13 @@
 //! modulation `tproj`; text → context tokens.
 
 use headroom_tensor::kernels::activation::Activation;
+use headroom_tensor::ops::int8::Int8Linear;
 use headroom_tensor::ops::packed::PackedLinear;
 use headroom_tensor::{DType, Device, Tensor};
 
 use super::config::DitConfig;
 use crate::error::Result;
-use crate::weights::{Init, WeightStore};
+use crate::weights::{Init, WeightFormat, WeightStore};
 
 /// `Timesteps(freq_dim, flip_sin_to_cos=True, shift=0)` in f32 arithmetic as PyTorch does
 /// it: `[cos(t·f_k), sin(t·f_k)]` with `f_k = exp(−ln(10000)·k / half)`.
@@ -40,6 +41,15 @@ pub enum LinearWeight {
     /// Packed once for the AMX tiles (bf16 weights where the CPU path has them): the
     /// plain tensor is dropped, so the packed one costs no extra memory.
     Packed(PackedLinear),
+    /// Quantized to int8 per output channel (`--weights int8`): the products quantize
+    /// their input per token. `dtype` is the one it was loaded in, which the layer's
+    /// other products (attention) keep computing in.
+    Int8 {
+        /// The quantized, packed weight.
+        weight: Int8Linear,
+        /// The load dtype.
+        dtype: DType,
+    },
 }
 
 impl LinearWeight {
@@ -51,11 +61,24 @@ impl LinearWeight {
         })
     }
 
-    /// The dtype the products compute in follows: bf16 for a packed weight.
+    /// `weight` held as `format` asks: int8, or as [`LinearWeight::new`] holds it.
+    pub fn with_format(weight: Tensor, format: WeightFormat) -> Result<Self> {
+        Ok(match format {
+            WeightFormat::Native => Self::new(weight)?,
+            WeightFormat::Int8 => LinearWeight::Int8 {
+                weight: weight.quantize_linear_int8()?,
+                dtype: weight.dtype(),
+            },
+        })
+    }
+
+    /// The dtype the products compute in follows: bf16 for a packed weight, the load
+    /// dtype for an int8 one.
     pub fn dtype(&self) -> DType {
         match self {
             LinearWeight::Plain(t) => t.dtype(),
             LinearWeight::Packed(_) => DType::BF16,
+            LinearWeight::Int8 { dtype, .. } => *dtype,
         }
     }
 }
@@ -111,16 +134,17 @@ impl Linear {
             Split::Rows(part) => part,
             Split::Cols(_) => (0, 1),
         };
-        Self::new(
-            w.get_part(
-                &weight_key,
-                &[output, input],
-                Init::FanIn,
-                dtype,
-                weight_axis,
-                part,
-            )?,
-            w.get_part(
+        let weight = w.get_part(
+            &weight_key,
+            &[output, input],
+            Init::FanIn,
+            dtype,
+            weight_axis,
+            part,
+        )?;
+        Ok(Self {
+            weight: LinearWeight::with_format(weight, w.format())?,
+            bias: w.get_part(
                 &bias_key,
                 &[output],
                 Init::Scaled(0.05),
@@ -128,13 +152,18 @@ impl Linear {
                 0,
                 bias_part,
             )?,
-        )
+        })
     }
 
-    /// Whether the products round their input to bf16 (a packed weight): an input made
-    /// in bf16 gives them the same bits.
+    /// Whether the products take their input in bf16 at no cost: a packed weight rounds
+    /// it to bf16 anyway (the same bits), and an int8 weight of a bf16 model quantizes it
+    /// (half the bytes to read, an error far inside the quantization's).
     pub fn reads_bf16(&self) -> bool {
-        matches!(self.weight, LinearWeight::Packed(_))
+        match self.weight {
+            LinearWeight::Plain(_) => false,
+            LinearWeight::Packed(_) => true,
+            LinearWeight::Int8 { dtype, .. } => dtype == DType::BF16,
+        }
     }
 
     /// `x · Wᵀ + b`.
@@ -167,6 +196,13 @@ impl Linear {
                 };
                 x.linear_packed_as(w, Some(&self.bias), Some(Activation::GeluTanh), dtype)?
             }
+            LinearWeight::Int8 { weight, .. } => {
+                let dtype = match next {
+                    Some(n) if n.reads_bf16() => DType::BF16,
+                    _ => DType::F32,
+                };
+                x.linear_int8_as(weight, Some(&self.bias), Some(Activation::GeluTanh), dtype)?
+            }
         })
     }
 
@@ -174,6 +210,7 @@ impl Linear {
         Ok(match &self.weight {
             LinearWeight::Plain(w) => x.linear(w, bias)?,
             LinearWeight::Packed(w) => x.linear_packed(w, bias)?,
+            LinearWeight::Int8 { weight, .. } => x.linear_int8(weight, bias)?,
         })
     }
 }

@@ -32,7 +32,7 @@ use crate::checkpoint::{io_err, Tensors};
 use crate::dit::{DitConfig, Sharding, WanTransformer};
 use crate::error::{ModelError, Result};
 use crate::vae::{VaeConfig, WanVae};
-use crate::weights::{read_config, read_json, WeightStore};
+use crate::weights::{read_config, read_json, WeightFormat, WeightStore};
 
 /// Where the architecture may come from besides the checkpoint itself.
 #[derive(Debug, Clone, Default)]
@@ -42,6 +42,8 @@ pub struct ImportOptions {
     /// The base model's transformer config, used when the checkpoint has none and its
     /// shapes agree with it.
     pub base: Option<DitConfig>,
+    /// How the transformer's large linear weights are held (`--weights`).
+    pub weights: WeightFormat,
 }
 
 /// The names of the original Wan VAE and T5 files in a Wan2.1 repo folder.
@@ -61,6 +63,7 @@ pub fn load_transformer(
     shard: Option<Sharding>,
 ) -> Result<WanTransformer> {
     let (config, store) = open_transformer(path, options, device, dtype)?;
+    let store = store.with_format(options.weights);
     let model = WanTransformer::from_store_sharded(config, &store, shard)?;
     if store.layout() != "diffusers" {
         store.check_all_used(&path.display().to_string())?;

@@ -119,19 +119,21 @@ pub fn parse_npy(bytes: &[u8], device: &Device) -> Result<Tensor> {
     Tensor::from_bytes(data, &shape, dtype, device)
 }
 
-/// Writes `tensor` as a `.npy` file (format 1.0; bf16 is widened to f32).
+/// Writes `tensor` as a `.npy` file (format 1.0; bf16 and the 8-bit floats are widened
+/// to f32).
 pub fn write_npy(path: impl AsRef<Path>, tensor: &Tensor) -> Result<()> {
     let path = path.as_ref();
     let tensor = match tensor.dtype() {
-        DType::BF16 => tensor.to_dtype(DType::F32)?,
+        DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => tensor.to_dtype(DType::F32)?,
         _ => tensor.contiguous()?,
     }
     .to_host()?;
     let descr = match tensor.dtype() {
-        DType::F32 | DType::BF16 => "<f4",
+        DType::F32 | DType::BF16 | DType::F8E4M3 | DType::F8E5M2 => "<f4",
         DType::F16 => "<f2",
         DType::U8 => "|u1",
         DType::I64 => "<i8",
+        DType::I8 => "|i1",
     };
     let shape = match tensor.shape() {
         [d] => format!("({d},)"),

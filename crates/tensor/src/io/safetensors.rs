@@ -35,6 +35,9 @@ fn our_dtype(dtype: StDtype) -> Option<DType> {
         StDtype::F16 => Some(DType::F16),
         StDtype::U8 => Some(DType::U8),
         StDtype::I64 => Some(DType::I64),
+        StDtype::F8_E4M3 => Some(DType::F8E4M3),
+        StDtype::F8_E5M2 => Some(DType::F8E5M2),
+        StDtype::I8 => Some(DType::I8),
         _ => None,
     }
 }
@@ -46,6 +49,9 @@ fn their_dtype(dtype: DType) -> StDtype {
         DType::F16 => StDtype::F16,
         DType::U8 => StDtype::U8,
         DType::I64 => StDtype::I64,
+        DType::F8E4M3 => StDtype::F8_E4M3,
+        DType::F8E5M2 => StDtype::F8_E5M2,
+        DType::I8 => StDtype::I8,
     }
 }
 

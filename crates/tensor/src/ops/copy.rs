@@ -1,6 +1,8 @@
 //! Copying a (possibly strided) tensor into a fresh dense one, converting the dtype.
 
 use half::{bf16, f16};
+
+use crate::float8::{F8E4M3, F8E5M2};
 use rayon::prelude::*;
 
 use crate::dtype::{DType, Element};
@@ -70,6 +72,9 @@ pub(crate) fn copy_into(src: &Tensor, out: &mut Tensor) {
                 DType::F16 => copy_typed::<$s, f16>(src, out),
                 DType::U8 => copy_typed::<$s, u8>(src, out),
                 DType::I64 => copy_typed::<$s, i64>(src, out),
+                DType::F8E4M3 => copy_typed::<$s, F8E4M3>(src, out),
+                DType::F8E5M2 => copy_typed::<$s, F8E5M2>(src, out),
+                DType::I8 => copy_typed::<$s, i8>(src, out),
             }
         };
     }
@@ -79,6 +84,9 @@ pub(crate) fn copy_into(src: &Tensor, out: &mut Tensor) {
         DType::F16 => dispatch_dst!(f16),
         DType::U8 => dispatch_dst!(u8),
         DType::I64 => dispatch_dst!(i64),
+        DType::F8E4M3 => dispatch_dst!(F8E4M3),
+        DType::F8E5M2 => dispatch_dst!(F8E5M2),
+        DType::I8 => dispatch_dst!(i8),
     }
 }
 

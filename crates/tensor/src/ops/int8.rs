@@ -76,6 +76,12 @@ impl Tensor {
     pub fn quantize_linear_int8(&self) -> Result<Int8Linear> {
         let op = "quantize_linear_int8";
         self.require_float(op)?;
+        if self.device().launcher().is_some() {
+            return Err(TensorError::Unsupported {
+                op,
+                reason: "int8 weights run on the CPU paths; a GPU takes bf16 or fp8 weights".into(),
+            });
+        }
         if self.rank() != 2 {
             return Err(TensorError::shape(
                 op,

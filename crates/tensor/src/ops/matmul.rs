@@ -339,6 +339,7 @@ impl Tensor {
                 let ow = match ow {
                     Operand::F32(m) => Operand::F32(m.t()),
                     Operand::Bf16(m) => Operand::Bf16(m.t()),
+                    Operand::Fp8(m, table) => Operand::Fp8(m.t(), table),
                 };
                 let mut no_scratch: [f32; 0] = [];
                 let scratch = match scratch.as_mut() {

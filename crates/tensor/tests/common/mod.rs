@@ -40,7 +40,8 @@ pub fn tolerance(dtype: DType) -> f64 {
         DType::F32 => 1e-5,
         DType::BF16 => 1e-2,
         DType::F16 => 2e-3,
-        DType::U8 | DType::I64 => 0.0,
+        DType::U8 | DType::I64 | DType::I8 => 0.0,
+        DType::F8E4M3 | DType::F8E5M2 => 0.125,
     }
 }
 

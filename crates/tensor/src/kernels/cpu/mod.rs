@@ -20,6 +20,7 @@
 
 pub mod amx;
 pub mod fma;
+pub mod fp8;
 pub mod int8;
 pub mod pack;
 pub mod peak;

@@ -37,13 +37,16 @@ pub enum Part {
     Lo,
 }
 
-/// A GEMM operand: f32 or bf16 elements behind a strided view.
+/// A GEMM operand: f32, bf16 or 8-bit float elements behind a strided view.
 #[derive(Debug, Clone, Copy)]
 pub enum Operand<'a> {
     /// f32 elements.
     F32(MatRef<'a, f32>),
     /// bf16 elements.
     Bf16(MatRef<'a, bf16>),
+    /// 8-bit float codes and their format's bf16 table ([`super::fp8::table`]): packed
+    /// as the bf16 values they are, exactly.
+    Fp8(MatRef<'a, u8>, &'a super::fp8::Table),
 }
 
 impl Operand<'_> {
@@ -56,6 +59,10 @@ impl Operand<'_> {
                 Part::Hi => m.data[m.index(r, c)].to_bits(),
                 Part::Lo => 0,
             },
+            Operand::Fp8(m, table) => match part {
+                Part::Hi => table[usize::from(m.data[m.index(r, c)])],
+                Part::Lo => 0,
+            },
         }
     }
 
@@ -65,6 +72,9 @@ impl Operand<'_> {
         match self {
             Operand::F32(m) => m.data[m.index(r, c)],
             Operand::Bf16(m) => m.data[m.index(r, c)].to_f32(),
+            Operand::Fp8(m, table) => {
+                f32::from_bits(u32::from(table[usize::from(m.data[m.index(r, c)])]) << 16)
+            }
         }
     }
 
@@ -73,6 +83,7 @@ impl Operand<'_> {
         match *self {
             Operand::F32(m) => Operand::F32(m.cols_from(c0)),
             Operand::Bf16(m) => Operand::Bf16(m.cols_from(c0)),
+            Operand::Fp8(m, table) => Operand::Fp8(m.cols_from(c0), table),
         }
     }
 
@@ -81,6 +92,7 @@ impl Operand<'_> {
         match self {
             Operand::F32(m) => (m.row_stride, m.col_stride),
             Operand::Bf16(m) => (m.row_stride, m.col_stride),
+            Operand::Fp8(m, _) => (m.row_stride, m.col_stride),
         }
     }
 }
@@ -416,6 +428,16 @@ mod avx512 {
                     unsafe { _mm512_loadu_si512(m.data.as_ptr().add(i).cast()) }
                 }
             },
+            Operand::Fp8(m, table) => match part {
+                Part::Lo => _mm512_setzero_si512(),
+                Part::Hi => {
+                    let i = m.index(row, k0);
+                    assert!(i + 32 <= m.data.len());
+                    // SAFETY: the 32 codes at i.. are inside the slice (asserted).
+                    let bytes = unsafe { _mm256_loadu_si256(m.data.as_ptr().add(i).cast()) };
+                    super::super::fp8::words32(bytes, table)
+                }
+            },
         }
     }
 
@@ -481,6 +503,23 @@ mod avx512 {
                     unsafe {
                         let v = match part {
                             Part::Hi => _mm512_loadu_si512(m.data.as_ptr().add(i + 32 * s).cast()),
+                            Part::Lo => _mm512_setzero_si512(),
+                        };
+                        _mm512_storeu_si512(dst.add(at + s * stride).cast(), v);
+                    }
+                }
+            }
+            Operand::Fp8(m, table) => {
+                let i = m.index(row, 0);
+                assert!(i + steps * 32 <= m.data.len());
+                for s in 0..steps {
+                    // SAFETY: as above, for 32 codes.
+                    unsafe {
+                        let v = match part {
+                            Part::Hi => {
+                                let p = m.data.as_ptr().add(i + 32 * s);
+                                super::super::fp8::words32(_mm256_loadu_si256(p.cast()), table)
+                            }
                             Part::Lo => _mm512_setzero_si512(),
                         };
                         _mm512_storeu_si512(dst.add(at + s * stride).cast(), v);
@@ -592,6 +631,33 @@ mod avx512 {
                         )
                     }
                 }
+                Operand::Fp8(m, table) => {
+                    if part == Part::Lo {
+                        (_mm512_setzero_si512(), _mm512_setzero_si512())
+                    } else {
+                        let (i0, i1) = (m.index(k0 + 2 * p, n0), m.index(k0 + 2 * p + 1, n0));
+                        assert!(i0.max(i1) + 16 <= m.data.len());
+                        // SAFETY: 16 codes from i0 and from i1 are inside the slice; the
+                        // loads fill the low halves of 256-bit registers.
+                        let (x0, x1) = unsafe {
+                            (
+                                _mm256_castsi128_si256(_mm_loadu_si128(
+                                    m.data.as_ptr().add(i0).cast(),
+                                )),
+                                _mm256_castsi128_si256(_mm_loadu_si128(
+                                    m.data.as_ptr().add(i1).cast(),
+                                )),
+                            )
+                        };
+                        let lo16 = |x| {
+                            let w = super::super::fp8::words32(x, table);
+                            _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(
+                                w,
+                            )))
+                        };
+                        (lo16(x0), lo16(x1))
+                    }
+                }
             };
             let word = _mm512_or_si512(_mm512_srli_epi32::<16>(even), odd);
             // SAFETY: dst holds 512 values (asserted); pair row p is p·32..p·32 + 32.
@@ -635,6 +701,7 @@ mod avx512 {
             match *self {
                 Operand::F32(m) => Operand::F32(m.t()),
                 Operand::Bf16(m) => Operand::Bf16(m.t()),
+                Operand::Fp8(m, table) => Operand::Fp8(m.t(), table),
             }
         }
     }
