@@ -57,6 +57,8 @@ pub struct PlanConfig {
     pub chunks: Option<usize>,
     /// Weight dtype.
     pub weight_dtype: DType,
+    /// How the DiT blocks' linear weights are held (`--weights`).
+    pub weights: headroom_model::WeightFormat,
     /// Allocator events kept per rank for plots and snapshots (0: none).
     pub history: usize,
     /// Sim (predict) or cpu (measure).
@@ -148,6 +150,7 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
         reclaim: policy,
         kv_fraction: config.kv_fraction,
         weight_dtype: config.weight_dtype,
+        weights: config.weights,
         capacity: Some(config.capacity),
         decoder: config.decoder,
         tiny_decoder: config.tiny_decoder.clone(),

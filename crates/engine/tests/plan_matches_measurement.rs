@@ -28,6 +28,7 @@ fn config(
         kv_fraction: None,
         chunks: None,
         weight_dtype: DType::F32,
+        weights: headroom_model::WeightFormat::Native,
         history: 0,
         platform,
         decoder: headroom_model::DecoderKind::Full,
@@ -64,6 +65,40 @@ fn planned_peaks_equal_measured_peaks() {
             assert_eq!(p.peak_phase, m.peak_phase, "{what}");
             assert!(p.peak_reserved_bytes >= p.peak_allocated_bytes);
             assert!(p.kv_bytes > 0 && p.decoder_state_bytes > 0 && p.conditioning_bytes > 0);
+        }
+    }
+}
+
+#[test]
+fn eight_bit_weights_plan_as_they_measure_and_take_fewer_bytes() {
+    let native = run_plan(&config(
+        "tiny",
+        Mesh::SINGLE,
+        AllocatorPolicy::Pytorch,
+        PlanPlatform::Sim,
+    ))
+    .unwrap();
+    for weights in [
+        headroom_model::WeightFormat::Int8,
+        headroom_model::WeightFormat::Fp8,
+    ] {
+        let with = |platform| PlanConfig {
+            weights,
+            ..config("tiny", Mesh::SINGLE, AllocatorPolicy::Pytorch, platform)
+        };
+        let planned = run_plan(&with(PlanPlatform::Sim)).unwrap();
+        let measured = run_plan(&with(PlanPlatform::Cpu)).unwrap();
+        for ((p, m), n) in planned.iter().zip(&measured).zip(&native) {
+            let what = format!("{weights} {}", p.policy);
+            assert_eq!(p.peak_allocated_bytes, m.peak_allocated_bytes, "{what}");
+            assert_eq!(p.peak_reserved_bytes, m.peak_reserved_bytes, "{what}");
+            assert_eq!(p.weights_bytes, m.weights_bytes, "{what}");
+            assert!(
+                p.weights_bytes < n.weights_bytes,
+                "{what}: {} vs {}",
+                p.weights_bytes,
+                n.weights_bytes
+            );
         }
     }
 }

@@ -50,6 +50,15 @@ pub enum ModelError {
         /// What is wrong.
         reason: String,
     },
+    /// An 8-bit checkpoint tensor in a layout headroom does not read; names the tensor
+    /// and what it reads instead.
+    #[error("{key}: {rule}")]
+    Quantization {
+        /// The tensor (our key).
+        key: String,
+        /// The rule it breaks.
+        rule: String,
+    },
     /// A tensor op failed (shapes, dtypes, out of memory).
     #[error(transparent)]
     Tensor(#[from] TensorError),

@@ -48,6 +48,8 @@ pub enum WeightFormat {
     /// As the file has them (8-bit files stay 8-bit), in the load dtype otherwise.
     #[default]
     Native,
+    /// `float8_e4m3fn` per output channel (symmetric), widened to bf16 in the products.
+    Fp8,
     /// int8 per output channel (symmetric), the products W8A8.
     Int8,
 }
@@ -57,6 +59,7 @@ impl WeightFormat {
     pub fn name(self) -> &'static str {
         match self {
             WeightFormat::Native => "native",
+            WeightFormat::Fp8 => "fp8",
             WeightFormat::Int8 => "int8",
         }
     }
@@ -73,12 +76,18 @@ impl std::str::FromStr for WeightFormat {
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s.trim().to_ascii_lowercase().as_str() {
             "native" => Ok(WeightFormat::Native),
+            "fp8" => Ok(WeightFormat::Fp8),
             "int8" => Ok(WeightFormat::Int8),
             other => Err(format!(
-                "unknown weight format {other:?}; use native or int8"
+                "unknown weight format {other:?}; use native, fp8 or int8"
             )),
         }
     }
+}
+
+/// Whether `dtype` is one of the 8-bit weight formats checkpoints ship.
+pub fn is_8bit(dtype: DType) -> bool {
+    matches!(dtype, DType::F8E4M3 | DType::F8E5M2 | DType::I8)
 }
 
 /// Where a network's weights come from.
@@ -300,6 +309,104 @@ impl WeightStore {
         Ok(whole.narrow(axis, index * len, len)?.copy_as(dtype)?)
     }
 
+    /// The dtype the file stores `key` in (`None` for a seeded store or a missing key).
+    pub fn stored_dtype(&self, key: &str) -> Option<DType> {
+        match &self.source {
+            Source::Files { names, files, .. } => {
+                let (file, stored) = names.get(key)?;
+                files[*file].info(stored).ok().map(|(_, d)| d)
+            }
+            Source::Seeded(_) => None,
+        }
+    }
+
+    /// The f32 scale an 8-bit `{base}.weight` of `shape` ships with, as the layouts name
+    /// it: ComfyUI's `{base}.scale_weight`, or `{base}.weight_scale` (with an
+    /// `{base}.input_scale` for activations, which the products do not need): `[1]` for
+    /// one value, `[out]` for one per output channel; `None` when the file has none. A
+    /// scale of another shape (block-wise) is refused by name. Every scale key read is
+    /// marked used.
+    pub fn scale_of(&self, key: &str, shape: &[usize]) -> Result<Option<Tensor>> {
+        let Source::Files { names, taken, .. } = &self.source else {
+            return Ok(None);
+        };
+        let base = key.strip_suffix(".weight").unwrap_or(key);
+        let input = format!("{base}.input_scale");
+        if names.contains_key(&input) {
+            taken.borrow_mut().insert(input);
+        }
+        let Some(scale_key) = [
+            format!("{base}.scale_weight"),
+            format!("{base}.weight_scale"),
+        ]
+        .into_iter()
+        .find(|k| names.contains_key(k)) else {
+            return Ok(None);
+        };
+        let found = self.shape_of(&scale_key).unwrap_or_default();
+        let n: usize = found.iter().product();
+        let out = shape.first().copied().unwrap_or(1);
+        let per_channel = n == out && found.iter().filter(|&&d| d != 1).count() <= 1;
+        if n != 1 && !per_channel {
+            return Err(ModelError::Quantization {
+                key: scale_key,
+                rule: format!(
+                    "a scale of shape {found:?} for a weight {shape:?} (block-wise?) is not a \
+                     layout headroom reads; it reads one scale per tensor or one per output \
+                     channel (ComfyUI scale_weight, weight_scale)"
+                ),
+            });
+        }
+        let s = self.get_as(&scale_key, &found, Init::NearOne, DType::F32)?;
+        Ok(Some(s.reshape(&[n])?))
+    }
+
+    /// Part `index` of `parts` along `axis` of an 8-bit `key` of `shape`, kept in its
+    /// stored dtype, and its scale (`[1]`, or `[out]` sliced as the rows are): `None`
+    /// when the file stores `key` in another dtype (or the store is seeded). An int8
+    /// weight without a scale is refused (no layout ships one).
+    pub fn quantized_part(
+        &self,
+        key: &str,
+        shape: &[usize],
+        axis: usize,
+        (index, parts): (usize, usize),
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let Some(stored) = self.stored_dtype(key).filter(|d| is_8bit(*d)) else {
+            return Ok(None);
+        };
+        let codes = self.get_part(key, shape, Init::FanIn, stored, axis, (index, parts))?;
+        let scale = match self.scale_of(key, shape)? {
+            Some(s) => s,
+            None if stored == DType::I8 => {
+                return Err(ModelError::Quantization {
+                    key: key.to_string(),
+                    rule: "an int8 weight without a weight_scale: not a layout headroom \
+                           reads (lightx2v's int8 files ship one per output channel)"
+                        .into(),
+                })
+            }
+            None => Tensor::full(&[1], 1.0, DType::F32, &self.device)?,
+        };
+        let scale = if scale.numel() > 1 && axis == 0 && parts > 1 {
+            let len = shape[0] / parts;
+            scale.narrow(0, index * len, len)?.contiguous()?
+        } else {
+            scale
+        };
+        Ok(Some((codes, scale)))
+    }
+
+    /// Marks `key` used without reading it (a layout's marker tensor, such as ComfyUI's
+    /// `scaled_fp8`).
+    pub fn accept(&self, key: &str) {
+        if let Source::Files { names, taken, .. } = &self.source {
+            if names.contains_key(key) {
+                taken.borrow_mut().insert(key.to_string());
+            }
+        }
+    }
+
     /// The tensor `key` with exactly `shape`, in `dtype` (norm scales and biases that
     /// diffusers keeps in f32).
     pub fn get_as(&self, key: &str, shape: &[usize], init: Init, dtype: DType) -> Result<Tensor> {
@@ -339,6 +446,24 @@ impl WeightStore {
                     });
                 }
                 taken.borrow_mut().insert(key.to_string());
+                let stored_dtype = files[*file].info(stored)?.1;
+                if is_8bit(stored_dtype) && !is_8bit(dtype) {
+                    // An 8-bit tensor read as a float one (outside the blocks' linears):
+                    // its values, times its scale where the file has one.
+                    let codes = files[*file].load(stored, &self.device, stored_dtype)?;
+                    let scale = self.scale_of(key, shape)?;
+                    let values = codes.to_dtype(DType::F32)?;
+                    let values = match scale {
+                        Some(s) if s.numel() == 1 => values.mul(&s)?,
+                        Some(s) => {
+                            let mut per_row = vec![1; shape.len()];
+                            per_row[0] = shape[0];
+                            values.mul(&s.reshape(&per_row)?)?
+                        }
+                        None => values,
+                    };
+                    return Ok(values.to_dtype(dtype)?);
+                }
                 files[*file].load(stored, &self.device, dtype)
             }
             Source::Seeded(seed) => {

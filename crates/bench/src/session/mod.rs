@@ -59,6 +59,8 @@ pub struct SessionBenchConfig {
     pub capacity: Option<u64>,
     /// Weight (and compute) dtype of the model.
     pub dtype: headroom_tensor::DType,
+    /// How the DiT blocks' linear weights are held (`--weights`).
+    pub weights: headroom_model::WeightFormat,
     /// The sessions' decoder.
     pub decoder: headroom_model::DecoderKind,
     /// A tiny decoder file (`None`: the model folder's, or the released shapes).
@@ -251,6 +253,7 @@ fn run_once(
         reclaim: policy,
         capacity: config.capacity,
         weight_dtype: config.dtype,
+        weights: config.weights,
         decoder: config.decoder,
         tiny_decoder: config.tiny_decoder.clone(),
         ..EngineConfig::default()

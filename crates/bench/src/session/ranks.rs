@@ -127,6 +127,7 @@ fn planned_bytes_per_chunk(
         kv_fraction: None,
         chunks: None,
         weight_dtype: config.dtype,
+        weights: config.weights,
         history: 0,
         platform: PlanPlatform::Sim,
         decoder: config.decoder,

@@ -41,8 +41,13 @@ pub(crate) fn span_key(
     } else {
         format!("keys{}", r.actions.len())
     };
+    // Native weights leave the key as it always was (plans cached on disk stay valid).
+    let weights = match config.weights {
+        headroom_model::WeightFormat::Native => String::new(),
+        other => format!(" weights:{other}"),
+    };
     format!(
-        "{} {:?} {}x{} f{} steps{} shift{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} guidance:{:?} decoder:{}{} threads{} rank{:?} kv{}/{}",
+        "{} {:?}{weights} {}x{} f{} steps{} shift{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} guidance:{:?} decoder:{}{} threads{} rank{:?} kv{}/{}",
         config.model,
         config.weight_dtype,
         r.width,

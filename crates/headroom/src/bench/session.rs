@@ -121,6 +121,7 @@ pub fn run(args: SessionArgs) -> Result<()> {
         seed: args.shape.seed,
         capacity: args.model.capacity_bytes()?,
         dtype: args.model.dtype.dtype(),
+        weights: args.model.weights,
         decoder: args.decoders.decoder,
         tiny_decoder: args.decoders.tiny_decoder.clone(),
         groups: None,

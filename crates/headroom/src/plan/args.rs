@@ -64,6 +64,10 @@ pub struct PlanArgs {
     /// model shapes, as they are deployed).
     #[arg(long, default_value = "auto")]
     pub dtype: String,
+    /// How the DiT blocks' linear weights are held: native (as loaded), fp8 (e4m3 per
+    /// output channel) or int8 (per output channel, W8A8 products).
+    #[arg(long, default_value = "native")]
+    pub weights: headroom_model::WeightFormat,
     /// Run on the host (`cpu`) instead of meta execution: measures what the plan
     /// predicts (small models only).
     #[arg(long)]

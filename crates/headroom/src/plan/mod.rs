@@ -71,6 +71,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         kv_fraction: args.kv_fraction,
         chunks: args.chunks,
         weight_dtype,
+        weights: args.weights,
         history: if keep_history { HISTORY_EVENTS } else { 0 },
         platform: if args.measure {
             PlanPlatform::Cpu

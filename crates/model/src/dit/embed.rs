@@ -50,6 +50,17 @@ pub enum LinearWeight {
         /// The load dtype.
         dtype: DType,
     },
+    /// 8-bit float codes `[out, in]` and their scale (`[1]` or `[out]`), as an fp8 file
+    /// ships them or `--weights fp8` makes them: widened to bf16 while each product
+    /// packs them.
+    Fp8 {
+        /// The codes (`F8E4M3` or `F8E5M2`).
+        weight: Tensor,
+        /// One scale, or one per output channel.
+        scale: Tensor,
+        /// The load dtype.
+        dtype: DType,
+    },
 }
 
 impl LinearWeight {
@@ -69,6 +80,47 @@ impl LinearWeight {
                 weight: weight.quantize_linear_int8()?,
                 dtype: weight.dtype(),
             },
+            WeightFormat::Fp8 => {
+                let (codes, scale) = weight.quantize_fp8()?;
+                LinearWeight::Fp8 {
+                    weight: codes,
+                    scale,
+                    dtype: weight.dtype(),
+                }
+            }
+        })
+    }
+
+    /// An 8-bit weight as the file ships it (`codes` and their `scale`), held as `format`
+    /// asks: kept (native), or dequantized in `dtype` and quantized again.
+    pub fn from_codes(
+        codes: Tensor,
+        scale: Tensor,
+        dtype: DType,
+        format: WeightFormat,
+    ) -> Result<Self> {
+        let stored = codes.dtype();
+        Ok(match (format, stored) {
+            (WeightFormat::Native | WeightFormat::Int8, DType::I8) => LinearWeight::Int8 {
+                weight: Int8Linear::from_codes(&codes, &scale)?,
+                dtype,
+            },
+            (WeightFormat::Native | WeightFormat::Fp8, DType::F8E4M3 | DType::F8E5M2) => {
+                LinearWeight::Fp8 {
+                    weight: codes,
+                    scale,
+                    dtype,
+                }
+            }
+            _ => {
+                let values = codes.to_dtype(DType::F32)?;
+                let values = if scale.numel() == 1 {
+                    values.mul(&scale)?
+                } else {
+                    values.mul(&scale.reshape(&[scale.numel(), 1])?)?
+                };
+                Self::with_format(values.to_dtype(dtype)?, format)?
+            }
         })
     }
 
@@ -78,7 +130,7 @@ impl LinearWeight {
         match self {
             LinearWeight::Plain(t) => t.dtype(),
             LinearWeight::Packed(_) => DType::BF16,
-            LinearWeight::Int8 { dtype, .. } => *dtype,
+            LinearWeight::Int8 { dtype, .. } | LinearWeight::Fp8 { dtype, .. } => *dtype,
         }
     }
 }
@@ -134,16 +186,17 @@ impl Linear {
             Split::Rows(part) => part,
             Split::Cols(_) => (0, 1),
         };
-        let weight = w.get_part(
-            &weight_key,
-            &[output, input],
-            Init::FanIn,
-            dtype,
-            weight_axis,
-            part,
-        )?;
+        let shape = [output, input];
+        let weight = match w.quantized_part(&weight_key, &shape, weight_axis, part)? {
+            Some((codes, scale)) => LinearWeight::from_codes(codes, scale, dtype, w.format())?,
+            None => {
+                let weight =
+                    w.get_part(&weight_key, &shape, Init::FanIn, dtype, weight_axis, part)?;
+                LinearWeight::with_format(weight, w.format())?
+            }
+        };
         Ok(Self {
-            weight: LinearWeight::with_format(weight, w.format())?,
+            weight,
             bias: w.get_part(
                 &bias_key,
                 &[output],
@@ -155,14 +208,16 @@ impl Linear {
         })
     }
 
-    /// Whether the products take their input in bf16 at no cost: a packed weight rounds
-    /// it to bf16 anyway (the same bits), and an int8 weight of a bf16 model quantizes it
+    /// Whether the products take their input in bf16 at no cost: a packed or fp8 weight
+    /// rounds it to bf16 anyway (the same bits), and an int8 weight of a bf16 model quantizes it
     /// (half the bytes to read, an error far inside the quantization's).
     pub fn reads_bf16(&self) -> bool {
         match self.weight {
             LinearWeight::Plain(_) => false,
             LinearWeight::Packed(_) => true,
             LinearWeight::Int8 { dtype, .. } => dtype == DType::BF16,
+            // Its products round their input to bf16 (the same bits either way).
+            LinearWeight::Fp8 { .. } => true,
         }
     }
 
@@ -203,6 +258,9 @@ impl Linear {
                 };
                 x.linear_int8_as(weight, Some(&self.bias), Some(Activation::GeluTanh), dtype)?
             }
+            LinearWeight::Fp8 { weight, scale, .. } => {
+                x.linear_fp8(weight, scale, Some(&self.bias))?.gelu_tanh()?
+            }
         })
     }
 
@@ -211,6 +269,7 @@ impl Linear {
             LinearWeight::Plain(w) => x.linear(w, bias)?,
             LinearWeight::Packed(w) => x.linear_packed(w, bias)?,
             LinearWeight::Int8 { weight, .. } => x.linear_int8(weight, bias)?,
+            LinearWeight::Fp8 { weight, scale, .. } => x.linear_fp8(weight, scale, bias)?,
         })
     }
 }

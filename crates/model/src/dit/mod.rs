@@ -141,6 +141,8 @@ impl WanTransformer {
         shard: Option<Sharding>,
     ) -> Result<Self> {
         config.validate()?;
+        // ComfyUI's fp8-scaled files mark themselves with an empty tensor.
+        w.accept("scaled_fp8");
         if let Some(s) = &shard {
             let (tp, sp) = (s.tp.size(), s.sp.size());
             if !config.num_attention_heads.is_multiple_of(tp * sp)

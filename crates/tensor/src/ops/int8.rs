@@ -70,6 +70,64 @@ impl Int8Linear {
     }
 }
 
+impl Int8Linear {
+    /// An int8 weight as a checkpoint ships it: `codes` (i8 `[out, in]`) and `scales`
+    /// (f32, one value or one per output channel), packed for the products.
+    pub fn from_codes(codes: &Tensor, scales: &Tensor) -> Result<Self> {
+        let op = "int8_weight";
+        if codes.dtype() != DType::I8 || codes.rank() != 2 {
+            return Err(TensorError::shape(
+                op,
+                format!(
+                    "the weight must be i8 [out, in], got {} {:?}",
+                    codes.dtype(),
+                    codes.shape()
+                ),
+            ));
+        }
+        let (n, k) = (codes.shape()[0], codes.shape()[1]);
+        if scales.numel() != 1 && scales.numel() != n {
+            return Err(TensorError::shape(
+                op,
+                format!(
+                    "scale {:?} is neither one value nor one per output channel ({n})",
+                    scales.shape()
+                ),
+            ));
+        }
+        if codes.device().launcher().is_some() {
+            return Err(TensorError::Unsupported {
+                op,
+                reason: "int8 weights run on the CPU paths; a GPU takes bf16 or fp8 weights".into(),
+            });
+        }
+        let mut packed = Tensor::empty(&[int8::packed_len(n, k)], DType::U8, codes.device())?;
+        let mut out_scales = Tensor::empty(&[n], DType::F32, codes.device())?;
+        if !codes.device().is_meta() {
+            let c = codes.contiguous()?;
+            let s = scales.to_f32_contiguous()?;
+            let (Some(c), Some(s), Some(dst), Some(ds)) = (
+                c.as_slice::<i8>(),
+                s.as_slice::<f32>(),
+                packed.data_mut::<u8>(),
+                out_scales.data_mut::<f32>(),
+            ) else {
+                return Err(TensorError::Meta { op });
+            };
+            int8::pack_weight(c, n, k, dst);
+            for (j, d) in ds.iter_mut().enumerate() {
+                *d = if s.len() == 1 { s[0] } else { s[j] };
+            }
+        }
+        Ok(Int8Linear {
+            packed,
+            scales: out_scales,
+            out_features: n,
+            in_features: k,
+        })
+    }
+}
+
 impl Tensor {
     /// This `[out, in]` float weight quantized to int8 per output channel (symmetric,
     /// scale `max|w| / 127`) and packed for [`Tensor::linear_int8`].
@@ -91,8 +149,9 @@ impl Tensor {
         let (n, k) = (self.shape()[0], self.shape()[1]);
         let mut packed = Tensor::empty(&[int8::packed_len(n, k)], DType::U8, self.device())?;
         let mut scales = Tensor::empty(&[n], DType::F32, self.device())?;
+        // Read as f32 on a meta device too: a plan allocates what a run does.
+        let w = self.to_f32_contiguous()?;
         if !self.device().is_meta() {
-            let w = self.to_f32_contiguous()?;
             let (Some(w), Some(dst), Some(s)) = (
                 w.as_slice::<f32>(),
                 packed.data_mut::<u8>(),
@@ -146,11 +205,11 @@ impl Tensor {
             let mut out = Tensor::empty(&out_shape, dtype, self.device())?;
             let mut a = Tensor::empty(&[rows * kp], DType::U8, self.device())?;
             let mut a_scales = Tensor::empty(&[rows], DType::F32, self.device())?;
+            let x = self.contiguous()?;
+            let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
             if self.device().is_meta() {
                 return Ok(out);
             }
-            let x = self.contiguous()?;
-            let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
             let (Some(qa), Some(sa)) = (a.data_mut::<u8>(), a_scales.data_mut::<f32>()) else {
                 return Err(TensorError::Meta { op });
             };

@@ -63,12 +63,26 @@ pub(super) fn operand<'a>(t: &'a Tensor, layout: &Layout, offset: usize) -> Opti
                 col_stride: cs,
             })
         }),
+        DType::F8E4M3 | DType::F8E5M2 => {
+            let table = crate::kernels::cpu::fp8::table(t.dtype())?;
+            t.storage_data().map(|data| {
+                Operand::Fp8(
+                    MatRef {
+                        data,
+                        offset,
+                        row_stride: rs,
+                        col_stride: cs,
+                    },
+                    table,
+                )
+            })
+        }
         _ => None,
     }
 }
 
 /// f32 scratch for `count` GEMMs of these shapes (none when the path needs none).
-fn scratch(t: &Tensor, len: usize, count: usize) -> Result<Option<Tensor>> {
+pub(super) fn scratch(t: &Tensor, len: usize, count: usize) -> Result<Option<Tensor>> {
     if len == 0 {
         return Ok(None);
     }

@@ -7,6 +7,7 @@ pub mod conv;
 pub(crate) mod copy;
 pub mod dispatch;
 pub mod elementwise;
+pub mod fp8;
 pub mod fused;
 pub mod int8;
 pub mod matmul;

@@ -1,0 +1,181 @@
+//! 8-bit checkpoints as users download them (made by `tools/make_fp8_fixtures.py` from
+//! the `t2v` golden DiT): ComfyUI's `fp8_scaled` (per-tensor `scale_weight`, the
+//! `scaled_fp8` marker, an 8-bit tensor outside the blocks), Kijai's plain
+//! `fp8_e4m3fn` and lightx2v's int8 with per-channel `weight_scale`. Each loads with its
+//! linears kept in 8 bits and gives diffusers' forward on the weights it holds: fp8
+//! within twice PyTorch's own bf16 error, int8 (its products W8A8) within 3 % relative
+//! L2. A layout it does not read is refused by name.
+
+use std::path::PathBuf;
+
+use headroom_model::import::{load_transformer, ImportOptions};
+use headroom_model::{DitConfig, WeightFormat};
+use headroom_tensor::io::npy::read_npy;
+use headroom_tensor::io::safetensors::{save_safetensors, SafetensorsFile};
+use headroom_tensor::{DType, Device, Tensor};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fp8")
+        .join(name)
+}
+
+fn options(weights: WeightFormat) -> ImportOptions {
+    let config = std::fs::read_to_string(fixture("config.json")).unwrap();
+    let config = DitConfig::from_json(&serde_json::from_str(&config).unwrap()).unwrap();
+    ImportOptions {
+        base: Some(config),
+        weights,
+        ..ImportOptions::default()
+    }
+}
+
+/// The forward of `file` loaded in bf16 as `weights`, and the bytes its weights took.
+fn forward(file: &str, weights: WeightFormat) -> (Tensor, u64) {
+    let dev = Device::cpu().unwrap();
+    let model = load_transformer(&fixture(file), &options(weights), &dev, DType::BF16, None)
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    let bytes = dev.platform().memory_stats().allocated_now();
+    let x = read_npy(fixture("latents.npy"), &dev).unwrap();
+    let text = read_npy(fixture("text.npy"), &dev).unwrap();
+    let t = read_npy(fixture("timestep.npy"), &dev)
+        .unwrap()
+        .to_vec::<f32>()
+        .unwrap()[0];
+    (model.forward(&x, t, Some(&text), None).unwrap(), bytes)
+}
+
+fn bf16_error(name: &str) -> f32 {
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("bf16_error.json")).unwrap())
+            .unwrap();
+    info["max_abs_error"][name].as_f64().unwrap() as f32
+}
+
+#[test]
+fn fp8_files_give_diffusers_numbers_within_twice_its_bf16_error() {
+    let dev = Device::cpu().unwrap();
+    for name in ["comfy_fp8_scaled", "kijai_fp8_e4m3fn"] {
+        let expected = read_npy(fixture(&format!("out_{name}.npy")), &dev).unwrap();
+        let (got, _) = forward(&format!("{name}.safetensors"), WeightFormat::Native);
+        let err = headroom_tensor::compare::max_abs_error(&got, &expected).unwrap();
+        let bound = 2.0 * bf16_error(name);
+        assert!(
+            err <= bound,
+            "{name}: {err} against 2 × PyTorch's bf16 error = {bound}"
+        );
+    }
+}
+
+#[test]
+fn an_int8_file_gives_diffusers_numbers_within_three_percent() {
+    let dev = Device::cpu().unwrap();
+    let expected = read_npy(fixture("out_int8_weight_scale.npy"), &dev).unwrap();
+    let (got, _) = forward("int8_weight_scale.safetensors", WeightFormat::Native);
+    let rel = headroom_tensor::compare::relative_l2(&got, &expected).unwrap();
+    assert!(rel < 0.03, "relative L2 {rel}");
+}
+
+#[test]
+fn eight_bit_linears_stay_eight_bit_and_weights_can_change_format() {
+    let (_, fp8) = forward("comfy_fp8_scaled.safetensors", WeightFormat::Native);
+    let (_, int8) = forward("int8_weight_scale.safetensors", WeightFormat::Native);
+    // The same file dequantized at load: its linears in bf16.
+    let dev = Device::cpu().unwrap();
+    let (codes, scale) = {
+        let f = SafetensorsFile::open(fixture("comfy_fp8_scaled.safetensors")).unwrap();
+        let key = "model.diffusion_model.blocks.0.ffn.0";
+        (
+            f.load(&format!("{key}.weight"), &dev, None).unwrap(),
+            f.load(&format!("{key}.scale_weight"), &dev, None).unwrap(),
+        )
+    };
+    assert_eq!(codes.dtype(), DType::F8E4M3);
+    assert_eq!(scale.numel(), 1);
+    // Each block linear value is one byte against bf16's two: 2 blocks × (8 · 36² +
+    // 2 · 36 · 72) values.
+    let linears = 2 * (8 * 36 * 36 + 2 * 36 * 72) as u64;
+    let (_, requantized) = forward("comfy_fp8_scaled.safetensors", WeightFormat::Int8);
+    let bf16 = {
+        let model = load_transformer(
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/dit/t2v"),
+            &ImportOptions::default(),
+            &dev,
+            DType::BF16,
+            None,
+        )
+        .unwrap();
+        assert_eq!(model.config().num_layers, 2);
+        dev.platform().memory_stats().allocated_now()
+    };
+    for (what, bytes) in [("fp8", fp8), ("int8", int8), ("fp8 → int8", requantized)] {
+        assert!(
+            bytes + linears * 9 / 10 <= bf16,
+            "{what}: {bytes} bytes against bf16's {bf16}"
+        );
+    }
+    // A format change on load computes with the new format: close to the file's numbers.
+    let (native, _) = forward("comfy_fp8_scaled.safetensors", WeightFormat::Native);
+    let (as_int8, _) = forward("comfy_fp8_scaled.safetensors", WeightFormat::Int8);
+    let rel = headroom_tensor::compare::relative_l2(&as_int8, &native).unwrap();
+    assert!(rel > 0.0 && rel < 0.03, "fp8 → int8: relative L2 {rel}");
+}
+
+#[test]
+fn a_layout_it_does_not_read_is_refused_by_name() {
+    let dev = Device::cpu().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let all = SafetensorsFile::open(fixture("comfy_fp8_scaled.safetensors"))
+        .unwrap()
+        .load_all(&dev, None)
+        .unwrap();
+    let scale_key = "model.diffusion_model.blocks.0.self_attn.q.scale_weight";
+    // Block-wise scales: one per 18 inputs of each output.
+    let mut blockwise: Vec<(String, Tensor)> = all.clone().into_iter().collect();
+    for (k, t) in blockwise.iter_mut() {
+        if k == scale_key {
+            *t = Tensor::full(&[36, 2], 0.01, DType::F32, &dev).unwrap();
+        }
+    }
+    let path = dir.path().join("blockwise.safetensors");
+    let refs: Vec<(&str, &Tensor)> = blockwise.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    save_safetensors(&path, &refs).unwrap();
+    let err = load_transformer(
+        &path,
+        &options(WeightFormat::Native),
+        &dev,
+        DType::BF16,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("block-wise") && err.contains("scale_weight"),
+        "{err}"
+    );
+    // An int8 weight without its scale.
+    let int8 = SafetensorsFile::open(fixture("int8_weight_scale.safetensors"))
+        .unwrap()
+        .load_all(&dev, None)
+        .unwrap();
+    let no_scale: Vec<(&str, &Tensor)> = int8
+        .iter()
+        .filter(|(k, _)| k.as_str() != "blocks.1.ffn.2.weight_scale")
+        .map(|(k, t)| (k.as_str(), t))
+        .collect();
+    let path = dir.path().join("int8_no_scale.safetensors");
+    save_safetensors(&path, &no_scale).unwrap();
+    let err = load_transformer(
+        &path,
+        &options(WeightFormat::Native),
+        &dev,
+        DType::BF16,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("blocks.1.ffn.net.2.weight") && err.contains("weight_scale"),
+        "{err}"
+    );
+}
