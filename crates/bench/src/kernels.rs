@@ -358,7 +358,7 @@ fn int8_linear_row(
             Ok(x.linear_int8(&w, None)?)
         })?;
     Ok(row(
-        format!("linear {m}x{k}x{n} (int8 weight, W8A8)"),
+        format!("linear {m}x{k}x{n} (int8 W8A8)"),
         2.0 * (m * n * k) as f64,
         secs,
         &reference,

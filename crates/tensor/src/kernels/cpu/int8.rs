@@ -555,6 +555,19 @@ mod tests {
 
     /// The product through `kernel`, as `m × n` f32.
     fn product(m: usize, n: usize, k: usize, x: &[f32], w: &[f32], kernel: Int8Kernel) -> Vec<f32> {
+        product_on(m, n, k, x, w, kernel, 2)
+    }
+
+    /// [`product`] on `threads` workers.
+    fn product_on(
+        m: usize,
+        n: usize,
+        k: usize,
+        x: &[f32],
+        w: &[f32],
+        kernel: Int8Kernel,
+        threads: usize,
+    ) -> Vec<f32> {
         let kp = padded_k(k);
         let (mut a, mut sa) = (vec![0u8; m * kp], vec![0f32; m]);
         quantize_rows(x, k, &mut a, &mut sa);
@@ -570,7 +583,7 @@ mod tests {
                 }
             }
         };
-        crate::parallel::run(|| gemm(m, n, k, &a, &sa, &packed, &sw, 2, kernel, &sink));
+        crate::parallel::run(|| gemm(m, n, k, &a, &sa, &packed, &sw, threads, kernel, &sink));
         out.into_inner().unwrap()
     }
 
@@ -610,6 +623,21 @@ mod tests {
                 let vnni = product(m, n, k, &x, &w, Int8Kernel::Vnni);
                 assert_eq!(vnni, want, "vnni {m}x{n}x{k}");
             }
+        }
+    }
+
+    #[test]
+    fn the_bytes_do_not_depend_on_the_thread_count() {
+        let (m, n, k) = (29, 97, 133);
+        let (x, w) = (data(m * k, 6), data(n * k, 7));
+        let one = product_on(m, n, k, &x, &w, Int8Kernel::selected(), 1);
+        for threads in [2, 3, 4] {
+            let many = product_on(m, n, k, &x, &w, Int8Kernel::selected(), threads);
+            assert_eq!(
+                one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                many.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{threads} threads"
+            );
         }
     }
 
