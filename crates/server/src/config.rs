@@ -102,6 +102,13 @@ pub struct ServerConfig {
     pub defaults: Defaults,
     /// Who may come in: API keys, allowed origins, the socket cap ([`crate::door`]).
     pub door: DoorConfig,
+    /// Whether `/ready` counts a server that would queue a new client (every slot held,
+    /// the queue not full) as ready. `false`, the default: 503 as soon as a new session
+    /// could not start at once, so a load balancer sends it to another replica.
+    pub ready_when_queueing: bool,
+    /// How long a drain (SIGTERM, `POST /drain`) lets running sessions finish before the
+    /// rest are stopped at their next chunk boundary; `ZERO` stops them at once.
+    pub drain_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -117,6 +124,8 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             defaults: Defaults::default(),
             door: DoorConfig::default(),
+            ready_when_queueing: false,
+            drain_timeout: Duration::ZERO,
         }
     }
 }

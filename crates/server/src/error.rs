@@ -66,6 +66,10 @@ pub enum ServerError {
     /// The server is shutting down and takes no new session.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The server is draining: its running sessions finish, it takes no new one (try
+    /// another replica).
+    #[error("the server is draining: it takes no new session; connect again (a load balancer sends you to another replica)")]
+    Draining,
     /// The server's own setup failed (binding, the runtime).
     #[error("server: {0}")]
     Setup(String),
@@ -99,6 +103,7 @@ impl ServerError {
             ServerError::Busy(_) => "busy",
             ServerError::Generation(_) => "generation_failed",
             ServerError::ShuttingDown => "shutting_down",
+            ServerError::Draining => "draining",
             ServerError::Setup(_) | ServerError::Internal(_) => "internal_error",
         }
     }
@@ -116,6 +121,7 @@ impl ServerError {
         match self {
             ServerError::Capacity { refusal, .. } => Some(*refusal),
             ServerError::ShuttingDown => Some(Refusal::ShuttingDown),
+            ServerError::Draining => Some(Refusal::Draining),
             _ => None,
         }
     }

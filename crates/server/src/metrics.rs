@@ -79,6 +79,13 @@ pub struct QueueGauges {
     pub waiting: usize,
     /// Clients that may wait at once.
     pub max: usize,
+    /// Session slots free now (`--max-sessions` less the sessions holding one).
+    pub slots_free: usize,
+    /// Bytes of the device's capacity not committed to the weights, the KV pool and the
+    /// live sessions' planned peaks: what the next session's planned peak must fit in.
+    pub planned_bytes_free: u64,
+    /// Whether the server is draining (no new sessions).
+    pub draining: bool,
 }
 
 /// Everything the server counts.
@@ -340,6 +347,24 @@ impl Metrics {
             "headroom_queue_waiting",
             "Clients waiting in the admission queue.",
             queue.waiting,
+        );
+        gauge(
+            o,
+            "headroom_session_slots_free",
+            "Session slots free now (--max-sessions less the sessions holding one).",
+            queue.slots_free,
+        );
+        gauge(
+            o,
+            "headroom_planned_bytes_free",
+            "Capacity not committed to the weights, the KV pool and the live sessions' planned peaks.",
+            queue.planned_bytes_free,
+        );
+        gauge(
+            o,
+            "headroom_draining",
+            "1 while the server drains (no new sessions; SIGTERM or POST /drain), else 0.",
+            u8::from(queue.draining),
         );
         gauge(
             o,

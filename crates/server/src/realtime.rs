@@ -40,6 +40,10 @@ use crate::worker::{self, Ending, Job, WorkerEvent, WorkerHandle};
 /// How long a closing connection waits for the client's close reply.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The close code a draining server ends a refused socket with (RFC 6455 "going away"):
+/// the client should connect again, and a load balancer sends it elsewhere.
+pub const CLOSE_GOING_AWAY: u16 = 1001;
+
 /// Serves one WebSocket connection to its end.
 pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>) {
     let _guard = state.socket_guard();
@@ -299,6 +303,10 @@ impl Connection {
         if state.is_shutting_down() {
             return self.send_error(&ServerError::ShuttingDown, None).await;
         }
+        if state.is_draining() {
+            self.close_with = (CLOSE_GOING_AWAY, "the server is draining");
+            return self.refuse(ServerError::Draining).await;
+        }
         let request_id = state.new_request_id();
         self.request_id = Some(request_id.clone());
         if request.decoder == Some(DecoderKind::Tiny) && state.engine.tiny_decoder().is_none() {
@@ -386,11 +394,18 @@ impl Connection {
             }
         };
         let mut shutdown = state.shutdown_signal();
+        let mut drain = state.drain_signal();
         let timeout_s = state.config.queue_timeout.as_secs_f64();
         let mut told = None;
         loop {
             if state.is_shutting_down() {
                 self.refuse(ServerError::ShuttingDown).await;
+                return None;
+            }
+            if state.is_draining() {
+                // Queued here, it would never start: go to another replica now.
+                self.close_with = (CLOSE_GOING_AWAY, "the server is draining");
+                self.refuse(ServerError::Draining).await;
                 return None;
             }
             ticket = match ticket.try_admit(pages) {
@@ -413,6 +428,7 @@ impl Connection {
             tokio::select! {
                 _ = changes.changed() => {}
                 _ = shutdown.changed() => {}
+                _ = drain.changed() => {}
                 _ = sleep_until(deadline) => {
                     let why = admission.room_for(pages).err().unwrap_or_else(|| "others were ahead".to_string());
                     let e = ServerError::capacity(Refusal::QueueTimeout, format!(
@@ -527,6 +543,8 @@ impl Connection {
         queue_wait_ms: f64,
     ) -> Outcome {
         let state = Arc::clone(&self.state);
+        // Counted until its end is sent: a drain waits for it.
+        let _streaming = state.streaming();
         let limits = state.config.limits.clone();
         let mut shutdown = state.shutdown_signal();
         let mut shutdown_seen = false;

@@ -14,16 +14,19 @@ pub enum Refusal {
     Memory,
     /// The server is shutting down.
     ShuttingDown,
+    /// The server is draining: it finishes its sessions and takes no new one.
+    Draining,
 }
 
 impl Refusal {
     /// Every reason, in the order `/metrics` lists them.
-    pub const ALL: [Refusal; 5] = [
+    pub const ALL: [Refusal; 6] = [
         Refusal::QueueFull,
         Refusal::QueueTimeout,
         Refusal::KvPages,
         Refusal::Memory,
         Refusal::ShuttingDown,
+        Refusal::Draining,
     ];
 
     /// The `reason` label of `headroom_sessions_refused_total`.
@@ -34,6 +37,7 @@ impl Refusal {
             Refusal::KvPages => "kv_pages",
             Refusal::Memory => "memory",
             Refusal::ShuttingDown => "shutting_down",
+            Refusal::Draining => "draining",
         }
     }
 

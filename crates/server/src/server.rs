@@ -1,11 +1,14 @@
 //! The server: shared state, the routes, readiness, and serving until shutdown.
 //!
 //! Routes: `GET /` (the web viewer), `GET /health`, `GET /ready`, `GET /metrics`
-//! (Prometheus text), `GET /stats` (the same figures as JSON, for the viewer) and
-//! `GET /v1/realtime/video` (the WebSocket API), all behind [`crate::door`] (keys,
-//! origins, the socket cap).
+//! (Prometheus text), `GET /stats` (the same figures as JSON, for the viewer),
+//! `POST /drain` and `GET /v1/realtime/video` (the WebSocket API), all behind
+//! [`crate::door`] (keys, origins, the socket cap).
 //!
-//! Shutdown: when the shutdown future resolves the listener stops accepting, every open
+//! Drain: when the shutdown future resolves (SIGTERM) or `POST /drain` arrives, `/ready`
+//! turns 503, a new `session.start` and every queued client are refused (`error` code
+//! `draining`, close code 1001), and running sessions go on for up to `drain_timeout`.
+//! Shutdown follows: the listener stops accepting, every open
 //! socket is told (its session ends at the next chunk boundary with
 //! `session.done {stopped: true}`), and [`Server::serve`] returns once every socket task
 //! has finished — after every worker has released its session.
@@ -80,6 +83,7 @@ impl Server {
         // The fewest pages a session takes: one a frame (a frame of one page's tokens).
         let pages_per_session = engine.config().window_frames;
         let (shutdown_tx, _) = watch::channel(false);
+        let (drain_tx, _) = watch::channel(false);
         let (sockets, _) = watch::channel(0);
         let engine = Arc::new(engine);
         let metrics = Arc::new(Metrics::default());
@@ -113,8 +117,10 @@ impl Server {
                 metrics,
                 admission,
                 shutdown_tx,
+                drain_tx,
                 sockets,
                 request_ids: AtomicU64::new(1),
+                streaming: watch::channel(0).0,
             }),
         })
     }
@@ -152,6 +158,7 @@ impl Server {
             .route("/ready", get(ready))
             .route("/metrics", get(metrics))
             .route("/stats", get(stats))
+            .route("/drain", axum::routing::post(drain))
             .route("/v1/realtime/video", get(realtime))
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&self.state),
@@ -160,8 +167,16 @@ impl Server {
             .with_state(Arc::clone(&self.state))
     }
 
-    /// Serves on `listener` until `shutdown` resolves, then stops accepting, ends open
-    /// sessions with `session.done {stopped: true}` and returns once every socket closed.
+    /// Begins a drain, as `POST /drain` does (see [`Server::serve`]).
+    pub fn drain(&self) -> bool {
+        self.state.drain()
+    }
+
+    /// Serves on `listener` until `shutdown` resolves or a drain begins (`POST /drain`):
+    /// then drains — `/ready` turns 503, new sessions and queued clients are refused
+    /// (close code 1001), running sessions go on for up to `drain_timeout` — and then
+    /// stops accepting, ends what still runs with `session.done {stopped: true}` and
+    /// returns once every socket closed.
     pub async fn serve(
         self,
         listener: TcpListener,
@@ -169,7 +184,19 @@ impl Server {
     ) -> Result<()> {
         let state = Arc::clone(&self.state);
         let signal = async move {
-            shutdown.await;
+            let mut drain = state.drain_signal();
+            tokio::select! {
+                () = shutdown => {}
+                _ = drain.wait_for(|d| *d) => {}
+            }
+            state.drain();
+            let timeout = state.config.drain_timeout;
+            if !timeout.is_zero() && tokio::time::timeout(timeout, state.idle()).await.is_err() {
+                tracing::warn!(
+                    "drain: sessions still ran after {:.0} s (--drain-timeout); stopping them",
+                    timeout.as_secs_f64()
+                );
+            }
             state.shutdown_tx.send_replace(true);
         };
         axum::serve(listener, self.router())
@@ -181,6 +208,16 @@ impl Server {
         let _ = sockets.wait_for(|n| *n == 0).await;
         Ok(())
     }
+}
+
+/// `POST /drain` (behind the key): begins a drain; 202 with whether this call began it.
+async fn drain(State(state): State<Arc<AppState>>) -> Response {
+    let began = state.drain();
+    (
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "draining": true, "began": began })),
+    )
+        .into_response()
 }
 
 async fn viewer() -> Html<&'static str> {

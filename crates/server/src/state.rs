@@ -32,10 +32,24 @@ pub struct AppState {
     /// Where concurrent sessions step together (batched steps on, no mesh).
     pub steps: Option<Arc<StepQueue>>,
     pub(crate) shutdown_tx: watch::Sender<bool>,
+    /// Turns `true` when a drain begins (SIGTERM, `POST /drain`).
+    pub(crate) drain_tx: watch::Sender<bool>,
     pub(crate) sockets: watch::Sender<usize>,
     pub(crate) request_ids: AtomicU64,
     /// The open WebSockets under `--max-connections` ([`crate::sockets::Sockets`]).
     pub(crate) room: Arc<crate::sockets::Sockets>,
+    /// Sessions streaming now, from their admission until their end is sent.
+    pub(crate) streaming: watch::Sender<usize>,
+}
+
+/// Counts one streaming session until it drops.
+#[derive(Debug)]
+pub(crate) struct Streaming(watch::Sender<usize>);
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 /// Decrements the open-socket count when a socket task ends.
@@ -80,6 +94,52 @@ impl AppState {
         *self.shutdown_tx.borrow()
     }
 
+    /// Whether a drain has begun: no new session is taken.
+    pub fn is_draining(&self) -> bool {
+        *self.drain_tx.borrow()
+    }
+
+    /// Begins a drain (once; later calls do nothing): `/ready` turns 503, new sessions
+    /// and queued clients are refused, running sessions go on. Returns whether this call
+    /// began it.
+    pub fn drain(&self) -> bool {
+        let began = !self.drain_tx.send_replace(true);
+        if began {
+            tracing::info!("draining: no new sessions; running ones finish");
+        }
+        began
+    }
+
+    /// A receiver that turns `true` when a drain begins.
+    pub fn drain_signal(&self) -> watch::Receiver<bool> {
+        self.drain_tx.subscribe()
+    }
+
+    /// Counts a session as streaming until the guard drops.
+    pub(crate) fn streaming(&self) -> Streaming {
+        self.streaming.send_modify(|n| *n += 1);
+        Streaming(self.streaming.clone())
+    }
+
+    /// Resolves once no session streams (its end sent), none holds a slot and no client
+    /// waits.
+    pub async fn idle(&self) {
+        let mut changes = self.admission.changes();
+        let mut streams = self.streaming.subscribe();
+        loop {
+            if *streams.borrow_and_update() == 0
+                && self.admission.open() == 0
+                && self.admission.waiting() == 0
+            {
+                return;
+            }
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { return },
+                r = streams.changed() => if r.is_err() { return },
+            }
+        }
+    }
+
     /// A request id in vLLM-Omni's style: `video_stream-` and 32 hex digits, unique in
     /// this process and unlikely to repeat across restarts.
     pub fn new_request_id(&self) -> String {
@@ -90,15 +150,25 @@ impl AppState {
         format!("video_stream-{:016x}{:016x}", h.finish(), n)
     }
 
-    /// `Ok` while a new client would be served (admitted now or queued), else the
-    /// reason: shutting down, or the queue full; with no queue (`--max-queue 0`), every
-    /// slot held or too few free KV pages for one more session.
+    /// `Ok` while a new client would start a session at once, else the reason: shutting
+    /// down, draining, every slot held, too few free KV pages, or clients already
+    /// waiting. With `ready_when_queueing`, a client that would queue counts as served:
+    /// then only a full queue (or, with no queue, no room) is not ready.
     pub fn readiness(&self) -> std::result::Result<(), String> {
         if self.is_shutting_down() {
             return Err("the server is shutting down".to_string());
         }
+        if self.is_draining() {
+            return Err("the server is draining: no new sessions".to_string());
+        }
         let max = self.admission.max_queue();
-        if max == 0 {
+        if max == 0 || !self.config.ready_when_queueing {
+            let waiting = self.admission.waiting();
+            if waiting > 0 {
+                return Err(format!(
+                    "{waiting} clients wait in the admission queue; a new one would queue"
+                ));
+            }
             return self.admission.room();
         }
         let waiting = self.admission.waiting();
@@ -115,6 +185,12 @@ impl AppState {
         QueueGauges {
             waiting: self.admission.waiting(),
             max: self.admission.max_queue(),
+            slots_free: self
+                .config
+                .max_sessions
+                .saturating_sub(self.admission.open()),
+            planned_bytes_free: self.engine.planned_bytes_free(),
+            draining: self.is_draining(),
         }
     }
 }

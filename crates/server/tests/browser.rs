@@ -464,7 +464,10 @@ async fn the_viewer_plays_with_an_api_key_typed_into_it() {
             let v = read(page.eval(probe).await);
             let state = v["state"].as_str().unwrap_or_default();
             assert!(!state.starts_with("error"), "{v}");
-            if state == "done" && v["played"].as_f64().unwrap_or(0.0) > 0.0 {
+            // While its session runs the one slot is taken (not ready); once it is
+            // done the page's next look at /stats says ready again.
+            let ready = v["ready"].as_str().unwrap_or_default().starts_with("ready");
+            if state == "done" && v["played"].as_f64().unwrap_or(0.0) > 0.0 && ready {
                 break v;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;

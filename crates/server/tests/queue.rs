@@ -94,8 +94,10 @@ async fn two_clients_starting_together_against_one_slot_are_both_served_the_seco
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_refuses_naming_max_queue_and_ready_says_no_until_a_waiting_client_leaves() {
+    // A queued-but-accepted client counts as served here (balancers.rs holds the default).
     let config = ServerConfig {
         max_queue: 1,
+        ready_when_queueing: true,
         ..config(1)
     };
     let ts = TestServer::start(config, None).await;

@@ -340,6 +340,13 @@ impl Engine {
         Ok(())
     }
 
+    /// Bytes of the capacity not committed ([`Engine::committed_bytes`]): what the next
+    /// session's planned peak must fit in.
+    pub fn planned_bytes_free(&self) -> u64 {
+        let (_, capacity) = self.platform().mem_info();
+        capacity.saturating_sub(self.committed_bytes())
+    }
+
     /// Bytes the engine and its live sessions have committed: what is live outside the
     /// arenas, arenas of ended spans still held, and every live span's planned peak;
     /// what a session's admission adds its peak to.

@@ -37,6 +37,14 @@ pub struct ServeArgs {
     /// Seconds a client may wait in the queue before it is refused with `capacity`.
     #[arg(long, default_value_t = 120.0)]
     pub queue_timeout: f64,
+    /// Count a server that would queue a new client as ready on /ready (default: 503 as
+    /// soon as a new session could not start at once, what a load balancer needs).
+    #[arg(long)]
+    pub ready_when_queueing: bool,
+    /// Seconds a drain (SIGTERM, POST /drain) lets running sessions finish before it
+    /// stops them at their next chunk boundary and exits (0: stop them at once).
+    #[arg(long, default_value_t = 300.0)]
+    pub drain_timeout: f64,
     /// Largest session.start message (it may carry a data: image).
     #[arg(long, default_value = "4MiB")]
     pub max_start_message: String,
@@ -86,7 +94,7 @@ pub struct ServeArgs {
 }
 
 /// `serve --help`'s flags in order, the engine's among the server's own.
-pub const HELP_ORDER: [&str; 34] = [
+pub const HELP_ORDER: [&str; 36] = [
     "host",
     "port",
     "model",
@@ -103,6 +111,8 @@ pub const HELP_ORDER: [&str; 34] = [
     "max_batch",
     "max_queue",
     "queue_timeout",
+    "ready_when_queueing",
+    "drain_timeout",
     "kv_budget",
     "capacity",
     "max_start_message",

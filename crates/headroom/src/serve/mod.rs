@@ -70,6 +70,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         batch_steps: args.batch_steps,
         max_batch: args.max_batch,
         queue_timeout: seconds(args.queue_timeout, "queue-timeout")?,
+        ready_when_queueing: args.ready_when_queueing,
+        drain_timeout: if args.drain_timeout == 0.0 {
+            Duration::ZERO
+        } else {
+            seconds(args.drain_timeout, "drain-timeout")?
+        },
         limits: Limits {
             start_message_bytes: size(&args.max_start_message, "max-start-message")?,
             control_message_bytes: size(&args.max_control_message, "max-control-message")?,

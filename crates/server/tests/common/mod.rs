@@ -130,6 +130,37 @@ impl TestServer {
         (status, body)
     }
 
+    /// A POST with an empty body: (status, body).
+    pub async fn post(&self, path: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(self.addr).await.unwrap();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        tokio::time::timeout(GUARD, stream.read_to_end(&mut raw))
+            .await
+            .unwrap()
+            .unwrap();
+        let text = String::from_utf8_lossy(&raw).to_string();
+        let status = text[9..12].parse().unwrap();
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        (status, body)
+    }
+
+    /// Waits for `serve` to return on its own (after a drain), without asking it to stop.
+    pub async fn served(mut self) {
+        self.shutdown.take();
+        tokio::time::timeout(GUARD, &mut self.task)
+            .await
+            .expect("serve never returned")
+            .unwrap()
+            .unwrap();
+    }
+
     pub fn allocated_bytes(&self) -> i64 {
         self.server
             .engine()
