@@ -242,8 +242,15 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     Json(serde_json::json!({ "status": "ok" })).into_response()
 }
 
-async fn ready(State(state): State<Arc<AppState>>) -> Response {
-    match state.readiness() {
+/// `GET /ready[?queueing=1]`: with `queueing=1` a client that would wait in the queue
+/// counts as served, whatever `--ready-when-queueing` says.
+async fn ready(
+    State(state): State<Arc<AppState>>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Response {
+    let queueing = query.is_some_and(|q| q.split('&').any(|p| p == "queueing=1"))
+        || state.config.ready_when_queueing;
+    match state.readiness_for(queueing) {
         Ok(()) => Json(serde_json::json!({ "ready": true })).into_response(),
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,

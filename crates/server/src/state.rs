@@ -155,6 +155,13 @@ impl AppState {
     /// waiting. With `ready_when_queueing`, a client that would queue counts as served:
     /// then only a full queue (or, with no queue, no room) is not ready.
     pub fn readiness(&self) -> std::result::Result<(), String> {
+        self.readiness_for(self.config.ready_when_queueing)
+    }
+
+    /// [`AppState::readiness`] with `queueing` in place of `ready_when_queueing`
+    /// (`GET /ready?queueing=1` asks for it: a balancer's fallback when no replica is
+    /// ready).
+    pub fn readiness_for(&self, queueing: bool) -> std::result::Result<(), String> {
         if self.is_shutting_down() {
             return Err("the server is shutting down".to_string());
         }
@@ -162,7 +169,7 @@ impl AppState {
             return Err("the server is draining: no new sessions".to_string());
         }
         let max = self.admission.max_queue();
-        if max == 0 || !self.config.ready_when_queueing {
+        if max == 0 || !queueing {
             let waiting = self.admission.waiting();
             if waiting > 0 {
                 return Err(format!(

@@ -56,6 +56,8 @@ async fn ready_turns_503_as_soon_as_a_session_would_queue_and_the_gauges_say_why
     let (status, body) = ts.get("/ready").await;
     assert_eq!(status, 503);
     assert!(body.contains("session slots"), "{body}");
+    // A balancer's fallback asks whether it would at least queue the client.
+    assert_eq!(ts.get("/ready?queueing=1").await.0, 200);
     assert_eq!(metric(&ts, "headroom_session_slots_free").await, 0.0);
     assert_eq!(metric(&ts, "headroom_ready").await, 0.0);
     assert_eq!(metric(&ts, "headroom_draining").await, 0.0);
