@@ -346,7 +346,10 @@ fn the_kubernetes_manifests_parse_probe_ready_and_drain_before_they_stop() {
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/ready");
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/health");
     let stop = container["lifecycle"]["preStop"]["exec"]["command"].to_string();
-    assert!(stop.contains("/drain") && stop.contains("Authorization"), "{stop}");
+    assert!(
+        stop.contains("/drain") && stop.contains("Authorization"),
+        "{stop}"
+    );
     let args: Vec<&str> = container["args"]
         .as_array()
         .unwrap()

@@ -123,49 +123,45 @@ fn eight_bit_linears_stay_eight_bit_and_weights_can_change_format() {
 
 #[test]
 fn a_layout_it_does_not_read_is_refused_by_name() {
-    let dev = Device::cpu().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let all = SafetensorsFile::open(fixture("comfy_fp8_scaled.safetensors"))
-        .unwrap()
-        .load_all(&dev, None)
-        .unwrap();
-    let scale_key = "model.diffusion_model.blocks.0.self_attn.q.scale_weight";
     // Block-wise scales: one per 18 inputs of each output.
-    let mut blockwise: Vec<(String, Tensor)> = all.clone().into_iter().collect();
-    for (k, t) in blockwise.iter_mut() {
-        if k == scale_key {
-            *t = Tensor::full(&[36, 2], 0.01, DType::F32, &dev).unwrap();
-        }
-    }
-    let path = dir.path().join("blockwise.safetensors");
-    let refs: Vec<(&str, &Tensor)> = blockwise.iter().map(|(k, t)| (k.as_str(), t)).collect();
-    save_safetensors(&path, &refs).unwrap();
-    let err = load_transformer(
-        &path,
-        &options(WeightFormat::Native),
-        &dev,
-        DType::BF16,
-        None,
-    )
-    .unwrap_err()
-    .to_string();
+    let err = load_changed("comfy_fp8_scaled.safetensors", |key, t| {
+        let blockwise = key == "model.diffusion_model.blocks.0.self_attn.q.scale_weight";
+        Some(if blockwise {
+            Tensor::full(&[36, 2], 0.01, DType::F32, t.device()).unwrap()
+        } else {
+            t
+        })
+    });
     assert!(
         err.contains("block-wise") && err.contains("scale_weight"),
         "{err}"
     );
     // An int8 weight without its scale.
-    let int8 = SafetensorsFile::open(fixture("int8_weight_scale.safetensors"))
+    let err = load_changed("int8_weight_scale.safetensors", |key, t| {
+        (key != "blocks.1.ffn.2.weight_scale").then_some(t)
+    });
+    assert!(
+        err.contains("blocks.1.ffn.net.2.weight") && err.contains("weight_scale"),
+        "{err}"
+    );
+}
+
+/// The error of loading fixture `file` with each tensor passed through `change` (`None`
+/// drops it).
+fn load_changed(file: &str, change: impl Fn(&str, Tensor) -> Option<Tensor>) -> String {
+    let dev = Device::cpu().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let changed: Vec<(String, Tensor)> = SafetensorsFile::open(fixture(file))
         .unwrap()
         .load_all(&dev, None)
-        .unwrap();
-    let no_scale: Vec<(&str, &Tensor)> = int8
-        .iter()
-        .filter(|(k, _)| k.as_str() != "blocks.1.ffn.2.weight_scale")
-        .map(|(k, t)| (k.as_str(), t))
+        .unwrap()
+        .into_iter()
+        .filter_map(|(k, t)| change(&k, t).map(|t| (k, t)))
         .collect();
-    let path = dir.path().join("int8_no_scale.safetensors");
-    save_safetensors(&path, &no_scale).unwrap();
-    let err = load_transformer(
+    let path = dir.path().join(file);
+    let refs: Vec<(&str, &Tensor)> = changed.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    save_safetensors(&path, &refs).unwrap();
+    load_transformer(
         &path,
         &options(WeightFormat::Native),
         &dev,
@@ -173,9 +169,5 @@ fn a_layout_it_does_not_read_is_refused_by_name() {
         None,
     )
     .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("blocks.1.ffn.net.2.weight") && err.contains("weight_scale"),
-        "{err}"
-    );
+    .to_string()
 }

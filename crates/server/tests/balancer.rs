@@ -12,17 +12,6 @@ use headroom_server::ServerConfig;
 use serde_json::json;
 use tokio_tungstenite::tungstenite::Message;
 
-/// The value of the metric line starting with `name ` in `/metrics`.
-async fn metric(ts: &TestServer, name: &str) -> f64 {
-    let (_, metrics) = ts.get("/metrics").await;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("{name} missing from {metrics}"))
-        .parse()
-        .unwrap()
-}
-
 /// Reads to the socket's close frame: (the last `error`'s code, the close code).
 async fn refusal(ws: &mut Ws) -> (String, u16) {
     let mut code = String::new();
@@ -48,8 +37,8 @@ async fn refusal(ws: &mut Ws) -> (String, u16) {
 async fn ready_turns_503_as_soon_as_a_session_would_queue_and_the_gauges_say_why() {
     let ts = TestServer::start(ServerConfig::default(), None).await;
     assert_eq!(ts.get("/ready").await.0, 200);
-    assert_eq!(metric(&ts, "headroom_session_slots_free").await, 1.0);
-    let free_before = metric(&ts, "headroom_planned_bytes_free").await;
+    assert_eq!(ts.metric("headroom_session_slots_free").await, 1.0);
+    let free_before = ts.metric("headroom_planned_bytes_free").await;
     assert!(free_before > 0.0);
     let (mut a, _) = open(&ts, 117, 1).await;
     // The queue has room, but a new client would wait: not ready by default.
@@ -58,15 +47,15 @@ async fn ready_turns_503_as_soon_as_a_session_would_queue_and_the_gauges_say_why
     assert!(body.contains("session slots"), "{body}");
     // A balancer's fallback asks whether it would at least queue the client.
     assert_eq!(ts.get("/ready?queueing=1").await.0, 200);
-    assert_eq!(metric(&ts, "headroom_session_slots_free").await, 0.0);
-    assert_eq!(metric(&ts, "headroom_ready").await, 0.0);
-    assert_eq!(metric(&ts, "headroom_draining").await, 0.0);
-    assert!(metric(&ts, "headroom_planned_bytes_free").await < free_before);
+    assert_eq!(ts.metric("headroom_session_slots_free").await, 0.0);
+    assert_eq!(ts.metric("headroom_ready").await, 0.0);
+    assert_eq!(ts.metric("headroom_draining").await, 0.0);
+    assert!(ts.metric("headroom_planned_bytes_free").await < free_before);
     send(&mut a, json!({"type": "session.stop"})).await;
     stream_to_end(&mut a).await;
     ts.idle().await;
     assert_eq!(ts.get("/ready").await.0, 200);
-    assert_eq!(metric(&ts, "headroom_session_slots_free").await, 1.0);
+    assert_eq!(ts.metric("headroom_session_slots_free").await, 1.0);
     ts.stop().await;
 }
 
@@ -103,7 +92,7 @@ async fn a_drain_refuses_new_and_queued_clients_finishes_the_running_session_and
     assert_eq!(status, 503);
     assert!(body.contains("draining"), "{body}");
     assert!(asked.elapsed() < Duration::from_secs(1));
-    assert_eq!(metric(&ts, "headroom_draining").await, 1.0);
+    assert_eq!(ts.metric("headroom_draining").await, 1.0);
     // The queued client is sent on its way, and so is a new one.
     assert_eq!(refusal(&mut queued).await, ("draining".to_string(), 1001));
     let mut late = ts.connect().await;

@@ -25,17 +25,6 @@ fn config(max_sessions: usize) -> ServerConfig {
     }
 }
 
-/// The value of the metric line starting with `name ` in `/metrics`.
-async fn metric(ts: &TestServer, name: &str) -> f64 {
-    let (_, metrics) = ts.get("/metrics").await;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("{name} missing from {metrics}"))
-        .parse()
-        .unwrap()
-}
-
 /// Waits until `n` clients wait in the queue.
 async fn until_queued(ts: &TestServer, n: usize) {
     tokio::time::timeout(GUARD, async {
@@ -86,9 +75,9 @@ async fn two_clients_starting_together_against_one_slot_are_both_served_the_seco
     assert_eq!(out.binaries.len(), 3);
     assert_eq!(out.metadata[0]["started_event_ids"], json!(["early"]));
     ts.idle().await;
-    assert_eq!(metric(&ts, "headroom_queue_admitted_total").await, 1.0);
-    assert_eq!(metric(&ts, "headroom_queue_wait_seconds_count").await, 2.0);
-    assert_eq!(metric(&ts, "headroom_sessions_rejected_total").await, 0.0);
+    assert_eq!(ts.metric("headroom_queue_admitted_total").await, 1.0);
+    assert_eq!(ts.metric("headroom_queue_wait_seconds_count").await, 2.0);
+    assert_eq!(ts.metric("headroom_sessions_rejected_total").await, 0.0);
     ts.stop().await;
 }
 
@@ -110,7 +99,7 @@ async fn a_full_queue_refuses_naming_max_queue_and_ready_says_no_until_a_waiting
     let (status, body) = ts.get("/ready").await;
     assert_eq!(status, 503);
     assert!(body.contains("--max-queue"), "{body}");
-    assert_eq!(metric(&ts, "headroom_queue_waiting").await, 1.0);
+    assert_eq!(ts.metric("headroom_queue_waiting").await, 1.0);
     let mut c = ts.connect().await;
     send(&mut c, start_msg(9, 3)).await;
     let e = expect_error(&mut c, "capacity").await;
@@ -340,7 +329,7 @@ async fn assert_back_to_the_floor(ts: &TestServer, floor: i64) {
     assert_eq!(ts.allocated_bytes(), floor, "bytes left behind");
     ts.assert_pool_free();
     assert_eq!(ts.server.queued(), 0);
-    assert_eq!(metric(ts, "headroom_sessions_rejected_total").await, 0.0);
+    assert_eq!(ts.metric("headroom_sessions_rejected_total").await, 0.0);
     assert_eq!(ts.get("/health").await.0, 200);
 }
 
@@ -379,7 +368,7 @@ async fn a_hundred_sessions_with_random_hang_ups_and_stops_leak_nothing_and_are_
     let plans: Vec<Plan> = (0..100).map(|_| any_plan(&mut rng)).collect();
     drive(&ts, &plans, 4).await;
     assert_back_to_the_floor(&ts, floor).await;
-    let sessions: Value = metric(&ts, "headroom_connections_total").await.into();
+    let sessions: Value = ts.metric("headroom_connections_total").await.into();
     assert_eq!(sessions, 101.0);
     let ts = Arc::into_inner(ts).unwrap();
     ts.stop().await;

@@ -111,31 +111,20 @@ impl TestServer {
 
     /// A GET with extra `headers` (`Name: value` lines).
     pub async fn get_with(&self, path: &str, headers: &[&str]) -> (u16, String) {
-        let mut stream = TcpStream::connect(self.addr).await.unwrap();
-        let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
-        let request =
-            format!("GET {path} HTTP/1.1\r\nHost: test\r\n{extra}Connection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut raw = Vec::new();
-        tokio::time::timeout(GUARD, stream.read_to_end(&mut raw))
-            .await
-            .unwrap()
-            .unwrap();
-        let text = String::from_utf8_lossy(&raw).to_string();
-        let status = text[9..12].parse().unwrap();
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
+        self.request("GET", path, headers).await
     }
 
     /// A POST with an empty body: (status, body).
     pub async fn post(&self, path: &str) -> (u16, String) {
+        self.request("POST", path, &["Content-Length: 0"]).await
+    }
+
+    /// One HTTP/1.1 request with extra `headers`: (status, body).
+    async fn request(&self, method: &str, path: &str, headers: &[&str]) -> (u16, String) {
         let mut stream = TcpStream::connect(self.addr).await.unwrap();
-        let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: test\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        );
+        let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
+        let request =
+            format!("{method} {path} HTTP/1.1\r\nHost: test\r\n{extra}Connection: close\r\n\r\n");
         stream.write_all(request.as_bytes()).await.unwrap();
         let mut raw = Vec::new();
         tokio::time::timeout(GUARD, stream.read_to_end(&mut raw))
@@ -151,14 +140,15 @@ impl TestServer {
         (status, body)
     }
 
-    /// Waits for `serve` to return on its own (after a drain), without asking it to stop.
-    pub async fn served(mut self) {
-        self.shutdown.take();
-        tokio::time::timeout(GUARD, &mut self.task)
-            .await
-            .expect("serve never returned")
+    /// The value of the metric line starting with `name ` in `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let (_, metrics) = self.get("/metrics").await;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{name} missing from {metrics}"))
+            .parse()
             .unwrap()
-            .unwrap();
     }
 
     pub fn allocated_bytes(&self) -> i64 {
@@ -169,6 +159,16 @@ impl TestServer {
             .allocated_bytes
             .all()
             .current
+    }
+
+    /// Waits for `serve` to return on its own (after a drain), without asking it to stop.
+    pub async fn served(mut self) {
+        self.shutdown.take();
+        tokio::time::timeout(GUARD, &mut self.task)
+            .await
+            .expect("serve never returned")
+            .unwrap()
+            .unwrap();
     }
 
     /// Waits until every socket this test opened has been served to its end and no

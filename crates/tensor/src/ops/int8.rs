@@ -190,13 +190,7 @@ impl Tensor {
             let op = "linear_int8";
             self.require_float(op)?;
             self.same_device(op, &weight.packed)?;
-            if dtype != DType::F32 && dtype != DType::BF16 {
-                return Err(TensorError::DType {
-                    op,
-                    expected: "an f32 or bf16 result",
-                    got: dtype,
-                });
-            }
+            super::matmul::check_result_dtype(op, dtype)?;
             let (n, k) = (weight.out_features, weight.in_features);
             let rows = super::matmul::check_linear(op, self, n, k, &[n, k], bias)?;
             let kp = int8::padded_k(k);

@@ -101,6 +101,18 @@ fn batch_offset(layout: &Layout, mut index: usize) -> usize {
     offset
 }
 
+/// Refuses a linear's result dtype other than f32 or bf16.
+pub(super) fn check_result_dtype(op: &'static str, dtype: DType) -> Result<()> {
+    if dtype != DType::F32 && dtype != DType::BF16 {
+        return Err(TensorError::DType {
+            op,
+            expected: "an f32 or bf16 result",
+            got: dtype,
+        });
+    }
+    Ok(())
+}
+
 /// Checks `x` ends in `in_features` and `bias` is `[out_features]`; the number of rows.
 pub(super) fn check_linear(
     op: &'static str,

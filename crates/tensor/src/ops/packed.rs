@@ -142,13 +142,7 @@ impl Tensor {
         crate::profile::op("linear", &[self, &weight.packed], || {
             let op = "linear";
             self.same_device(op, &weight.packed)?;
-            if dtype != DType::F32 && dtype != DType::BF16 {
-                return Err(TensorError::DType {
-                    op,
-                    expected: "an f32 or bf16 result",
-                    got: dtype,
-                });
-            }
+            super::matmul::check_result_dtype(op, dtype)?;
             let (out_features, in_features) = (weight.out_features, weight.in_features);
             let rows = super::matmul::check_linear(
                 op,

@@ -84,55 +84,37 @@ pub trait QuantSource: Element {
     fn quantize(row: &[Self], inv: f32, dst: &mut [u8], simd: bool);
 }
 
-impl QuantSource for f32 {
-    fn max_abs(row: &[f32], simd: bool) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: `simd` is set only where the CPU has AVX-512 (the VNNI kernel).
-            return unsafe { avx512::max_abs(row.as_ptr(), row.len(), avx512::load_f32) };
+/// [`QuantSource`] for a type the AVX-512 halves read (`$load` widens 16 of them).
+macro_rules! simd_source {
+    ($t:ty, $load:path) => {
+        impl QuantSource for $t {
+            fn max_abs(row: &[$t], simd: bool) -> f32 {
+                #[cfg(target_arch = "x86_64")]
+                if simd {
+                    // SAFETY: `simd` is set only where the CPU has AVX-512 (the VNNI
+                    // kernel); the row's values are readable.
+                    return unsafe { avx512::max_abs(row.as_ptr(), row.len(), $load) };
+                }
+                let _ = simd;
+                row.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()))
+            }
+            fn quantize(row: &[$t], inv: f32, dst: &mut [u8], simd: bool) {
+                #[cfg(target_arch = "x86_64")]
+                if simd {
+                    // SAFETY: as above; `dst` has `row.len()` bytes.
+                    return unsafe { avx512::quantize(row.as_ptr(), row.len(), inv, dst, $load) };
+                }
+                let _ = simd;
+                for (d, &v) in dst.iter_mut().zip(row) {
+                    *d = quantize_one(v.to_f32(), inv);
+                }
+            }
         }
-        let _ = simd;
-        row.iter().fold(0f32, |m, v| m.max(v.abs()))
-    }
-    fn quantize(row: &[f32], inv: f32, dst: &mut [u8], simd: bool) {
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: as above; `dst` has `row.len()` bytes.
-            return unsafe {
-                avx512::quantize(row.as_ptr(), row.len(), inv, dst, avx512::load_f32)
-            };
-        }
-        let _ = simd;
-        for (d, &v) in dst.iter_mut().zip(row) {
-            *d = quantize_one(v, inv);
-        }
-    }
+    };
 }
 
-impl QuantSource for half::bf16 {
-    fn max_abs(row: &[half::bf16], simd: bool) -> f32 {
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: as for f32; bf16 is 2 bytes, read 16 at a time.
-            return unsafe { avx512::max_abs(row.as_ptr(), row.len(), avx512::load_bf16) };
-        }
-        let _ = simd;
-        row.iter().fold(0f32, |m, v| m.max(v.to_f32().abs()))
-    }
-    fn quantize(row: &[half::bf16], inv: f32, dst: &mut [u8], simd: bool) {
-        #[cfg(target_arch = "x86_64")]
-        if simd {
-            // SAFETY: as above.
-            return unsafe {
-                avx512::quantize(row.as_ptr(), row.len(), inv, dst, avx512::load_bf16)
-            };
-        }
-        let _ = simd;
-        for (d, &v) in dst.iter_mut().zip(row) {
-            *d = quantize_one(v.to_f32(), inv);
-        }
-    }
-}
+simd_source!(f32, avx512::load_f32);
+simd_source!(half::bf16, avx512::load_bf16);
 
 impl QuantSource for half::f16 {
     fn max_abs(row: &[half::f16], _: bool) -> f32 {
