@@ -210,7 +210,10 @@ fn bench_kernels_prints_every_kernel_per_path_and_compute() {
             .collect();
         let packed = (group[0]["path"] == "amx" || group[0]["path"] == "avx512bf16")
             && group[0]["compute"] == "bf16";
-        let want: &[&str] = if packed {
+        let want: &[&str] = if group[0]["compute"] == "int8" {
+            // The W8A8 linears: attention's and both FFN products'.
+            &["linear", "linear", "linear"]
+        } else if packed {
             &[
                 "matmul",
                 "matmul",
@@ -237,6 +240,13 @@ fn bench_kernels_prints_every_kernel_per_path_and_compute() {
         computes.contains(&"f32") && computes.contains(&"bf16"),
         "{computes:?}"
     );
+    // int8 rows where the CPU has VNNI (and the bench's AVX-512 paths run).
+    let f = headroom_tensor::kernels::cpu::features();
+    assert_eq!(
+        computes.contains(&"int8"),
+        f.avx512 && f.avx512_vnni,
+        "{computes:?}"
+    );
     for k in kernels {
         for key in ["gflops", "reference_gflops", "ratio"] {
             assert!(k[key].as_f64().unwrap() > 0.0, "{key} in {k}");
@@ -244,6 +254,12 @@ fn bench_kernels_prints_every_kernel_per_path_and_compute() {
         assert!(k["scratch_peak_bytes"].as_u64().is_some());
         if let Some(f) = k["fraction_of_peak"].as_f64() {
             assert!(f > 0.0 && k["peak_gflops"].as_f64().unwrap() > 0.0, "{k}");
+        }
+        if k["compute"] == "int8" {
+            assert!(
+                k["peak_gflops"].as_f64().is_some(),
+                "int8 rows have vpdpbusd's peak: {k}"
+            );
         }
     }
 }
