@@ -386,3 +386,13 @@ impl Lcg {
         (self.next() % n as u64) as usize
     }
 }
+
+/// The `headroom_door_refusals_total` counter of `reason` in a `/metrics` body.
+pub fn refusals(metrics: &str, reason: &str) -> u64 {
+    let prefix = format!("headroom_door_refusals_total{{reason=\"{reason}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in /metrics"))
+}
