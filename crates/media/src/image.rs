@@ -12,7 +12,7 @@ const MAX_ALLOC: u64 = 256 << 20;
 /// decodes to 8 and converts to 3. The decoders' own limit counts the output alone.
 const PEAK_BYTES_PER_PIXEL: u64 = 12;
 
-/// Most pixels an image may have: its decode stays within [`MAX_ALLOC`] all told
+/// Most pixels an image may have: its decode stays within `MAX_ALLOC` (256 MiB) all told
 /// (22.4 million, e.g. 5464 × 4096), however few bytes the file is.
 pub const MAX_PIXELS: u64 = MAX_ALLOC / PEAK_BYTES_PER_PIXEL;
 

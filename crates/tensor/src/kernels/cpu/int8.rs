@@ -80,7 +80,8 @@ fn quantize_one(v: f32, inv: f32) -> u8 {
 pub trait QuantSource: Element {
     /// The largest |v| of a row (NaNs ignored), through AVX-512 when `simd`.
     fn max_abs(row: &[Self], simd: bool) -> f32;
-    /// Each value's [`quantize_one`] into `dst`, through AVX-512 when `simd`.
+    /// Each value quantized (`x · inv` rounded to nearest even, clamped to ±127, plus
+    /// 128) into `dst`, through AVX-512 when `simd`.
     fn quantize(row: &[Self], inv: f32, dst: &mut [u8], simd: bool);
 }
 
