@@ -29,6 +29,8 @@ pub const QUAD: usize = 4;
 pub const BAND: usize = 12;
 /// Bytes of one packed quad of a panel (2 halves × 16 columns × 4 k).
 const QUAD_BYTES: usize = PANEL * QUAD;
+/// Quantized A bytes one row block holds (it stays in L2 across the worker's panels).
+const ROW_BLOCK_BYTES: usize = 192 << 10;
 
 /// k rounded up to a whole quad: the row length of quantized activations.
 pub fn padded_k(k: usize) -> usize {
@@ -364,12 +366,14 @@ pub fn gemm(
     let panels = n.div_ceil(PANEL);
     let workers = threads.clamp(1, panels.max(1));
     let quads = k.div_ceil(QUAD);
+    // Rows in blocks whose quantized A stays in L2 while every panel of the worker
+    // passes over it (A would otherwise stream from L3 once per panel).
+    let block_rows = (ROW_BLOCK_BYTES / kp.max(1)).max(BAND) / BAND * BAND;
     (0..workers).into_par_iter().for_each(|t| {
         let (p0, p1) = (panels * t / workers, panels * (t + 1) / workers);
         let mut acc = [0i32; BAND * PANEL];
         let mut out = [0f32; BAND * PANEL];
-        for p in p0..p1 {
-            let panel = &packed[p * quads * QUAD_BYTES..(p + 1) * quads * QUAD_BYTES];
+        let weights = |p: usize| {
             let col = p * PANEL;
             let w = PANEL.min(n - col);
             let comp: [i32; PANEL] = std::array::from_fn(|j| {
@@ -379,28 +383,40 @@ pub fn gemm(
                     0
                 }
             });
-            let mut row = 0;
-            while row < m {
-                let h = BAND.min(m - row);
-                let a_rows = &a[row * kp..(row + h) * kp];
-                sums(kernel, a_rows, kp, h, panel, quads, &mut acc);
-                for r in 0..h {
-                    let sa = a_scales[row + r];
-                    for j in 0..PANEL {
-                        let s = acc[r * PANEL + j] - comp[j];
-                        let sw = if j < w { w_scales[col + j] } else { 0.0 };
-                        out[r * PANEL + j] = (s as f32 * sa) * sw;
+            let scales: [f32; PANEL] =
+                std::array::from_fn(|j| if j < w { w_scales[col + j] } else { 0.0 });
+            (col, w, comp, scales)
+        };
+        let mut block = 0;
+        while block < m {
+            let block_end = (block + block_rows).min(m);
+            for p in p0..p1 {
+                let panel = &packed[p * quads * QUAD_BYTES..(p + 1) * quads * QUAD_BYTES];
+                let (col, w, comp, sw) = weights(p);
+                let mut row = block;
+                while row < block_end {
+                    let h = BAND.min(block_end - row);
+                    let a_rows = &a[row * kp..(row + h) * kp];
+                    sums(kernel, a_rows, kp, h, panel, quads, &mut acc);
+                    for r in 0..h {
+                        let sa = a_scales[row + r];
+                        let (acc, out) =
+                            (&acc[r * PANEL..][..PANEL], &mut out[r * PANEL..][..PANEL]);
+                        for j in 0..PANEL {
+                            out[j] = ((acc[j] - comp[j]) as f32 * sa) * sw[j];
+                        }
                     }
+                    sink(Block {
+                        row,
+                        col,
+                        h,
+                        w,
+                        data: &mut out[..h * PANEL],
+                    });
+                    row += h;
                 }
-                sink(Block {
-                    row,
-                    col,
-                    h,
-                    w,
-                    data: &mut out[..h * PANEL],
-                });
-                row += h;
             }
+            block = block_end;
         }
     });
 }
