@@ -6,7 +6,7 @@
 //! Where f32 runs first, each later mode's DiT output is compared with f32's (relative
 //! L2), and where bf16 runs, each other mode's time is given against it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use headroom_engine::ModelPreset;
@@ -23,6 +23,10 @@ pub struct ModelBenchConfig {
     /// A diffusers pipeline folder (`transformer/`, `vae/`); `None`: the seeded
     /// `wan2.1-t2v-1.3b` preset.
     pub model: Option<PathBuf>,
+    /// A transformer checkpoint in any layout timed in place of the folder's (8-bit
+    /// files stay 8-bit under `native` modes), the folder's or the preset's config its
+    /// base.
+    pub transformer: Option<PathBuf>,
     /// Modes to run: `f32`, `near-f32`, `bf16`, `int8`.
     pub modes: Vec<String>,
     /// Timed repetitions (best counts) after one warm-up.
@@ -205,6 +209,22 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
         let preset = ModelPreset::named("wan2.1-t2v-1.3b").map_err(|e| invalid("model", e))?;
         let dit = match (&config.model, runs("dit")) {
             (_, false) => None,
+            (folder, true) if config.transformer.is_some() => {
+                let base = match folder {
+                    Some(dir) => headroom_model::weights::read_config(&dir.join("transformer"))
+                        .and_then(|c| headroom_model::DitConfig::from_json(&c)),
+                    None => Ok(preset.dit.clone()),
+                };
+                let path = config.transformer.as_deref().unwrap_or(Path::new(""));
+                Some(base.and_then(|base| {
+                    let options = headroom_model::import::ImportOptions {
+                        base: Some(base),
+                        weights: format,
+                        ..Default::default()
+                    };
+                    headroom_model::import::load_transformer(path, &options, &device, dtype, None)
+                }))
+            }
             (Some(dir), true) => {
                 let dir = dir.join("transformer");
                 headroom_model::weights::read_config(&dir)

@@ -28,6 +28,11 @@ pub struct ModelsArgs {
     /// Video height in pixels.
     #[arg(long, default_value_t = DEFAULT_SIZE.1)]
     height: usize,
+    /// A transformer checkpoint in any layout (an 8-bit ComfyUI, Kijai or lightx2v file
+    /// included) timed in place of the folder's own, with the folder's (or the seeded
+    /// 1.3B's) config as its base.
+    #[arg(long)]
+    transformer: Option<std::path::PathBuf>,
     /// The diffusers timing command, e.g. "python tools/bench_diffusers_models.py".
     #[arg(long)]
     reference: Option<String>,
@@ -47,6 +52,7 @@ pub struct ModelsArgs {
 pub fn run(args: ModelsArgs) -> Result<()> {
     let config = ModelBenchConfig {
         model: args.model,
+        transformer: args.transformer,
         modes: args.modes,
         reps: args.reps,
         width: args.width,
