@@ -207,15 +207,16 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
         // A network the run leaves out is not loaded (the seeded DiT takes most of a
         // minute to initialise).
         let preset = ModelPreset::named("wan2.1-t2v-1.3b").map_err(|e| invalid("model", e))?;
-        let dit = match (&config.model, runs("dit")) {
-            (_, false) => None,
-            (folder, true) if config.transformer.is_some() => {
-                let base = match folder {
-                    Some(dir) => headroom_model::weights::read_config(&dir.join("transformer"))
-                        .and_then(|c| headroom_model::DitConfig::from_json(&c)),
-                    None => Ok(preset.dit.clone()),
-                };
-                let path = config.transformer.as_deref().unwrap_or(Path::new(""));
+        let folder_config = |dir: &Path| {
+            headroom_model::weights::read_config(&dir.join("transformer"))
+                .and_then(|c| headroom_model::DitConfig::from_json(&c))
+        };
+        let dit = match (&config.model, &config.transformer, runs("dit")) {
+            (_, _, false) => None,
+            (folder, Some(path), true) => {
+                let base = folder
+                    .as_deref()
+                    .map_or_else(|| Ok(preset.dit.clone()), folder_config);
                 Some(base.and_then(|base| {
                     let options = headroom_model::import::ImportOptions {
                         base: Some(base),
@@ -225,18 +226,11 @@ pub fn run_model_bench(config: &ModelBenchConfig) -> Result<Vec<ModelRow>> {
                     headroom_model::import::load_transformer(path, &options, &device, dtype, None)
                 }))
             }
-            (Some(dir), true) => {
-                let dir = dir.join("transformer");
-                headroom_model::weights::read_config(&dir)
-                    .and_then(|c| headroom_model::DitConfig::from_json(&c))
-                    .and_then(|config| {
-                        let store = WeightStore::from_dir(&dir, &device, dtype)?;
-                        WanTransformer::from_store(config, &store.with_format(format))
-                    })
-                    .map(Some)
-                    .transpose()
-            }
-            (None, true) => Some(WanTransformer::from_store(
+            (Some(dir), None, true) => Some(folder_config(dir).and_then(|c| {
+                let store = WeightStore::from_dir(&dir.join("transformer"), &device, dtype)?;
+                WanTransformer::from_store(c, &store.with_format(format))
+            })),
+            (None, None, true) => Some(WanTransformer::from_store(
                 preset.dit.clone(),
                 &WeightStore::seeded(0, &device, dtype).with_format(format),
             )),

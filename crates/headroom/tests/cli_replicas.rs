@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 const KEY: &str = "lb-key.1";
@@ -171,7 +172,9 @@ struct Client {
 
 /// One client through the balancer: a 21-frame session, pinging while it waits.
 async fn client(lb: String, seed: u64) -> Client {
-    let mut request = format!("ws://{lb}/v1/realtime/video").into_client_request_compat();
+    let mut request = format!("ws://{lb}/v1/realtime/video")
+        .into_client_request()
+        .unwrap();
     request
         .headers_mut()
         .insert("authorization", format!("Bearer {KEY}").parse().unwrap());
@@ -206,22 +209,6 @@ async fn client(lb: String, seed: u64) -> Client {
             Some(Err(e)) => panic!("client {seed}: {e}"),
             None => return out,
         }
-    }
-}
-
-/// `String::into_client_request` under a name that does not clash with the trait.
-trait IntoRequest {
-    fn into_client_request_compat(
-        self,
-    ) -> tokio_tungstenite::tungstenite::handshake::client::Request;
-}
-
-impl IntoRequest for String {
-    fn into_client_request_compat(
-        self,
-    ) -> tokio_tungstenite::tungstenite::handshake::client::Request {
-        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        self.into_client_request().unwrap()
     }
 }
 

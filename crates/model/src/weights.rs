@@ -90,6 +90,18 @@ pub fn is_8bit(dtype: DType) -> bool {
     matches!(dtype, DType::F8E4M3 | DType::F8E5M2 | DType::I8)
 }
 
+/// 8-bit `codes` (`[out, …]`) times their `scale` (one value, or one per output row), in
+/// f32: the values an 8-bit checkpoint's tensor stands for.
+pub fn dequantize(codes: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    let values = codes.to_dtype(DType::F32)?;
+    if scale.numel() == 1 {
+        return Ok(values.mul(scale)?);
+    }
+    let mut per_row = vec![1; codes.rank()];
+    per_row[0] = scale.numel();
+    Ok(values.mul(&scale.reshape(&per_row)?)?)
+}
+
 /// Where a network's weights come from.
 #[derive(Debug)]
 pub struct WeightStore {
@@ -433,7 +445,7 @@ impl WeightStore {
                         hint,
                     });
                 };
-                let (found, _) = files[*file].info(stored)?;
+                let (found, stored_dtype) = files[*file].info(stored)?;
                 if found != shape {
                     return Err(ModelError::WeightShape {
                         key: if stored == key {
@@ -446,23 +458,14 @@ impl WeightStore {
                     });
                 }
                 taken.borrow_mut().insert(key.to_string());
-                let stored_dtype = files[*file].info(stored)?.1;
                 if is_8bit(stored_dtype) && !is_8bit(dtype) {
                     // An 8-bit tensor read as a float one (outside the blocks' linears):
                     // its values, times its scale where the file has one.
                     let codes = files[*file].load(stored, &self.device, stored_dtype)?;
-                    let scale = self.scale_of(key, shape)?;
-                    let values = codes.to_dtype(DType::F32)?;
-                    let values = match scale {
-                        Some(s) if s.numel() == 1 => values.mul(&s)?,
-                        Some(s) => {
-                            let mut per_row = vec![1; shape.len()];
-                            per_row[0] = shape[0];
-                            values.mul(&s.reshape(&per_row)?)?
-                        }
-                        None => values,
+                    return match self.scale_of(key, shape)? {
+                        Some(scale) => Ok(dequantize(&codes, &scale)?.to_dtype(dtype)?),
+                        None => Ok(codes.to_dtype(dtype)?),
                     };
-                    return Ok(values.to_dtype(dtype)?);
                 }
                 files[*file].load(stored, &self.device, dtype)
             }

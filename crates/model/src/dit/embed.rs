@@ -112,15 +112,10 @@ impl LinearWeight {
                     dtype,
                 }
             }
-            _ => {
-                let values = codes.to_dtype(DType::F32)?;
-                let values = if scale.numel() == 1 {
-                    values.mul(&scale)?
-                } else {
-                    values.mul(&scale.reshape(&[scale.numel(), 1])?)?
-                };
-                Self::with_format(values.to_dtype(dtype)?, format)?
-            }
+            _ => Self::with_format(
+                crate::weights::dequantize(&codes, &scale)?.to_dtype(dtype)?,
+                format,
+            )?,
         })
     }
 

@@ -9,7 +9,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
-use crate::float8::{F8E4M3, F8E5M2};
+use crate::float8::F8E4M3;
 use crate::kernels::gemm::{gemm, gemm_scratch_len, Compute, Threads};
 use crate::layout::Layout;
 use crate::tensor::Tensor;
@@ -24,13 +24,7 @@ impl Tensor {
     pub fn quantize_fp8(&self) -> Result<(Tensor, Tensor)> {
         let op = "quantize_fp8";
         self.require_float(op)?;
-        if self.rank() != 2 {
-            return Err(TensorError::shape(
-                op,
-                format!("weight must be [out, in], got {:?}", self.shape()),
-            ));
-        }
-        let (n, k) = (self.shape()[0], self.shape()[1]);
+        let (n, k) = super::matmul::weight_dims(op, self)?;
         if self.device().launcher().is_some() {
             let (c, s) = self.to_host()?.quantize_fp8()?;
             return Ok((c.to_device(self.device())?, s.to_device(self.device())?));
@@ -86,22 +80,8 @@ impl Tensor {
                     got: weight.dtype(),
                 });
             }
-            if weight.rank() != 2 {
-                return Err(TensorError::shape(
-                    op,
-                    format!("weight must be [out, in], got {:?}", weight.shape()),
-                ));
-            }
-            let (n, k) = (weight.shape()[0], weight.shape()[1]);
-            if scale.numel() != 1 && scale.numel() != n {
-                return Err(TensorError::shape(
-                    op,
-                    format!(
-                        "scale {:?} is neither one value nor one per output channel ({n})",
-                        scale.shape()
-                    ),
-                ));
-            }
+            let (n, k) = super::matmul::weight_dims(op, weight)?;
+            super::matmul::check_scales(op, scale, n)?;
             if self.device().launcher().is_some() {
                 return Err(TensorError::Unsupported {
                     op,
@@ -171,15 +151,6 @@ impl Tensor {
             });
             Ok(out)
         })
-    }
-}
-
-/// The widest value of each 8-bit float format, for error messages and checks.
-pub fn format_max(dtype: DType) -> Option<f32> {
-    match dtype {
-        DType::F8E4M3 => Some(E4M3_MAX),
-        DType::F8E5M2 => Some(F8E5M2(0x7b).to_f32()),
-        _ => None,
     }
 }
 

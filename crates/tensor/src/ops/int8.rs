@@ -86,15 +86,7 @@ impl Int8Linear {
             ));
         }
         let (n, k) = (codes.shape()[0], codes.shape()[1]);
-        if scales.numel() != 1 && scales.numel() != n {
-            return Err(TensorError::shape(
-                op,
-                format!(
-                    "scale {:?} is neither one value nor one per output channel ({n})",
-                    scales.shape()
-                ),
-            ));
-        }
+        super::matmul::check_scales(op, scales, n)?;
         if codes.device().launcher().is_some() {
             return Err(TensorError::Unsupported {
                 op,
@@ -140,13 +132,7 @@ impl Tensor {
                 reason: "int8 weights run on the CPU paths; a GPU takes bf16 or fp8 weights".into(),
             });
         }
-        if self.rank() != 2 {
-            return Err(TensorError::shape(
-                op,
-                format!("weight must be [out, in], got {:?}", self.shape()),
-            ));
-        }
-        let (n, k) = (self.shape()[0], self.shape()[1]);
+        let (n, k) = super::matmul::weight_dims(op, self)?;
         let mut packed = Tensor::empty(&[int8::packed_len(n, k)], DType::U8, self.device())?;
         let mut scales = Tensor::empty(&[n], DType::F32, self.device())?;
         // Read as f32 on a meta device too: a plan allocates what a run does.

@@ -101,6 +101,32 @@ fn batch_offset(layout: &Layout, mut index: usize) -> usize {
     offset
 }
 
+/// A linear weight's `(out, in)`, refusing one that is not `[out, in]`.
+pub(super) fn weight_dims(op: &'static str, weight: &Tensor) -> Result<(usize, usize)> {
+    match *weight.shape() {
+        [out, inp] => Ok((out, inp)),
+        _ => Err(TensorError::shape(
+            op,
+            format!("weight must be [out, in], got {:?}", weight.shape()),
+        )),
+    }
+}
+
+/// Refuses an 8-bit weight's scales that are neither one value nor one per output
+/// channel of its `out` channels.
+pub(super) fn check_scales(op: &'static str, scales: &Tensor, out: usize) -> Result<()> {
+    if scales.numel() != 1 && scales.numel() != out {
+        return Err(TensorError::shape(
+            op,
+            format!(
+                "scale {:?} is neither one value nor one per output channel ({out})",
+                scales.shape()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses a linear's result dtype other than f32 or bf16.
 pub(super) fn check_result_dtype(op: &'static str, dtype: DType) -> Result<()> {
     if dtype != DType::F32 && dtype != DType::BF16 {
@@ -335,13 +361,7 @@ impl Tensor {
         crate::profile::op("linear", &[self, weight], || {
             let op = "linear";
             self.same_device(op, weight)?;
-            if weight.rank() != 2 {
-                return Err(TensorError::shape(
-                    op,
-                    format!("weight must be [out, in], got {:?}", weight.shape()),
-                ));
-            }
-            let (out_features, in_features) = (weight.shape()[0], weight.shape()[1]);
+            let (out_features, in_features) = weight_dims(op, weight)?;
             let rows = check_linear(op, self, out_features, in_features, weight.shape(), bias)?;
             if self.device().launcher().is_some() {
                 return self.linear_on_gpu(weight, bias, rows, gelu);

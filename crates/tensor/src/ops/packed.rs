@@ -70,13 +70,7 @@ impl Tensor {
         if gpu || self.dtype() != DType::BF16 || !cpu::selected().packs_bf16() {
             return Ok(None);
         }
-        if self.rank() != 2 {
-            return Err(TensorError::shape(
-                op,
-                format!("weight must be [out, in], got {:?}", self.shape()),
-            ));
-        }
-        let (out_features, in_features) = (self.shape()[0], self.shape()[1]);
+        let (out_features, in_features) = super::matmul::weight_dims(op, self)?;
         let len = amx::packed_b_len(out_features, in_features, Precision::Bf16);
         let mut packed = Tensor::empty(&[len], DType::BF16, self.device())?;
         if !self.device().is_meta() {

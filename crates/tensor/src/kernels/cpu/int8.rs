@@ -373,26 +373,27 @@ pub fn gemm(
         let (p0, p1) = (panels * t / workers, panels * (t + 1) / workers);
         let mut acc = [0i32; BAND * PANEL];
         let mut out = [0f32; BAND * PANEL];
-        let weights = |p: usize| {
-            let col = p * PANEL;
-            let w = PANEL.min(n - col);
-            let comp: [i32; PANEL] = std::array::from_fn(|j| {
-                if j < w {
-                    compensation(packed, n, k, col + j)
-                } else {
-                    0
-                }
-            });
-            let scales: [f32; PANEL] =
-                std::array::from_fn(|j| if j < w { w_scales[col + j] } else { 0.0 });
-            (col, w, comp, scales)
-        };
+        // Each panel's columns, compensations and scales, read once for every row block.
+        let weights: Vec<(usize, usize, [i32; PANEL], [f32; PANEL])> = (p0..p1)
+            .map(|p| {
+                let col = p * PANEL;
+                let w = PANEL.min(n - col);
+                let comp = std::array::from_fn(|j| {
+                    if j < w {
+                        compensation(packed, n, k, col + j)
+                    } else {
+                        0
+                    }
+                });
+                let scales = std::array::from_fn(|j| if j < w { w_scales[col + j] } else { 0.0 });
+                (col, w, comp, scales)
+            })
+            .collect();
         let mut block = 0;
         while block < m {
             let block_end = (block + block_rows).min(m);
-            for p in p0..p1 {
+            for (p, &(col, w, comp, sw)) in (p0..p1).zip(&weights) {
                 let panel = &packed[p * quads * QUAD_BYTES..(p + 1) * quads * QUAD_BYTES];
-                let (col, w, comp, sw) = weights(p);
                 let mut row = block;
                 while row < block_end {
                     let h = BAND.min(block_end - row);
@@ -444,10 +445,10 @@ fn sums(
     for r in 0..h {
         let row = &a[r * kp..r * kp + kp];
         for j in 0..PANEL {
-            let (half, lane) = (j / 16, j % 16);
             let mut s = 0i32;
             for q in 0..quads {
-                let b = &panel[q * QUAD_BYTES + half * 64 + lane * QUAD..][..QUAD];
+                // Column j's lane: half j / 16 (64 bytes each), lane j % 16, i.e. j · 4.
+                let b = &panel[q * QUAD_BYTES + j * QUAD..][..QUAD];
                 for i in 0..QUAD {
                     s += i32::from(row[q * QUAD + i]) * i32::from(b[i] as i8);
                 }

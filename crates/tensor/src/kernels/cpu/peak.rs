@@ -22,22 +22,7 @@ pub fn peak_gflops(path: CpuPath, iterations: usize) -> Option<f64> {
         CpuPath::Avx512Bf16 => avx512bf16_loop,
         _ => return None,
     };
-    // A warm-up run brings the cores to their sustained frequency; the best of five runs
-    // counts.
-    parallel::pool().broadcast(|_| per_thread(iterations / 10 + 1));
-    let mut best = 0.0f64;
-    for _ in 0..5 {
-        let rate: f64 = parallel::pool()
-            .broadcast(|_| {
-                let start = thread_cpu_seconds();
-                let flops = per_thread(iterations);
-                flops / (thread_cpu_seconds() - start).max(1e-9)
-            })
-            .into_iter()
-            .sum();
-        best = best.max(rate / 1e9);
-    }
-    Some(best)
+    Some(pool_rate(per_thread, iterations))
 }
 
 /// GOP/s (one multiply and one add per int8 product) of 24 independent `vpdpbusd`
@@ -48,20 +33,28 @@ pub fn peak_int8_gops(iterations: usize) -> Option<f64> {
     if !(f.avx512 && f.avx512_vnni) {
         return None;
     }
-    parallel::pool().broadcast(|_| vnni_loop(iterations / 10 + 1));
+    Some(pool_rate(vnni_loop, iterations))
+}
+
+/// G-operations per second of `per_thread(iterations)` (which returns the operations it
+/// did) on every thread of the pool at once: after a warm-up run that brings the cores
+/// to their sustained frequency, the best of five runs, each the sum of the threads'
+/// rates over their own CPU time.
+fn pool_rate(per_thread: fn(usize) -> f64, iterations: usize) -> f64 {
+    parallel::pool().broadcast(|_| per_thread(iterations / 10 + 1));
     let mut best = 0.0f64;
     for _ in 0..5 {
         let rate: f64 = parallel::pool()
             .broadcast(|_| {
                 let start = thread_cpu_seconds();
-                let ops = vnni_loop(iterations);
+                let ops = per_thread(iterations);
                 ops / (thread_cpu_seconds() - start).max(1e-9)
             })
             .into_iter()
             .sum();
         best = best.max(rate / 1e9);
     }
-    Some(best)
+    best
 }
 
 /// CPU time this thread has run, in seconds.
