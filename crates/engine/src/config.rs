@@ -43,7 +43,7 @@ pub struct EngineConfig {
     pub window_frames: usize,
     /// Storage dtype of the weights (compute is f32).
     pub weight_dtype: DType,
-    /// How the DiT blocks' linear weights are held: as loaded, or int8 (`--weights`).
+    /// How the DiT blocks' linear weights are held: as loaded, fp8 or int8 (`--weights`).
     pub weights: WeightFormat,
     /// Capacity of the `cpu` platform in bytes (physical memory when `None`): emulates a
     /// memory-tight device, and is what `bounded` reclaim fractions refer to.

@@ -41,8 +41,10 @@ pub struct ModelArgs {
     /// What the model's weights are held and computed in.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DtypeArg,
-    /// How the DiT blocks' linear weights are held: native (as loaded) or int8 (per
-    /// output channel; the products W8A8 on the CPU, `vpdpbusd` where the CPU has it).
+    /// How the DiT blocks' linear weights are held: native (as loaded; 8-bit files stay
+    /// 8-bit), fp8 (e4m3 per output channel: widened to bf16 in the CPU's products, W8A8
+    /// on cuBLASLt's fp8 GEMM on sm_89+ GPUs) or int8 (per output channel, W8A8 on the
+    /// CPU, `vpdpbusd` where the CPU has it).
     #[arg(long, default_value = "native")]
     pub weights: WeightFormat,
 }

@@ -1,10 +1,16 @@
 //! Every CPU path's GEMM against the scalar reference, on odd shapes (K, M and N tails),
-//! strided and transposed operands, bf16 and f32 operands, one thread and the pool.
+//! strided and transposed operands, bf16 and f32 operands, one thread and the pool; and
+//! the fp8 linear on every path.
 
 use half::bf16;
 use headroom_tensor::kernels::cpu::pack::Operand;
 use headroom_tensor::kernels::cpu::CpuPath;
 use headroom_tensor::kernels::gemm::{gemm_on, gemm_scratch_len_on, Compute, MatRef, Threads};
+use headroom_tensor::{DType, Device, Tensor};
+
+/// Held by the tests that run tensor ops (which read the process-wide CPU path) while
+/// one of them switches it.
+static PATH_SWITCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn values(len: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -236,7 +242,7 @@ fn near_f32_on(path: CpuPath) {
 #[test]
 fn a_packed_linear_weight_gives_the_bits_of_the_plain_one() {
     use headroom_tensor::kernels::activation::Activation;
-    use headroom_tensor::{DType, Device, Tensor};
+    let _path = PATH_SWITCH.lock().unwrap_or_else(|p| p.into_inner());
     let device = Device::cpu().expect("cpu device");
     // Odd shapes: an N tail (out 70), a K tail (in 100), more K than one A block (2,100).
     for &(rows, inp, out) in &[(37, 100, 70), (300, 64, 96), (5, 2_100, 33)] {
@@ -313,5 +319,38 @@ fn a_packed_linear_weight_gives_the_bits_of_the_plain_one() {
                 );
             }
         }
+    }
+}
+
+/// An fp8 linear on every path is the bf16 linear of the weight's values `codes · scale`,
+/// the way diffusers would hold the dequantized weight (exact here: a power-of-two
+/// scale). It switches the process-wide path, under [`PATH_SWITCH`].
+#[test]
+fn an_fp8_linear_is_the_bf16_linear_of_its_values_on_every_path() {
+    let _switching = PATH_SWITCH.lock().unwrap_or_else(|p| p.into_inner());
+    let dev = Device::cpu().unwrap();
+    let x = Tensor::randn(&[5, 70], 1, 0, DType::F32, &dev).unwrap();
+    let w = Tensor::randn(&[40, 70], 2, 0, DType::F32, &dev).unwrap();
+    let b = Tensor::randn(&[40], 3, 0, DType::F32, &dev).unwrap();
+    for fmt in [DType::F8E4M3, DType::F8E5M2] {
+        let codes = w.to_dtype(fmt).unwrap();
+        let scale = Tensor::from_slice(&[0.25f32], &[1], &dev).unwrap();
+        let values = codes
+            .to_dtype(DType::F32)
+            .unwrap()
+            .mul_scalar(0.25)
+            .unwrap();
+        for path in CpuPath::ALL.into_iter().filter(|p| p.supported()) {
+            headroom_tensor::kernels::cpu::set_path(Some(path)).unwrap();
+            let got = x.linear_fp8(&codes, &scale, Some(&b)).unwrap();
+            let want = x
+                .to_dtype(DType::BF16)
+                .unwrap()
+                .linear(&values.to_dtype(DType::BF16).unwrap(), Some(&b))
+                .unwrap();
+            let err = headroom_tensor::compare::max_abs_error(&got, &want).unwrap();
+            assert!(err < 1e-4, "{fmt} on {path}: {err}");
+        }
+        headroom_tensor::kernels::cpu::set_path(None).unwrap();
     }
 }

@@ -302,3 +302,52 @@ fn rope_uploads_its_tables_and_positions_once_per_device() {
     assert!(checker.report().uploaded_bytes - third >= 2 * (40 * 3 * 4) as u64);
     assert_eq!(resident(), before);
 }
+
+#[test]
+fn fp8_linears_run_on_fp8_gemms_when_aligned_and_widen_the_weight_otherwise() {
+    let cpu = Device::cpu().unwrap();
+    for (k, tensor_cores) in [(64, true), (40, false)] {
+        for (format, input) in [(DType::F8E4M3, DType::BF16), (DType::F8E5M2, DType::F32)] {
+            let (device, checker) = gpu();
+            let codes = seeded(&[48, k], 2, DType::F32, &cpu)
+                .to_dtype(format)
+                .unwrap()
+                .to_device(&device)
+                .unwrap();
+            let scale = seeded(&[48], 3, DType::F32, &device).exp().unwrap();
+            let bias = seeded(&[48], 4, DType::F32, &device);
+            let x = seeded(&[2, 5, k], 1, input, &device);
+            let y = x
+                .linear_fp8_then(
+                    &codes,
+                    &scale,
+                    Some(&bias),
+                    Some(headroom_tensor::kernels::activation::Activation::GeluTanh),
+                )
+                .unwrap();
+            assert_eq!(y.shape(), &[2, 5, 48]);
+            assert_eq!(y.dtype(), DType::F32);
+            assert_eq!(y.to_f32_vec().unwrap().len(), 480);
+            let seen = checker.report();
+            assert_eq!(seen.gemms, 1, "{seen:?}");
+            assert_eq!(
+                seen.launches.get("scale_bias_act_f32"),
+                Some(&1),
+                "{seen:?}"
+            );
+            let quantized = seen
+                .launches
+                .keys()
+                .any(|k| k.starts_with("quantize_rows_e4m3"));
+            let widened = seen
+                .launches
+                .keys()
+                .any(|k| k.ends_with("_to_bf16") && k.starts_with('e'));
+            assert_eq!(
+                (quantized, widened),
+                (tensor_cores, !tensor_cores),
+                "k {k}: {seen:?}"
+            );
+        }
+    }
+}

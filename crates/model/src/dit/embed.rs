@@ -254,7 +254,7 @@ impl Linear {
                 x.linear_int8_as(weight, Some(&self.bias), Some(Activation::GeluTanh), dtype)?
             }
             LinearWeight::Fp8 { weight, scale, .. } => {
-                x.linear_fp8(weight, scale, Some(&self.bias))?.gelu_tanh()?
+                x.linear_fp8_then(weight, scale, Some(&self.bias), Some(Activation::GeluTanh))?
             }
         })
     }

@@ -42,6 +42,7 @@ pub struct CudaKernels {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     arch: &'static str,
+    capability: (i32, i32),
     name: String,
     functions: HashMap<&'static str, CudaFunction>,
 }
@@ -92,6 +93,7 @@ impl CudaKernels {
             ctx,
             stream,
             arch,
+            capability: (major, minor),
             name,
             functions,
         })
@@ -100,6 +102,11 @@ impl CudaKernels {
     /// The arch the kernels were compiled for.
     pub fn arch(&self) -> &'static str {
         self.arch
+    }
+
+    /// The device's compute capability (`(9, 0)` on an H100).
+    pub fn capability(&self) -> (i32, i32) {
+        self.capability
     }
 
     /// The device's name.

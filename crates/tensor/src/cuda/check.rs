@@ -244,6 +244,11 @@ impl Launcher for CheckedLauncher {
         Ok(())
     }
 
+    /// As the sm_90 its parameter tables come from.
+    fn fp8_gemm(&self) -> bool {
+        true
+    }
+
     fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
         let mut state = self.state();
         state

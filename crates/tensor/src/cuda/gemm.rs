@@ -1,6 +1,8 @@
 //! GEMM through cuBLASLt (feature `cuda`): `Y[m, n] = X[m, k] · Wᵀ (+ bias) (→ GELU)` with
-//! row-major operands, bf16 inputs with f32 compute and f32 output, or f32 throughout with
-//! `CUBLAS_COMPUTE_32F` (no TF32, so the f32 path rounds like the CPU's f32 GEMM).
+//! row-major operands, bf16 inputs with f32 compute and f32 output, f32 throughout with
+//! `CUBLAS_COMPUTE_32F` (no TF32, so the f32 path rounds like the CPU's f32 GEMM), or
+//! 8-bit float codes (`float8_e4m3fn` X, e4m3 or e5m2 W, sm_89+) summed in f32 with unit
+//! scales, the caller scaling the sums after.
 //!
 //! Row-major `Y = X·Wᵀ` is column-major `Yᵀ = W·Xᵀ`: cuBLASLt's A is W (`k × n`,
 //! transposed), B is X (`k × m`), D is Y (`n × m`), so the bias epilogue adds one value per
@@ -19,7 +21,7 @@ use cudarc::driver::CudaStream;
 
 use super::error::{CudaError, Result};
 
-pub use super::launch::{Epilogue, GemmInput, GemmShape};
+pub use super::launch::{Epilogue, Fp8Format, GemmInput, GemmShape};
 
 /// A device block for cuBLASLt's scratch (from the `CachingAllocator`).
 #[derive(Debug, Clone, Copy)]
@@ -104,16 +106,28 @@ impl CublasLt {
     }
 
     fn plan(&self, shape: &GemmShape, workspace: usize) -> Result<Plan> {
-        let (in_type, compute) = match shape.input {
-            GemmInput::Bf16 => (
-                sys::cudaDataType::CUDA_R_16BF,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            ),
-            GemmInput::F32 => (
-                sys::cudaDataType::CUDA_R_32F,
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            ),
+        use sys::cudaDataType as T;
+        let fp8 = |f| match f {
+            Fp8Format::E4M3 => T::CUDA_R_8F_E4M3,
+            Fp8Format::E5M2 => T::CUDA_R_8F_E5M2,
         };
+        // (W's type, X's type): cuBLASLt's A and B.
+        let (w_type, x_type) = match shape.input {
+            GemmInput::Bf16 => (T::CUDA_R_16BF, T::CUDA_R_16BF),
+            GemmInput::F32 => (T::CUDA_R_32F, T::CUDA_R_32F),
+            GemmInput::Fp8(w) => {
+                // cuBLASLt's fp8 GEMMs take only A transposed ("TN"); their scales stay
+                // at 1 and the bias and GELU run in the caller's scale epilogue.
+                if !shape.weight_transposed || shape.epilogue != Epilogue::None {
+                    return Err(CudaError::Unsupported {
+                        op: "gemm",
+                        reason: "an fp8 GEMM takes an [n, k] weight and no epilogue".into(),
+                    });
+                }
+                (fp8(w), T::CUDA_R_8F_E4M3)
+            }
+        };
+        let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
         let f32t = sys::cudaDataType::CUDA_R_32F;
         let desc =
             lt::create_matmul_desc(compute, f32t).map_err(blas("cublasLtMatmulDescCreate"))?;
@@ -152,11 +166,11 @@ impl CublasLt {
                 .map_err(blas("cublasLtMatrixLayoutCreate"))
         };
         let a = if shape.weight_transposed {
-            layout(in_type, k, n, k)?
+            layout(w_type, k, n, k)?
         } else {
-            layout(in_type, n, k, n)?
+            layout(w_type, n, k, n)?
         };
-        let b = layout(in_type, k, m, k)?;
+        let b = layout(x_type, k, m, k)?;
         let d = layout(f32t, n, m, n)?;
         let pref = lt::create_matmul_pref().map_err(blas("cublasLtMatmulPreferenceCreate"))?;
         let ws = workspace as u64;

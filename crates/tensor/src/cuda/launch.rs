@@ -203,6 +203,19 @@ pub enum GemmInput {
     Bf16,
     /// f32 X and W, f32 accumulation (`CUBLAS_COMPUTE_32F`).
     F32,
+    /// `float8_e4m3fn` X and an 8-bit float W of the given format, f32 accumulation of
+    /// the codes themselves (no scales: the caller's epilogue applies them), on GPUs with
+    /// fp8 tensor cores (sm_89+, [`Launcher::fp8_gemm`]). The weight must be `[n, k]`.
+    Fp8(Fp8Format),
+}
+
+/// The format of an 8-bit float GEMM operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fp8Format {
+    /// `float8_e4m3fn` (`CUDA_R_8F_E4M3`).
+    E4M3,
+    /// `float8_e5m2` (`CUDA_R_8F_E5M2`).
+    E5M2,
 }
 
 /// What is fused after the product.
@@ -239,6 +252,7 @@ impl GemmShape {
         match self.input {
             GemmInput::Bf16 => 2,
             GemmInput::F32 => 4,
+            GemmInput::Fp8(_) => 1,
         }
     }
 }
@@ -264,6 +278,10 @@ pub trait Launcher: Send + Sync + fmt::Debug {
     fn launch(&self, launch: &Launch) -> Result<()>;
     /// Submits `y = x · wᵀ (+ bias) (→ GELU)`.
     fn gemm(&self, shape: &GemmShape, operands: &GemmOperands) -> Result<()>;
+    /// Whether [`GemmInput::Fp8`] GEMMs run here (fp8 tensor cores: sm_89 and later).
+    fn fp8_gemm(&self) -> bool {
+        false
+    }
     /// Copies host bytes to `dst` (the copy is complete when this returns).
     fn upload(&self, dst: u64, src: &[u8]) -> Result<()>;
     /// Copies device bytes at `src` into `dst`, after all work submitted so far.

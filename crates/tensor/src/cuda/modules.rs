@@ -30,11 +30,14 @@ pub enum Op {
     Noise,
     /// Strided copies (contiguous, cat, views) and fills.
     Copy,
+    /// 8-bit linears: activations quantized per row, 8-bit weights widened, the scales'
+    /// epilogue.
+    Quantize,
 }
 
 impl Op {
     /// Every op, in the order of the list.
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 13] = [
         Op::Elementwise,
         Op::Cast,
         Op::Softmax,
@@ -47,6 +50,7 @@ impl Op {
         Op::Reduce,
         Op::Noise,
         Op::Copy,
+        Op::Quantize,
     ];
 
     /// The op's name in reports (`layer_norm`).
@@ -64,6 +68,7 @@ impl Op {
             Op::Reduce => "reduce",
             Op::Noise => "noise",
             Op::Copy => "copy",
+            Op::Quantize => "quantize",
         }
     }
 }
@@ -210,6 +215,18 @@ pub const MODULES: &[KernelModule] = &[
         // Bit-exact with the CPU generator: no multiply-add contraction.
         extra_options: &["--fmad=false"],
         kernels: &[("randn_f32", Noise)],
+    },
+    KernelModule {
+        name: "quant",
+        source: include_str!("kernels/quant.cu"),
+        extra_options: &[],
+        kernels: &[
+            ("quantize_rows_e4m3_f32", Quantize),
+            ("quantize_rows_e4m3_bf16", Quantize),
+            ("e4m3_to_bf16", Quantize),
+            ("e5m2_to_bf16", Quantize),
+            ("scale_bias_act_f32", Quantize),
+        ],
     },
 ];
 

@@ -140,6 +140,10 @@ impl Launcher for CudaRuntime {
         }
     }
 
+    fn fp8_gemm(&self) -> bool {
+        self.kernels.capability() >= (8, 9)
+    }
+
     fn upload(&self, dst: u64, src: &[u8]) -> Result<()> {
         if src.is_empty() {
             return Ok(());

@@ -6,10 +6,15 @@
 //!
 //! On the CPU paths that multiply bf16 on packed panels (`amx`, `avx512bf16`) the
 //! widening happens in the packing; the other paths widen as they do for bf16 weights.
+//!
+//! On a GPU with fp8 tensor cores (sm_89+) the input is quantized per row to e4m3 and
+//! cuBLASLt multiplies the two sets of codes (W8A8); elsewhere the weight is widened to
+//! bf16 one linear at a time ([`crate::ops::dispatch::linear_fp8`]).
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
 use crate::float8::F8E4M3;
+use crate::kernels::activation::{self, Activation};
 use crate::kernels::gemm::{gemm, gemm_scratch_len, Compute, Threads};
 use crate::layout::Layout;
 use crate::tensor::Tensor;
@@ -19,15 +24,22 @@ pub const E4M3_MAX: f32 = 448.0;
 
 impl Tensor {
     /// This float weight `[out, in]` quantized to `float8_e4m3fn` per output channel
-    /// (symmetric: scale `max|w| / 448`, a zero row scale 1): the codes and the f32
-    /// scales `[out]`.
+    /// (symmetric: scale `max|w| / 448`, a zero row scale 1 on the host and 0 on a GPU,
+    /// where the rows are quantized in place by the activations' kernel): the codes and
+    /// the f32 scales `[out]`.
     pub fn quantize_fp8(&self) -> Result<(Tensor, Tensor)> {
         let op = "quantize_fp8";
         self.require_float(op)?;
         let (n, k) = super::matmul::weight_dims(op, self)?;
-        if self.device().launcher().is_some() {
-            let (c, s) = self.to_host()?.quantize_fp8()?;
-            return Ok((c.to_device(self.device())?, s.to_device(self.device())?));
+        if let Some(l) = self.device().launcher() {
+            let w = match self.dtype() {
+                DType::BF16 => self.contiguous()?,
+                _ => self.to_dtype(DType::F32)?.contiguous()?,
+            };
+            let codes = Tensor::empty(&[n, k], DType::F8E4M3, self.device())?;
+            let scales = Tensor::empty(&[n], DType::F32, self.device())?;
+            super::dispatch::quantize_rows_e4m3(l.as_ref(), &w, &codes, &scales)?;
+            return Ok((codes, scales));
         }
         let mut codes = Tensor::empty(&[n, k], DType::F8E4M3, self.device())?;
         let mut scales = Tensor::empty(&[n], DType::F32, self.device())?;
@@ -70,6 +82,18 @@ impl Tensor {
         scale: &Tensor,
         bias: Option<&Tensor>,
     ) -> Result<Tensor> {
+        self.linear_fp8_then(weight, scale, bias, None)
+    }
+
+    /// [`Tensor::linear_fp8`] followed by `activation` (on a GPU, tanh-GELU runs in the
+    /// scales' epilogue).
+    pub fn linear_fp8_then(
+        &self,
+        weight: &Tensor,
+        scale: &Tensor,
+        bias: Option<&Tensor>,
+        activation: Option<Activation>,
+    ) -> Result<Tensor> {
         crate::profile::op("linear_fp8", &[self, weight], || {
             let op = "linear_fp8";
             self.same_device(op, weight)?;
@@ -82,19 +106,30 @@ impl Tensor {
             }
             let (n, k) = super::matmul::weight_dims(op, weight)?;
             super::matmul::check_scales(op, scale, n)?;
-            if self.device().launcher().is_some() {
-                return Err(TensorError::Unsupported {
-                    op,
-                    reason: "fp8 weights run on the CPU paths in this build".into(),
-                });
-            }
             let rows = super::matmul::check_linear(op, self, n, k, weight.shape(), bias)?;
+            let mut out_shape = self.shape().to_vec();
+            *out_shape.last_mut().expect("rank checked above") = n;
+            if let Some(l) = self.device().launcher() {
+                self.require_float(op)?;
+                let x = match self.dtype() {
+                    DType::BF16 => self.contiguous()?,
+                    _ => self.to_dtype(DType::F32)?.contiguous()?,
+                };
+                let w = weight.contiguous()?;
+                let s = scale.to_f32_contiguous()?;
+                let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
+                let out = Tensor::empty(&out_shape, DType::F32, self.device())?;
+                let gelu = activation == Some(Activation::GeluTanh);
+                super::dispatch::linear_fp8(l.as_ref(), &x, &w, &s, b.as_ref(), &out, gelu)?;
+                return match activation {
+                    Some(Activation::Silu) => out.silu(),
+                    _ => Ok(out),
+                };
+            }
             let x = super::matmul::gemm_input(op, self, Compute::Bf16)?.contiguous()?;
             let w = weight.contiguous()?;
             let s = scale.to_f32_contiguous()?;
             let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
-            let mut out_shape = self.shape().to_vec();
-            *out_shape.last_mut().expect("rank checked above") = n;
             let mut out = Tensor::empty(&out_shape, DType::F32, self.device())?;
             let len = gemm_scratch_len(rows, n, k, Compute::Bf16, Threads::Pool);
             let mut scratch = super::matmul::scratch(self, len, 1)?;
@@ -147,7 +182,15 @@ impl Tensor {
                         }
                     });
                 }
-                super::matmul::add_bias(dst, n, bias);
+                match activation {
+                    Some(act) => {
+                        use rayon::prelude::*;
+                        dst.par_chunks_mut(n.max(1)).for_each(|row| {
+                            activation::bias_activation_rows(row, n, 1, n, bias, Some(act));
+                        });
+                    }
+                    None => super::matmul::add_bias(dst, n, bias),
+                }
             });
             Ok(out)
         })
@@ -158,39 +201,7 @@ impl Tensor {
 mod tests {
     use crate::device::Device;
     use crate::dtype::DType;
-    use crate::kernels::cpu::{self, CpuPath};
     use crate::tensor::Tensor;
-
-    /// The weight `codes · scale` as bf16 values, the way diffusers would hold the
-    /// dequantized weight (exact here: per-tensor scales that are powers of two).
-    #[test]
-    fn an_fp8_linear_is_the_bf16_linear_of_its_values_on_every_path() {
-        let dev = Device::cpu().unwrap();
-        let x = Tensor::randn(&[5, 70], 1, 0, DType::F32, &dev).unwrap();
-        let w = Tensor::randn(&[40, 70], 2, 0, DType::F32, &dev).unwrap();
-        let b = Tensor::randn(&[40], 3, 0, DType::F32, &dev).unwrap();
-        for fmt in [DType::F8E4M3, DType::F8E5M2] {
-            let codes = w.to_dtype(fmt).unwrap();
-            let scale = Tensor::from_slice(&[0.25f32], &[1], &dev).unwrap();
-            let values = codes
-                .to_dtype(DType::F32)
-                .unwrap()
-                .mul_scalar(0.25)
-                .unwrap();
-            for path in CpuPath::ALL.into_iter().filter(|p| p.supported()) {
-                cpu::set_path(Some(path)).unwrap();
-                let got = x.linear_fp8(&codes, &scale, Some(&b)).unwrap();
-                let want = x
-                    .to_dtype(DType::BF16)
-                    .unwrap()
-                    .linear(&values.to_dtype(DType::BF16).unwrap(), Some(&b))
-                    .unwrap();
-                let err = crate::compare::max_abs_error(&got, &want).unwrap();
-                assert!(err < 1e-4, "{fmt} on {path}: {err}");
-            }
-            cpu::set_path(None).unwrap();
-        }
-    }
 
     #[test]
     fn per_channel_scales_scale_each_output_and_quantizing_keeps_the_weight_close() {

@@ -76,6 +76,33 @@ fn input_bf16(d: &Device, shape: &[usize], seed: u64, scale: f32) -> crate::Resu
     input(d, shape, seed, scale)?.to_dtype(DType::BF16)
 }
 
+/// A `[n, k]` float8_e4m3fn weight (seeded codes) and its per-channel scales, made on
+/// the host and copied to `d`.
+fn fp8_weight(d: &Device, [n, k]: [usize; 2], seed: u64) -> crate::Result<(Tensor, Tensor)> {
+    let codes = input(&Device::cpu()?, &[n, k], seed, 1.0)?.to_dtype(DType::F8E4M3)?;
+    let scale = input(&Device::cpu()?, &[n], seed + 1000, 1.0)?
+        .exp()?
+        .mul_scalar(0.03)?;
+    Ok((codes.to_device(d)?, scale.to_device(d)?))
+}
+
+/// `[rows, k]` f32 inputs that quantize to float8_e4m3fn per row without loss: e4m3
+/// values times 2⁻⁸, each row's largest 448 · 2⁻⁸ (so its scale is 2⁻⁸, exactly), and the
+/// fp8 GEMM's W8A8 product is the host's W8A16 one up to the order of the sums.
+fn fp8_exact_rows(d: &Device, [rows, k]: [usize; 2], seed: u64) -> crate::Result<Tensor> {
+    let host = Device::cpu()?;
+    let mut v = input(&host, &[rows, k], seed, 100.0)?
+        .clamp(-448.0, 448.0)?
+        .to_dtype(DType::F8E4M3)?
+        .to_f32_vec()?;
+    for row in v.chunks_exact_mut(k.max(1)) {
+        row[0] = 448.0;
+    }
+    Tensor::from_slice(&v, &[rows, k], &host)?
+        .mul_scalar(1.0 / 256.0)?
+        .to_device(d)
+}
+
 /// An op run on a device.
 type OpOn = Box<dyn Fn(&Device) -> crate::Result<Tensor>>;
 
@@ -325,6 +352,26 @@ fn cases() -> Vec<Case> {
             let x = input_bf16(d, &[300, 1536], 44, 1.0)?;
             let w = input_bf16(d, &[384, 1536], 45, 0.03)?;
             x.linear_gelu_tanh(&w, &input(d, &[384], 46, 1.0)?)
+        }),
+    );
+    add(
+        "gemm",
+        "linear fp8 (e4m3 codes) + bias + tanh-GELU 300x384x1536",
+        1e-4,
+        Box::new(|d| {
+            let (w, scale) = fp8_weight(d, [384, 1536], 47)?;
+            let x = fp8_exact_rows(d, [300, 1536], 48)?;
+            let gelu = Some(crate::kernels::activation::Activation::GeluTanh);
+            x.linear_fp8_then(&w, &scale, Some(&input(d, &[384], 49, 1.0)?), gelu)
+        }),
+    );
+    add(
+        "gemm",
+        "linear fp8 widened to bf16 (k 1000) 300x384x1000",
+        1e-3,
+        Box::new(|d| {
+            let (w, scale) = fp8_weight(d, [384, 1000], 50)?;
+            input_bf16(d, &[300, 1000], 51, 1.0)?.linear_fp8(&w, &scale, None)
         }),
     );
     add(

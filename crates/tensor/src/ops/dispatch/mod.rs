@@ -8,13 +8,14 @@
 //! [`CheckedLauncher`](crate::cuda::check::CheckedLauncher), which validates every launch.
 //!
 //! One file per op family (`copy`, `elementwise`, `reduce`, `resample`, `attention`,
-//! `conv`, `matmul`), all re-exported here; this module keeps the helpers they share.
+//! `conv`, `matmul`, `quant`), all re-exported here; this module keeps the helpers they share.
 
 mod attention;
 mod conv;
 mod copy;
 mod elementwise;
 mod matmul;
+mod quant;
 mod reduce;
 mod resample;
 
@@ -23,6 +24,7 @@ pub use conv::{conv, ConvDims};
 pub use copy::{cat, copy_into};
 pub use elementwise::{binary, map2, randn, to_pixels, unary};
 pub use matmul::{gemm_input, linear, matmul};
+pub use quant::{fp8_tensor_cores, linear_fp8, quantize_rows_e4m3};
 pub use reduce::{reduce, rms_norm_channels, row_norm, softmax};
 pub use resample::{pad, pixel_shuffle, upsample_nearest2x};
 
