@@ -138,9 +138,9 @@ fn the_tiny_decoder_on_cuda_check_runs_its_ops_through_checked_launches() {
 }
 
 #[test]
-fn fp8_weights_on_cuda_check_run_the_dit_linears_on_fp8_gemms() {
+fn eight_bit_weights_on_cuda_check_run_the_dit_linears_on_8bit_gemms() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let out = dir.path().join("fp8.mp4");
+    let out = dir.path().join("8bit.mp4");
     let run = |weights: &str| {
         let output = Command::new(env!("CARGO_BIN_EXE_headroom"))
             .args(["generate", "--device", "cuda-check", "--model", "tiny"])
@@ -152,21 +152,27 @@ fn fp8_weights_on_cuda_check_run_the_dit_linears_on_fp8_gemms() {
             .output()
             .expect("the headroom binary runs");
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(0), "{stderr}");
+        assert_eq!(output.status.code(), Some(0), "{weights}: {stderr}");
         serde_json::from_slice::<serde_json::Value>(&output.stdout).expect("one JSON report")
     };
-    let (fp8, native) = (run("fp8"), run("native"));
-    let launches = fp8["checked_launches"]["launches"]
-        .as_object()
-        .expect("launch counts");
-    // Each DiT linear's weight is quantized once on the device, and every product
-    // quantizes its input per row and scales its sums after the GEMM.
-    let count = |k: &str| launches.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-    let quantized = count("quantize_rows_e4m3_bf16") + count("quantize_rows_e4m3_f32");
-    let products = count("scale_bias_act_f32");
-    assert!(products > 0 && quantized > products, "{launches:?}");
+    let native = run("native");
     let weights = |r: &serde_json::Value| r["weights_bytes"].as_u64().expect("weights_bytes");
-    assert!(weights(&fp8) < weights(&native), "{fp8} vs {native}");
+    for (format, quantizer) in [("fp8", "quantize_rows_e4m3"), ("int8", "quantize_rows_i8")] {
+        let report = run(format);
+        let launches = report["checked_launches"]["launches"]
+            .as_object()
+            .expect("launch counts");
+        // Each DiT linear's weight is quantized once on the device, and every product
+        // quantizes its input per row and scales its sums after the GEMM.
+        let count = |k: &str| launches.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+        let quantized = count(&format!("{quantizer}_bf16")) + count(&format!("{quantizer}_f32"));
+        let products = count("scale_bias_act_f32");
+        assert!(
+            products > 0 && quantized > products,
+            "{format}: {launches:?}"
+        );
+        assert!(weights(&report) < weights(&native), "{report} vs {native}");
+    }
 }
 
 #[test]

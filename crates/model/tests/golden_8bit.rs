@@ -171,3 +171,63 @@ fn load_changed(file: &str, change: impl Fn(&str, Tensor) -> Option<Tensor>) -> 
     .unwrap_err()
     .to_string()
 }
+
+/// Every 8-bit layout loads onto a GPU device and runs its forward there with the
+/// linears kept in 8 bits (on the checked launcher: every launch checked, nothing
+/// computed): the codes and scales upload as they are, a file's 8-bit tensors outside the
+/// linears widen on the device, and each product runs the 8-bit path (the fixture's
+/// widths are not multiples of 16, so the path that widens each weight).
+#[test]
+fn eight_bit_files_run_their_forward_on_a_gpu_device() {
+    use headroom_mem::{AllocatorConfig, CachingPlatform, ReclaimPolicy};
+    use headroom_tensor::cuda::check::CheckedLauncher;
+    use std::sync::Arc;
+    for (file, quantizer, widen) in [
+        (
+            "comfy_fp8_scaled.safetensors",
+            "quantize_rows_e4m3",
+            "e4m3_to_bf16",
+        ),
+        (
+            "kijai_fp8_e4m3fn.safetensors",
+            "quantize_rows_e4m3",
+            "e4m3_to_bf16",
+        ),
+        (
+            "int8_weight_scale.safetensors",
+            "quantize_rows_i8",
+            "i8_to_bf16",
+        ),
+    ] {
+        let platform =
+            CachingPlatform::sim(8 << 30, AllocatorConfig::default(), ReclaimPolicy::Never)
+                .unwrap();
+        let checker = Arc::new(CheckedLauncher::new().unwrap());
+        let gpu = Device::with_launcher(Arc::new(platform), checker.clone());
+        let options = options(WeightFormat::Native);
+        let model = load_transformer(&fixture(file), &options, &gpu, DType::BF16, None)
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let x = read_npy(fixture("latents.npy"), &gpu).unwrap();
+        let text = read_npy(fixture("text.npy"), &gpu).unwrap();
+        let out = model.forward(&x, 500.0, Some(&text), None).unwrap();
+        assert_eq!(out.shape(), x.shape(), "{file}");
+        let seen = checker.report();
+        let products = seen
+            .launches
+            .get("scale_bias_act_f32")
+            .copied()
+            .unwrap_or(0);
+        let quantized: u64 = seen
+            .launches
+            .iter()
+            .filter(|(k, _)| k.starts_with(quantizer))
+            .map(|(_, n)| n)
+            .sum();
+        // Each product quantizes its input (aligned shapes) or widens its weight.
+        let widened = seen.launches.get(widen).copied().unwrap_or(0);
+        assert!(
+            products > 0 && quantized + widened == products,
+            "{file}: {seen:?}"
+        );
+    }
+}

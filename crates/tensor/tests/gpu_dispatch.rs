@@ -351,3 +351,44 @@ fn fp8_linears_run_on_fp8_gemms_when_aligned_and_widen_the_weight_otherwise() {
         }
     }
 }
+
+#[test]
+fn int8_linears_run_on_int8_gemms_when_aligned_and_widen_the_weight_otherwise() {
+    use headroom_tensor::kernels::activation::Activation;
+    for (k, gemm_on_codes) in [(64, true), (40, false)] {
+        for (input, out) in [(DType::BF16, DType::BF16), (DType::F32, DType::F32)] {
+            let (device, checker) = gpu();
+            let w = seeded(&[48, k], 2, DType::F32, &device)
+                .quantize_linear_int8()
+                .unwrap();
+            assert_eq!(w.nbytes(), 48 * k + 48 * 4);
+            let bias = seeded(&[48], 4, DType::F32, &device);
+            let x = seeded(&[2, 5, k], 1, input, &device);
+            let y = x
+                .linear_int8_as(&w, Some(&bias), Some(Activation::GeluTanh), out)
+                .unwrap();
+            assert_eq!((y.shape(), y.dtype()), (&[2, 5, 48][..], out));
+            assert_eq!(y.to_f32_vec().unwrap().len(), 480);
+            let seen = checker.report();
+            assert_eq!(seen.gemms, 1, "{seen:?}");
+            assert_eq!(
+                seen.launches.get("scale_bias_act_f32"),
+                Some(&1),
+                "{seen:?}"
+            );
+            // The weight's rows at load, and the input's per product where codes multiply.
+            let quantized = seen
+                .launches
+                .iter()
+                .filter(|(k, _)| k.starts_with("quantize_rows_i8"))
+                .map(|(_, n)| n)
+                .sum::<u64>();
+            let widened = seen.launches.contains_key("i8_to_bf16");
+            assert_eq!(
+                (quantized, widened),
+                (1 + u64::from(gemm_on_codes), !gemm_on_codes),
+                "k {k}: {seen:?}"
+            );
+        }
+    }
+}

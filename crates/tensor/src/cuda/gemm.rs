@@ -1,8 +1,8 @@
 //! GEMM through cuBLASLt (feature `cuda`): `Y[m, n] = X[m, k] · Wᵀ (+ bias) (→ GELU)` with
 //! row-major operands, bf16 inputs with f32 compute and f32 output, f32 throughout with
 //! `CUBLAS_COMPUTE_32F` (no TF32, so the f32 path rounds like the CPU's f32 GEMM), or
-//! 8-bit float codes (`float8_e4m3fn` X, e4m3 or e5m2 W, sm_89+) summed in f32 with unit
-//! scales, the caller scaling the sums after.
+//! 8-bit codes summed with unit scales, the caller scaling the sums after: float
+//! (`float8_e4m3fn` X, e4m3 or e5m2 W, sm_89+) into f32, or int8 into exact i32.
 //!
 //! Row-major `Y = X·Wᵀ` is column-major `Yᵀ = W·Xᵀ`: cuBLASLt's A is W (`k × n`,
 //! transposed), B is X (`k × m`), D is Y (`n × m`), so the bias epilogue adds one value per
@@ -106,31 +106,51 @@ impl CublasLt {
     }
 
     fn plan(&self, shape: &GemmShape, workspace: usize) -> Result<Plan> {
+        use sys::cublasComputeType_t as C;
         use sys::cudaDataType as T;
         let fp8 = |f| match f {
             Fp8Format::E4M3 => T::CUDA_R_8F_E4M3,
             Fp8Format::E5M2 => T::CUDA_R_8F_E5M2,
         };
-        // (W's type, X's type): cuBLASLt's A and B.
-        let (w_type, x_type) = match shape.input {
-            GemmInput::Bf16 => (T::CUDA_R_16BF, T::CUDA_R_16BF),
-            GemmInput::F32 => (T::CUDA_R_32F, T::CUDA_R_32F),
-            GemmInput::Fp8(w) => {
-                // cuBLASLt's fp8 GEMMs take only A transposed ("TN"); their scales stay
-                // at 1 and the bias and GELU run in the caller's scale epilogue.
-                if !shape.weight_transposed || shape.epilogue != Epilogue::None {
-                    return Err(CudaError::Unsupported {
-                        op: "gemm",
-                        reason: "an fp8 GEMM takes an [n, k] weight and no epilogue".into(),
-                    });
-                }
-                (fp8(w), T::CUDA_R_8F_E4M3)
-            }
+        let eight_bit = matches!(shape.input, GemmInput::Fp8(_) | GemmInput::I8);
+        // cuBLASLt's 8-bit GEMMs take only A transposed ("TN"); their scales stay at 1 and
+        // the bias and GELU run in the caller's scale epilogue.
+        if eight_bit && (!shape.weight_transposed || shape.epilogue != Epilogue::None) {
+            return Err(CudaError::Unsupported {
+                op: "gemm",
+                reason: "an 8-bit GEMM takes an [n, k] weight and no epilogue".into(),
+            });
+        }
+        // (W's type, X's type, compute, scale and D's type): cuBLASLt's A, B, …
+        let (w_type, x_type, compute, out_type) = match shape.input {
+            GemmInput::Bf16 => (
+                T::CUDA_R_16BF,
+                T::CUDA_R_16BF,
+                C::CUBLAS_COMPUTE_32F,
+                T::CUDA_R_32F,
+            ),
+            GemmInput::F32 => (
+                T::CUDA_R_32F,
+                T::CUDA_R_32F,
+                C::CUBLAS_COMPUTE_32F,
+                T::CUDA_R_32F,
+            ),
+            GemmInput::Fp8(w) => (
+                fp8(w),
+                T::CUDA_R_8F_E4M3,
+                C::CUBLAS_COMPUTE_32F,
+                T::CUDA_R_32F,
+            ),
+            GemmInput::I8 => (
+                T::CUDA_R_8I,
+                T::CUDA_R_8I,
+                C::CUBLAS_COMPUTE_32I,
+                T::CUDA_R_32I,
+            ),
         };
-        let compute = sys::cublasComputeType_t::CUBLAS_COMPUTE_32F;
         let f32t = sys::cudaDataType::CUDA_R_32F;
         let desc =
-            lt::create_matmul_desc(compute, f32t).map_err(blas("cublasLtMatmulDescCreate"))?;
+            lt::create_matmul_desc(compute, out_type).map_err(blas("cublasLtMatmulDescCreate"))?;
         let set_desc = |attr, value: *const c_void, size: usize| {
             // SAFETY: `value` points to `size` bytes of the attribute's documented type.
             unsafe { lt::set_matmul_desc_attribute(desc, attr, value, size) }
@@ -171,7 +191,7 @@ impl CublasLt {
             layout(w_type, n, k, n)?
         };
         let b = layout(x_type, k, m, k)?;
-        let d = layout(f32t, n, m, n)?;
+        let d = layout(out_type, n, m, n)?;
         let pref = lt::create_matmul_pref().map_err(blas("cublasLtMatmulPreferenceCreate"))?;
         let ws = workspace as u64;
         // SAFETY: the attribute is a u64 byte count.
@@ -241,15 +261,21 @@ impl CublasLt {
             }
             .map_err(blas("cublasLtMatmulDescSetAttribute"))?;
         }
-        let (alpha, beta) = (1.0f32, 0.0f32);
+        // The scale type is the compute's: i32 for the int8 GEMM, f32 otherwise.
+        // (Their bits as u32: one aligned 4-byte value either way.)
+        let (alpha, beta): (u32, u32) = if shape.input == GemmInput::I8 {
+            (1, 0)
+        } else {
+            (1f32.to_bits(), 0f32.to_bits())
+        };
         // SAFETY: the caller guarantees the buffers; descriptors and algo are this plan's;
         // the stream handle is live for the call.
         unsafe {
             lt::matmul(
                 self.handle,
                 plan.desc,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
+                (&alpha as *const u32).cast(),
+                (&beta as *const u32).cast(),
                 w as *const c_void,
                 plan.a,
                 x as *const c_void,

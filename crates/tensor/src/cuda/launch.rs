@@ -207,6 +207,9 @@ pub enum GemmInput {
     /// the codes themselves (no scales: the caller's epilogue applies them), on GPUs with
     /// fp8 tensor cores (sm_89+, [`Launcher::fp8_gemm`]). The weight must be `[n, k]`.
     Fp8(Fp8Format),
+    /// int8 X and W, exact i32 sums (`CUBLAS_COMPUTE_32I`) written as i32 into Y's f32
+    /// slots for the caller's epilogue to scale. The weight must be `[n, k]`.
+    I8,
 }
 
 /// The format of an 8-bit float GEMM operand.
@@ -252,7 +255,7 @@ impl GemmShape {
         match self.input {
             GemmInput::Bf16 => 2,
             GemmInput::F32 => 4,
-            GemmInput::Fp8(_) => 1,
+            GemmInput::Fp8(_) | GemmInput::I8 => 1,
         }
     }
 }

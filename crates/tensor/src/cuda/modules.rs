@@ -223,7 +223,13 @@ pub const MODULES: &[KernelModule] = &[
         kernels: &[
             ("quantize_rows_e4m3_f32", Quantize),
             ("quantize_rows_e4m3_bf16", Quantize),
+            ("quantize_rows_i8_f32", Quantize),
+            ("quantize_rows_i8_bf16", Quantize),
             ("e4m3_to_bf16", Quantize),
+            ("i8_to_bf16", Quantize),
+            ("e4m3_to_f32", Cast),
+            ("e5m2_to_f32", Cast),
+            ("i8_to_f32", Cast),
             ("e5m2_to_bf16", Quantize),
             ("scale_bias_act_f32", Quantize),
         ],

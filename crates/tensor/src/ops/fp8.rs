@@ -9,7 +9,7 @@
 //!
 //! On a GPU with fp8 tensor cores (sm_89+) the input is quantized per row to e4m3 and
 //! cuBLASLt multiplies the two sets of codes (W8A8); elsewhere the weight is widened to
-//! bf16 one linear at a time ([`crate::ops::dispatch::linear_fp8`]).
+//! bf16 one linear at a time ([`crate::ops::dispatch::linear_8bit`]).
 
 use crate::dtype::DType;
 use crate::error::{Result, TensorError};
@@ -38,7 +38,7 @@ impl Tensor {
             };
             let codes = Tensor::empty(&[n, k], DType::F8E4M3, self.device())?;
             let scales = Tensor::empty(&[n], DType::F32, self.device())?;
-            super::dispatch::quantize_rows_e4m3(l.as_ref(), &w, &codes, &scales)?;
+            super::dispatch::quantize_rows(l.as_ref(), &w, &codes, &scales)?;
             return Ok((codes, scales));
         }
         let mut codes = Tensor::empty(&[n, k], DType::F8E4M3, self.device())?;
@@ -120,7 +120,7 @@ impl Tensor {
                 let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
                 let out = Tensor::empty(&out_shape, DType::F32, self.device())?;
                 let gelu = activation == Some(Activation::GeluTanh);
-                super::dispatch::linear_fp8(l.as_ref(), &x, &w, &s, b.as_ref(), &out, gelu)?;
+                super::dispatch::linear_8bit(l.as_ref(), &x, &w, &s, b.as_ref(), &out, gelu)?;
                 return match activation {
                     Some(Activation::Silu) => out.silu(),
                     _ => Ok(out),

@@ -4,7 +4,11 @@
 //! epilogue, stored as f32 or bf16.
 //!
 //! The weight costs one byte per value plus 8 bytes per output channel (its scale and
-//! the compensation of the input's unsigned shift), about half of bf16. The bytes do not
+//! the compensation of the input's unsigned shift), about half of bf16.
+//!
+//! On a GPU the weight is held as its codes `[out, in]` and cuBLASLt's int8 GEMM sums
+//! exactly in i32 ([`crate::ops::dispatch::linear_8bit`]); the input is quantized per row
+//! by a kernel with the host's rule. The bytes do not
 //! depend on the CPU path or the thread count: the sums are exact integers and the
 //! epilogue runs one fixed sequence of f32 operations. On a meta device the packed weight
 //! and every buffer are allocated like any other and nothing is computed.
@@ -22,7 +26,8 @@ use crate::tensor::Tensor;
 /// products.
 #[derive(Debug, Clone)]
 pub struct Int8Linear {
-    /// [`int8::packed_len`] bytes: the panels, then the compensations.
+    /// On the host, [`int8::packed_len`] bytes (U8): the panels, then the compensations.
+    /// On a GPU, the codes `[out, in]` (I8) as cuBLASLt's int8 GEMM reads them.
     packed: Tensor,
     /// One f32 scale per output channel.
     scales: Tensor,
@@ -50,6 +55,10 @@ impl Int8Linear {
     /// what the products multiply by (for error measurements).
     pub fn dequantize(&self) -> Result<Tensor> {
         let (n, k) = (self.out_features, self.in_features);
+        if self.packed.dtype() == DType::I8 {
+            let codes = self.packed.to_dtype(DType::F32)?;
+            return codes.mul(&self.scales.reshape(&[n, 1])?);
+        }
         let mut out = Tensor::empty(&[n, k], DType::F32, self.packed.device())?;
         if self.packed.device().is_meta() {
             return Ok(out);
@@ -88,9 +97,14 @@ impl Int8Linear {
         let (n, k) = (codes.shape()[0], codes.shape()[1]);
         super::matmul::check_scales(op, scales, n)?;
         if codes.device().launcher().is_some() {
-            return Err(TensorError::Unsupported {
-                op,
-                reason: "int8 weights run on the CPU paths; a GPU takes bf16 or fp8 weights".into(),
+            return Ok(Int8Linear {
+                packed: codes.contiguous()?,
+                scales: scales
+                    .to_f32_contiguous()?
+                    .broadcast_to(&[n])?
+                    .contiguous()?,
+                out_features: n,
+                in_features: k,
             });
         }
         let mut packed = Tensor::empty(&[int8::packed_len(n, k)], DType::U8, codes.device())?;
@@ -126,13 +140,22 @@ impl Tensor {
     pub fn quantize_linear_int8(&self) -> Result<Int8Linear> {
         let op = "quantize_linear_int8";
         self.require_float(op)?;
-        if self.device().launcher().is_some() {
-            return Err(TensorError::Unsupported {
-                op,
-                reason: "int8 weights run on the CPU paths; a GPU takes bf16 or fp8 weights".into(),
+        let (n, k) = super::matmul::weight_dims(op, self)?;
+        if let Some(l) = self.device().launcher() {
+            let w = match self.dtype() {
+                DType::BF16 => self.contiguous()?,
+                _ => self.to_dtype(DType::F32)?.contiguous()?,
+            };
+            let codes = Tensor::empty(&[n, k], DType::I8, self.device())?;
+            let scales = Tensor::empty(&[n], DType::F32, self.device())?;
+            super::dispatch::quantize_rows(l.as_ref(), &w, &codes, &scales)?;
+            return Ok(Int8Linear {
+                packed: codes,
+                scales,
+                out_features: n,
+                in_features: k,
             });
         }
-        let (n, k) = super::matmul::weight_dims(op, self)?;
         let mut packed = Tensor::empty(&[int8::packed_len(n, k)], DType::U8, self.device())?;
         let mut scales = Tensor::empty(&[n], DType::F32, self.device())?;
         // Read as f32 on a meta device too: a plan allocates what a run does.
@@ -182,6 +205,33 @@ impl Tensor {
             let kp = int8::padded_k(k);
             let mut out_shape = self.shape().to_vec();
             *out_shape.last_mut().expect("rank checked above") = n;
+            if let Some(l) = self.device().launcher() {
+                let x = match self.dtype() {
+                    DType::BF16 => self.contiguous()?,
+                    _ => self.to_dtype(DType::F32)?.contiguous()?,
+                };
+                let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
+                let out = Tensor::empty(&out_shape, DType::F32, self.device())?;
+                let gelu = activation == Some(Activation::GeluTanh);
+                super::dispatch::linear_8bit(
+                    l.as_ref(),
+                    &x,
+                    &weight.packed,
+                    &weight.scales,
+                    b.as_ref(),
+                    &out,
+                    gelu,
+                )?;
+                let out = match activation {
+                    Some(Activation::Silu) => out.silu()?,
+                    _ => out,
+                };
+                return if dtype == DType::F32 {
+                    Ok(out)
+                } else {
+                    out.to_dtype(dtype)
+                };
+            }
             let mut out = Tensor::empty(&out_shape, dtype, self.device())?;
             let mut a = Tensor::empty(&[rows * kp], DType::U8, self.device())?;
             let mut a_scales = Tensor::empty(&[rows], DType::F32, self.device())?;

@@ -86,17 +86,23 @@ fn fp8_weight(d: &Device, [n, k]: [usize; 2], seed: u64) -> crate::Result<(Tenso
     Ok((codes.to_device(d)?, scale.to_device(d)?))
 }
 
-/// `[rows, k]` f32 inputs that quantize to float8_e4m3fn per row without loss: e4m3
-/// values times 2⁻⁸, each row's largest 448 · 2⁻⁸ (so its scale is 2⁻⁸, exactly), and the
-/// fp8 GEMM's W8A8 product is the host's W8A16 one up to the order of the sums.
-fn fp8_exact_rows(d: &Device, [rows, k]: [usize; 2], seed: u64) -> crate::Result<Tensor> {
+/// `[rows, k]` f32 inputs that quantize per row without loss to 8-bit codes whose
+/// largest is `limit` (448: float8_e4m3fn, 127: int8): code values times 2⁻⁸, each row's
+/// largest `limit` · 2⁻⁸ (so its scale is 2⁻⁸, exactly). The GPU's W8A8 product is then
+/// the host's (W8A16 for fp8, W8A8 for int8) up to the order of the sums.
+fn exact_rows(d: &Device, [rows, k]: [usize; 2], seed: u64, limit: f32) -> crate::Result<Tensor> {
     let host = Device::cpu()?;
-    let mut v = input(&host, &[rows, k], seed, 100.0)?
-        .clamp(-448.0, 448.0)?
-        .to_dtype(DType::F8E4M3)?
-        .to_f32_vec()?;
+    let v = input(&host, &[rows, k], seed, limit / 4.0)?.clamp(-limit, limit)?;
+    let mut v = if limit == 448.0 {
+        v.to_dtype(DType::F8E4M3)?.to_f32_vec()?
+    } else {
+        v.to_f32_vec()?
+            .iter()
+            .map(|x| x.round_ties_even())
+            .collect()
+    };
     for row in v.chunks_exact_mut(k.max(1)) {
-        row[0] = 448.0;
+        row[0] = limit;
     }
     Tensor::from_slice(&v, &[rows, k], &host)?
         .mul_scalar(1.0 / 256.0)?
@@ -360,7 +366,7 @@ fn cases() -> Vec<Case> {
         1e-4,
         Box::new(|d| {
             let (w, scale) = fp8_weight(d, [384, 1536], 47)?;
-            let x = fp8_exact_rows(d, [300, 1536], 48)?;
+            let x = exact_rows(d, [300, 1536], 48, 448.0)?;
             let gelu = Some(crate::kernels::activation::Activation::GeluTanh);
             x.linear_fp8_then(&w, &scale, Some(&input(d, &[384], 49, 1.0)?), gelu)
         }),
@@ -372,6 +378,23 @@ fn cases() -> Vec<Case> {
         Box::new(|d| {
             let (w, scale) = fp8_weight(d, [384, 1000], 50)?;
             input_bf16(d, &[300, 1000], 51, 1.0)?.linear_fp8(&w, &scale, None)
+        }),
+    );
+    add(
+        "gemm",
+        "linear int8 (W8A8) + bias + tanh-GELU 300x384x1536",
+        1e-4,
+        Box::new(|d| {
+            let w = crate::ops::int8::Int8Linear::from_codes(
+                &exact_rows(&Device::cpu()?, [384, 1536], 52, 127.0)?
+                    .mul_scalar(256.0)?
+                    .to_dtype(DType::I8)?
+                    .to_device(d)?,
+                &input(d, &[384], 53, 1.0)?.exp()?.mul_scalar(0.01)?,
+            )?;
+            let x = exact_rows(d, [300, 1536], 54, 127.0)?;
+            let gelu = Some(crate::kernels::activation::Activation::GeluTanh);
+            x.linear_int8_as(&w, Some(&input(d, &[384], 55, 1.0)?), gelu, DType::F32)
         }),
     );
     add(
@@ -418,4 +441,34 @@ pub fn run_on(gpu: &Device) -> Result<SelftestReport> {
         });
     }
     Ok(SelftestReport { device, ops })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::float8::F8E4M3;
+
+    /// The premise of the 8-bit checks: each row's scale is 2⁻⁸ exactly, and every value
+    /// times its row's inverse scale is a code (so quantizing loses nothing).
+    #[test]
+    fn exact_rows_quantize_without_loss() {
+        let host = Device::cpu().unwrap();
+        for limit in [448.0f32, 127.0] {
+            let x = exact_rows(&host, [7, 96], 3, limit).unwrap();
+            for row in x.to_f32_vec().unwrap().chunks_exact(96) {
+                let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let inv = limit / amax;
+                assert_eq!(inv, 256.0);
+                for &v in row {
+                    let q = v * inv;
+                    if limit == 448.0 {
+                        assert_eq!(F8E4M3::from_f32(q).to_f32(), q, "{v}");
+                    } else {
+                        assert_eq!(q.round_ties_even(), q, "{v}");
+                        assert!(q.abs() <= 127.0);
+                    }
+                }
+            }
+        }
+    }
 }

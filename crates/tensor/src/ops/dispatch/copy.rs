@@ -51,10 +51,13 @@ pub fn copy_into(l: &dyn Launcher, src: &Tensor, dst: &Tensor) -> Result<()> {
         (DType::F16, DType::F32) => Some("f16_to_f32"),
         (DType::U8, DType::F32) => Some("u8_to_f32"),
         (DType::I64, DType::F32) => Some("i64_to_f32"),
+        (DType::F8E4M3, DType::F32) => Some("e4m3_to_f32"),
+        (DType::F8E5M2, DType::F32) => Some("e5m2_to_f32"),
+        (DType::I8, DType::F32) => Some("i8_to_f32"),
         _ => None,
     };
     let Some(kernel) = kernel else {
-        // Through f32 where both halves exist (bf16 ↔ f16, u8/i64 → bf16).
+        // Through f32 where both halves exist (bf16 ↔ f16, u8/i64/8-bit → bf16).
         if src.dtype() != DType::F32 && dst.dtype().is_float() && dst.dtype() != DType::F32 {
             let wide = src.copy_as(DType::F32)?;
             return copy_into(l, &wide, dst);

@@ -24,7 +24,7 @@ pub use conv::{conv, ConvDims};
 pub use copy::{cat, copy_into};
 pub use elementwise::{binary, map2, randn, to_pixels, unary};
 pub use matmul::{gemm_input, linear, matmul};
-pub use quant::{fp8_tensor_cores, linear_fp8, quantize_rows_e4m3};
+pub use quant::{eight_bit_gemm, linear_8bit, quantize_rows};
 pub use reduce::{reduce, rms_norm_channels, row_norm, softmax};
 pub use resample::{pad, pixel_shuffle, upsample_nearest2x};
 

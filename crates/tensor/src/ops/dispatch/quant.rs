@@ -1,11 +1,13 @@
-//! 8-bit float linears on the device.
+//! 8-bit linears on the device: fp8 (`float8_e4m3fn` / `float8_e5m2`) and int8 weights.
 //!
-//! On a GPU with fp8 tensor cores (sm_89+) and aligned shapes, the input is quantized per
-//! row to `float8_e4m3fn` (`quantize_rows_e4m3_*`), cuBLASLt multiplies the codes with
-//! the weight's codes into f32 sums, and `scale_bias_act_f32` scales each sum by its
-//! row's and its column's scale, adds the bias and applies GELU, in place. Elsewhere the
-//! weight is widened to bf16 one linear at a time (a transient copy of that one weight)
-//! and multiplied by the bf16 input, the same epilogue applying the weight's scale.
+//! Where the GPU multiplies the weight's codes (fp8 tensor cores on sm_89+ for fp8,
+//! int8 everywhere for int8) and the shapes are aligned, the input is quantized per row
+//! to the same kind of codes (`quantize_rows_*`), cuBLASLt multiplies the two sets of
+//! codes into f32 (fp8) or exact i32 (int8) sums, and `scale_bias_act_f32` scales each
+//! sum by its row's and its column's scale, adds the bias and applies GELU, in place:
+//! W8A8. Elsewhere the weight is widened to bf16 one linear at a time (a transient copy of
+//! that one weight) and multiplied by the bf16 input, the same epilogue applying the
+//! weight's scale: W8A16.
 
 use super::{n64, null};
 use crate::cuda::launch::{
@@ -15,21 +17,34 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
-/// Whether a `rows × n × k` product with this weight runs on cuBLASLt's fp8 GEMM:
-/// the launcher has one, the leading dimensions are multiples of 16 bytes and the weight
-/// starts 16-byte aligned (cuBLASLt's rules for 8-bit operands and an f32 result).
-pub fn fp8_tensor_cores(l: &dyn Launcher, codes: &Tensor, n: usize, k: usize) -> bool {
-    l.fp8_gemm()
-        && k.is_multiple_of(16)
-        && n.is_multiple_of(4)
-        && codes.device_addr().is_multiple_of(16)
+/// The 8-bit GEMM input for weight codes of `dtype` (`None` for a dtype that is not one).
+fn eight_bit_input(dtype: DType) -> Option<GemmInput> {
+    match dtype {
+        DType::F8E4M3 => Some(GemmInput::Fp8(Fp8Format::E4M3)),
+        DType::F8E5M2 => Some(GemmInput::Fp8(Fp8Format::E5M2)),
+        DType::I8 => Some(GemmInput::I8),
+        _ => None,
+    }
+}
+
+/// Whether a `rows × n × k` product with these weight codes runs on cuBLASLt's 8-bit
+/// GEMM: the launcher has one for the codes' kind, the leading dimensions are multiples
+/// of 16 bytes and the weight starts 16-byte aligned (cuBLASLt's rules for 8-bit operands
+/// and a 4-byte result).
+pub fn eight_bit_gemm(l: &dyn Launcher, codes: &Tensor, n: usize, k: usize) -> bool {
+    let kind = match eight_bit_input(codes.dtype()) {
+        Some(GemmInput::Fp8(_)) => l.fp8_gemm(),
+        Some(_) => true,
+        None => false,
+    };
+    kind && k.is_multiple_of(16) && n.is_multiple_of(4) && codes.device_addr().is_multiple_of(16)
 }
 
 /// `out[rows, n] = act((x[rows, k] · codesᵀ) · scale + bias)`: `x` dense f32 or bf16,
-/// `codes` a dense `[n, k]` F8E4M3 or F8E5M2 weight, `scale` f32 of 1 or `n` values,
+/// `codes` a dense `[n, k]` F8E4M3, F8E5M2 or I8 weight, `scale` f32 of 1 or `n` values,
 /// `bias` f32 of `n`, `out` f32; tanh-GELU when `gelu`.
 #[allow(clippy::too_many_arguments)]
-pub fn linear_fp8(
+pub fn linear_8bit(
     l: &dyn Launcher,
     x: &Tensor,
     codes: &Tensor,
@@ -43,24 +58,31 @@ pub fn linear_fp8(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let format = match codes.dtype() {
-        DType::F8E5M2 => Fp8Format::E5M2,
-        _ => Fp8Format::E4M3,
+    let Some(input) = eight_bit_input(codes.dtype()) else {
+        return Err(super::unsupported(
+            "linear_8bit",
+            "a weight that is not 8-bit",
+        ));
     };
     let mut row_scales = None;
     if k == 0 {
         l.zero(out.device_addr(), out.span_bytes())?;
-    } else if fp8_tensor_cores(l, codes, n, k) {
-        let q = Tensor::empty(&[rows, k], DType::F8E4M3, x.device())?;
+    } else if eight_bit_gemm(l, codes, n, k) {
+        let code = match input {
+            GemmInput::I8 => DType::I8,
+            _ => DType::F8E4M3,
+        };
+        let q = Tensor::empty(&[rows, k], code, x.device())?;
         let xs = Tensor::empty(&[rows], DType::F32, x.device())?;
-        quantize_rows_e4m3(l, x, &q, &xs)?;
-        gemm(l, [rows, n, k], GemmInput::Fp8(format), &q, codes, out)?;
+        quantize_rows(l, x, &q, &xs)?;
+        gemm(l, [rows, n, k], input, &q, codes, out)?;
         row_scales = Some(xs);
     } else {
         let wide = Tensor::empty(&[n, k], DType::BF16, x.device())?;
-        let kernel = match format {
-            Fp8Format::E4M3 => "e4m3_to_bf16",
-            Fp8Format::E5M2 => "e5m2_to_bf16",
+        let kernel = match input {
+            GemmInput::Fp8(Fp8Format::E5M2) => "e5m2_to_bf16",
+            GemmInput::I8 => "i8_to_bf16",
+            _ => "e4m3_to_bf16",
         };
         l.launch(&Launch::elements(
             kernel,
@@ -70,6 +92,7 @@ pub fn linear_fp8(
         let xb = x.to_dtype(DType::BF16)?.contiguous()?;
         gemm(l, [rows, n, k], GemmInput::Bf16, &xb, &wide, out)?;
     }
+    let sums_i32 = row_scales.is_some() && input == GemmInput::I8;
     l.launch(&Launch::elements(
         "scale_bias_act_f32",
         rows * n,
@@ -82,27 +105,25 @@ pub fn linear_fp8(
             n64(rows),
             n64(n),
             Arg::i32(i32::from(gelu)),
+            Arg::i32(i32::from(sums_i32)),
         ],
     ))?;
     Ok(())
 }
 
-/// Each row of dense f32 or bf16 `x` (`[rows, k]`) quantized to `float8_e4m3fn` into
-/// `codes` with its scale `max|row| / 448` into `scales` (0 for a row of zeros).
-pub fn quantize_rows_e4m3(
-    l: &dyn Launcher,
-    x: &Tensor,
-    codes: &Tensor,
-    scales: &Tensor,
-) -> Result<()> {
+/// Each row of dense f32 or bf16 `x` (`[rows, k]`) quantized symmetrically into `codes`
+/// (F8E4M3: scale `max|row| / 448`; I8: `max|row| / 127`, rounded to nearest even) with
+/// its scale into `scales` (0 for a row of zeros).
+pub fn quantize_rows(l: &dyn Launcher, x: &Tensor, codes: &Tensor, scales: &Tensor) -> Result<()> {
     let rows = scales.numel();
     if rows == 0 {
         return Ok(());
     }
-    let kernel = if x.dtype() == DType::BF16 {
-        "quantize_rows_e4m3_bf16"
-    } else {
-        "quantize_rows_e4m3_f32"
+    let kernel = match (codes.dtype(), x.dtype()) {
+        (DType::I8, DType::BF16) => "quantize_rows_i8_bf16",
+        (DType::I8, _) => "quantize_rows_i8_f32",
+        (_, DType::BF16) => "quantize_rows_e4m3_bf16",
+        _ => "quantize_rows_e4m3_f32",
     };
     l.launch(&Launch::rows(
         kernel,
