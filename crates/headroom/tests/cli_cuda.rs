@@ -55,6 +55,7 @@ fn kernels_json_reports_every_op_without_spills() {
             "elementwise",
             "layer_norm",
             "noise",
+            "quantize",
             "reduce",
             "resample",
             "rms_norm",
