@@ -12,7 +12,8 @@
 #     NVRTC found on that machine (the torch venv's nvidia/*/lib or the staged wheel's),
 #     and `headroom cuda selftest --json`: every op family (noise bit-exact, elementwise,
 #     cast, softmax, layer/RMS norm, RoPE, bf16 mma.sync attention with the block-causal
-#     mask, causal conv3d, resample, reduce, copy, cuBLASLt GEMM f32 and bf16+GELU) on the
+#     mask, causal conv3d, resample, reduce, copy, cuBLASLt GEMM f32, bf16+GELU, fp8 and
+#     int8 W8A8 and the widened 8-bit weight) on the
 #     GPU against the CPU, max error per op against its tolerance;
 #   - the binary: `headroom plan --device cuda` reads the card's capacity from the driver;
 #   - the engine on the GPU (every tensor op dispatched to the kernels and cuBLASLt):
@@ -23,7 +24,8 @@
 #     `pytorch` and `expandable` allocators: per-block denoise / commit / decode times,
 #     allocator peaks, NVML's used bytes sampled during the run, latent and video hashes
 #     (byte-identical across allocators is checked), and the 250 ms goal of 4 DMD steps +
-#     commit for one block.
+#     commit for one block; the same session with `--weights fp8` and `--weights int8`
+#     (the 8-bit GEMMs of issue 54) beside it;
 #
 #   - `headroom bench kernels --device cuda --json`: the Wan-shape GEMMs, attention and
 #     conv3d on the GPU in f32 and bf16, each against a bf16 cuBLASLt GEMM of the
@@ -255,6 +257,18 @@ PY
       record "session_1p3b_bf16_$alloc" pass "nvml peak $peak B; see session-$alloc.json"
     else
       record "session_1p3b_bf16_$alloc" fail "exit $rc; see device-check.log"
+    fi
+  done
+  # The same session with 8-bit DiT linears (fp8: cuBLASLt's fp8 GEMM on sm_89+; int8:
+  # its int8 GEMM), beside the bf16 run above on the same card.
+  for weights in fp8 int8; do
+    if "$bin" generate --device cuda:0 --model wan2.1-t2v-1.3b --width 832 --height 480 \
+      --frames 9 --dtype bf16 --weights "$weights" --json --out "$FIGURES/wan13b-$weights.mp4" \
+      >"$FIGURES/wan13b-$weights.json" 2>>"$LOG"; then
+      cp "$FIGURES/wan13b-$weights.json" "$OUT_DIR/session-$weights.json"
+      record "session_1p3b_$weights" pass "see session-$weights.json beside session-pytorch.json"
+    else
+      record "session_1p3b_$weights" fail "see device-check.log"
     fi
   done
   if [[ -f "$FIGURES/wan13b-pytorch.npy" && -f "$FIGURES/wan13b-expandable.npy" ]]; then
