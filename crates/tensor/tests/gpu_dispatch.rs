@@ -392,3 +392,76 @@ fn int8_linears_run_on_int8_gemms_when_aligned_and_widen_the_weight_otherwise() 
         }
     }
 }
+
+/// The checked launcher, except that cuBLASLt finds no algorithm for an 8-bit GEMM (a
+/// shape or GPU its 8-bit kernels do not take).
+#[derive(Debug)]
+struct NoEightBitAlgorithm(Arc<CheckedLauncher>);
+
+impl Launcher for NoEightBitAlgorithm {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn launch(&self, launch: &Launch) -> headroom_tensor::cuda::Result<()> {
+        self.0.launch(launch)
+    }
+    fn gemm(
+        &self,
+        shape: &headroom_tensor::cuda::launch::GemmShape,
+        operands: &headroom_tensor::cuda::launch::GemmOperands,
+    ) -> headroom_tensor::cuda::Result<()> {
+        use headroom_tensor::cuda::launch::GemmInput;
+        if matches!(shape.input, GemmInput::Fp8(_) | GemmInput::I8) {
+            return Err(headroom_tensor::cuda::CudaError::Driver {
+                call: "cublasLtMatmulAlgoGetHeuristic",
+                reason: "CUBLAS_STATUS_NOT_SUPPORTED".into(),
+            });
+        }
+        self.0.gemm(shape, operands)
+    }
+    fn fp8_gemm(&self) -> bool {
+        true
+    }
+    fn upload(&self, dst: u64, src: &[u8]) -> headroom_tensor::cuda::Result<()> {
+        self.0.upload(dst, src)
+    }
+    fn download(&self, src: u64, dst: &mut [u8]) -> headroom_tensor::cuda::Result<()> {
+        self.0.download(src, dst)
+    }
+    fn zero(&self, dst: u64, bytes: u64) -> headroom_tensor::cuda::Result<()> {
+        self.0.zero(dst, bytes)
+    }
+    fn allocated(&self, addr: u64, bytes: u64) {
+        self.0.allocated(addr, bytes)
+    }
+    fn released(&self, addr: u64) {
+        self.0.released(addr)
+    }
+    fn synchronize(&self) -> headroom_tensor::cuda::Result<()> {
+        self.0.synchronize()
+    }
+}
+
+#[test]
+fn an_8bit_gemm_cublaslt_has_no_algorithm_for_widens_the_weight_instead() {
+    let platform = CachingPlatform::sim(1 << 30, AllocatorConfig::default(), ReclaimPolicy::Never)
+        .expect("sim platform");
+    let checker = Arc::new(CheckedLauncher::new().expect("checked launcher"));
+    let device = Device::with_launcher(
+        Arc::new(platform),
+        Arc::new(NoEightBitAlgorithm(checker.clone())),
+    );
+    let cpu = Device::cpu().unwrap();
+    let codes = seeded(&[32, 64], 2, DType::F32, &cpu)
+        .to_dtype(DType::F8E4M3)
+        .unwrap()
+        .to_device(&device)
+        .unwrap();
+    let scale = seeded(&[32], 3, DType::F32, &device).exp().unwrap();
+    let x = seeded(&[7, 64], 1, DType::BF16, &device);
+    let y = x.linear_fp8(&codes, &scale, None).unwrap();
+    assert_eq!(y.to_f32_vec().unwrap().len(), 7 * 32);
+    let seen = checker.report();
+    assert_eq!(seen.gemms, 1, "only the bf16 GEMM reached the checker: {seen:?}");
+    assert_eq!(seen.launches.get("e4m3_to_bf16"), Some(&1), "{seen:?}");
+}

@@ -7,9 +7,11 @@
 //! sum by its row's and its column's scale, adds the bias and applies GELU, in place:
 //! W8A8. Elsewhere the weight is widened to bf16 one linear at a time (a transient copy of
 //! that one weight) and multiplied by the bf16 input, the same epilogue applying the
-//! weight's scale: W8A16.
+//! weight's scale: W8A16. The same happens when cuBLASLt finds no 8-bit algorithm for
+//! a shape.
 
 use super::{n64, null};
+use crate::cuda::error::CudaError;
 use crate::cuda::launch::{
     Arg, Epilogue, Fp8Format, GemmInput, GemmOperands, GemmShape, Launch, Launcher,
 };
@@ -75,22 +77,18 @@ pub fn linear_8bit(
         let q = Tensor::empty(&[rows, k], code, x.device())?;
         let xs = Tensor::empty(&[rows], DType::F32, x.device())?;
         quantize_rows(l, x, &q, &xs)?;
-        gemm(l, [rows, n, k], input, &q, codes, out)?;
-        row_scales = Some(xs);
+        match gemm(l, [rows, n, k], input, &q, codes, out) {
+            Ok(()) => row_scales = Some(xs),
+            // cuBLASLt has no 8-bit algorithm for this shape on this GPU: widen instead.
+            Err(crate::TensorError::Cuda(CudaError::Driver { call, .. }))
+                if call == NO_ALGORITHM =>
+            {
+                widened(l, x, codes, input, [rows, n, k], out)?;
+            }
+            Err(e) => return Err(e),
+        }
     } else {
-        let wide = Tensor::empty(&[n, k], DType::BF16, x.device())?;
-        let kernel = match input {
-            GemmInput::Fp8(Fp8Format::E5M2) => "e5m2_to_bf16",
-            GemmInput::I8 => "i8_to_bf16",
-            _ => "e4m3_to_bf16",
-        };
-        l.launch(&Launch::elements(
-            kernel,
-            n * k,
-            vec![codes.read_arg(), wide.write_arg(), n64(n * k)],
-        ))?;
-        let xb = x.to_dtype(DType::BF16)?.contiguous()?;
-        gemm(l, [rows, n, k], GemmInput::Bf16, &xb, &wide, out)?;
+        widened(l, x, codes, input, [rows, n, k], out)?;
     }
     let sums_i32 = row_scales.is_some() && input == GemmInput::I8;
     l.launch(&Launch::elements(
@@ -109,6 +107,33 @@ pub fn linear_8bit(
         ],
     ))?;
     Ok(())
+}
+
+/// The cuBLASLt call that fails when it has no algorithm for a GEMM.
+const NO_ALGORITHM: &str = "cublasLtMatmulAlgoGetHeuristic";
+
+/// `out = x · widen(codes)ᵀ` in bf16: the weight widened to a transient bf16 copy.
+fn widened(
+    l: &dyn Launcher,
+    x: &Tensor,
+    codes: &Tensor,
+    input: GemmInput,
+    [rows, n, k]: [usize; 3],
+    out: &Tensor,
+) -> Result<()> {
+    let wide = Tensor::empty(&[n, k], DType::BF16, x.device())?;
+    let kernel = match input {
+        GemmInput::Fp8(Fp8Format::E5M2) => "e5m2_to_bf16",
+        GemmInput::I8 => "i8_to_bf16",
+        _ => "e4m3_to_bf16",
+    };
+    l.launch(&Launch::elements(
+        kernel,
+        n * k,
+        vec![codes.read_arg(), wide.write_arg(), n64(n * k)],
+    ))?;
+    let xb = x.to_dtype(DType::BF16)?.contiguous()?;
+    gemm(l, [rows, n, k], GemmInput::Bf16, &xb, &wide, out)
 }
 
 /// Each row of dense f32 or bf16 `x` (`[rows, k]`) quantized symmetrically into `codes`
