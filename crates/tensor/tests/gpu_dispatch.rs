@@ -6,8 +6,9 @@
 use std::sync::Arc;
 
 use headroom_mem::{AllocatorConfig, CachingPlatform, ReclaimPolicy};
-use headroom_tensor::cuda::check::{CheckedLauncher, ParamSource};
+use headroom_tensor::cuda::check::{CheckReport, CheckedLauncher, ParamSource};
 use headroom_tensor::cuda::launch::{Access, Arg, Launch, Launcher};
+use headroom_tensor::kernels::activation::Activation;
 use headroom_tensor::kernels::resample::PadMode;
 use headroom_tensor::kernels::rope::RopeTable;
 use headroom_tensor::ops::attention::Mask;
@@ -303,11 +304,34 @@ fn rope_uploads_its_tables_and_positions_once_per_device() {
     assert_eq!(resident(), before);
 }
 
+/// What one 8-bit product launched: one GEMM and one scale epilogue, and how many
+/// `quantizer` launches (per-row quantization) and `widen` launches (the weight widened to
+/// bf16) it took.
+fn eight_bit_product(seen: &CheckReport, quantizer: &str, widen: &str) -> (u64, u64) {
+    assert_eq!(seen.gemms, 1, "{seen:?}");
+    assert_eq!(
+        seen.launches.get("scale_bias_act_f32"),
+        Some(&1),
+        "{seen:?}"
+    );
+    let count = |f: &dyn Fn(&str) -> bool| -> u64 {
+        seen.launches
+            .iter()
+            .filter(|(k, _)| f(k))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    (count(&|k| k.starts_with(quantizer)), count(&|k| k == widen))
+}
+
 #[test]
 fn fp8_linears_run_on_fp8_gemms_when_aligned_and_widen_the_weight_otherwise() {
     let cpu = Device::cpu().unwrap();
     for (k, tensor_cores) in [(64, true), (40, false)] {
-        for (format, input) in [(DType::F8E4M3, DType::BF16), (DType::F8E5M2, DType::F32)] {
+        for (format, input, widen) in [
+            (DType::F8E4M3, DType::BF16, "e4m3_to_bf16"),
+            (DType::F8E5M2, DType::F32, "e5m2_to_bf16"),
+        ] {
             let (device, checker) = gpu();
             let codes = seeded(&[48, k], 2, DType::F32, &cpu)
                 .to_dtype(format)
@@ -318,43 +342,20 @@ fn fp8_linears_run_on_fp8_gemms_when_aligned_and_widen_the_weight_otherwise() {
             let bias = seeded(&[48], 4, DType::F32, &device);
             let x = seeded(&[2, 5, k], 1, input, &device);
             let y = x
-                .linear_fp8_then(
-                    &codes,
-                    &scale,
-                    Some(&bias),
-                    Some(headroom_tensor::kernels::activation::Activation::GeluTanh),
-                )
+                .linear_fp8_then(&codes, &scale, Some(&bias), Some(Activation::GeluTanh))
                 .unwrap();
-            assert_eq!(y.shape(), &[2, 5, 48]);
-            assert_eq!(y.dtype(), DType::F32);
+            assert_eq!((y.shape(), y.dtype()), (&[2, 5, 48][..], DType::F32));
             assert_eq!(y.to_f32_vec().unwrap().len(), 480);
             let seen = checker.report();
-            assert_eq!(seen.gemms, 1, "{seen:?}");
-            assert_eq!(
-                seen.launches.get("scale_bias_act_f32"),
-                Some(&1),
-                "{seen:?}"
-            );
-            let quantized = seen
-                .launches
-                .keys()
-                .any(|k| k.starts_with("quantize_rows_e4m3"));
-            let widened = seen
-                .launches
-                .keys()
-                .any(|k| k.ends_with("_to_bf16") && k.starts_with('e'));
-            assert_eq!(
-                (quantized, widened),
-                (tensor_cores, !tensor_cores),
-                "k {k}: {seen:?}"
-            );
+            let (quantized, widened) = eight_bit_product(&seen, "quantize_rows_e4m3", widen);
+            let tc = u64::from(tensor_cores);
+            assert_eq!((quantized, widened), (tc, 1 - tc), "k {k}: {seen:?}");
         }
     }
 }
 
 #[test]
 fn int8_linears_run_on_int8_gemms_when_aligned_and_widen_the_weight_otherwise() {
-    use headroom_tensor::kernels::activation::Activation;
     for (k, gemm_on_codes) in [(64, true), (40, false)] {
         for (input, out) in [(DType::BF16, DType::BF16), (DType::F32, DType::F32)] {
             let (device, checker) = gpu();
@@ -370,23 +371,12 @@ fn int8_linears_run_on_int8_gemms_when_aligned_and_widen_the_weight_otherwise() 
             assert_eq!((y.shape(), y.dtype()), (&[2, 5, 48][..], out));
             assert_eq!(y.to_f32_vec().unwrap().len(), 480);
             let seen = checker.report();
-            assert_eq!(seen.gemms, 1, "{seen:?}");
-            assert_eq!(
-                seen.launches.get("scale_bias_act_f32"),
-                Some(&1),
-                "{seen:?}"
-            );
-            // The weight's rows at load, and the input's per product where codes multiply.
-            let quantized = seen
-                .launches
-                .iter()
-                .filter(|(k, _)| k.starts_with("quantize_rows_i8"))
-                .map(|(_, n)| n)
-                .sum::<u64>();
-            let widened = seen.launches.contains_key("i8_to_bf16");
+            // The weight's rows at load, and the input's where codes multiply codes.
+            let (quantized, widened) = eight_bit_product(&seen, "quantize_rows_i8", "i8_to_bf16");
+            let on_codes = u64::from(gemm_on_codes);
             assert_eq!(
                 (quantized, widened),
-                (1 + u64::from(gemm_on_codes), !gemm_on_codes),
+                (1 + on_codes, 1 - on_codes),
                 "k {k}: {seen:?}"
             );
         }
@@ -462,6 +452,9 @@ fn an_8bit_gemm_cublaslt_has_no_algorithm_for_widens_the_weight_instead() {
     let y = x.linear_fp8(&codes, &scale, None).unwrap();
     assert_eq!(y.to_f32_vec().unwrap().len(), 7 * 32);
     let seen = checker.report();
-    assert_eq!(seen.gemms, 1, "only the bf16 GEMM reached the checker: {seen:?}");
+    assert_eq!(
+        seen.gemms, 1,
+        "only the bf16 GEMM reached the checker: {seen:?}"
+    );
     assert_eq!(seen.launches.get("e4m3_to_bf16"), Some(&1), "{seen:?}");
 }

@@ -31,15 +31,8 @@ impl Tensor {
         let op = "quantize_fp8";
         self.require_float(op)?;
         let (n, k) = super::matmul::weight_dims(op, self)?;
-        if let Some(l) = self.device().launcher() {
-            let w = match self.dtype() {
-                DType::BF16 => self.contiguous()?,
-                _ => self.to_dtype(DType::F32)?.contiguous()?,
-            };
-            let codes = Tensor::empty(&[n, k], DType::F8E4M3, self.device())?;
-            let scales = Tensor::empty(&[n], DType::F32, self.device())?;
-            super::dispatch::quantize_rows(l.as_ref(), &w, &codes, &scales)?;
-            return Ok((codes, scales));
+        if self.device().launcher().is_some() {
+            return super::dispatch::quantize_weight(self, DType::F8E4M3);
         }
         let mut codes = Tensor::empty(&[n, k], DType::F8E4M3, self.device())?;
         let mut scales = Tensor::empty(&[n], DType::F32, self.device())?;
@@ -111,10 +104,7 @@ impl Tensor {
             *out_shape.last_mut().expect("rank checked above") = n;
             if let Some(l) = self.device().launcher() {
                 self.require_float(op)?;
-                let x = match self.dtype() {
-                    DType::BF16 => self.contiguous()?,
-                    _ => self.to_dtype(DType::F32)?.contiguous()?,
-                };
+                let x = super::dispatch::dense_bf16_or_f32(self)?;
                 let w = weight.contiguous()?;
                 let s = scale.to_f32_contiguous()?;
                 let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;

@@ -141,14 +141,8 @@ impl Tensor {
         let op = "quantize_linear_int8";
         self.require_float(op)?;
         let (n, k) = super::matmul::weight_dims(op, self)?;
-        if let Some(l) = self.device().launcher() {
-            let w = match self.dtype() {
-                DType::BF16 => self.contiguous()?,
-                _ => self.to_dtype(DType::F32)?.contiguous()?,
-            };
-            let codes = Tensor::empty(&[n, k], DType::I8, self.device())?;
-            let scales = Tensor::empty(&[n], DType::F32, self.device())?;
-            super::dispatch::quantize_rows(l.as_ref(), &w, &codes, &scales)?;
+        if self.device().launcher().is_some() {
+            let (codes, scales) = super::dispatch::quantize_weight(self, DType::I8)?;
             return Ok(Int8Linear {
                 packed: codes,
                 scales,
@@ -206,10 +200,7 @@ impl Tensor {
             let mut out_shape = self.shape().to_vec();
             *out_shape.last_mut().expect("rank checked above") = n;
             if let Some(l) = self.device().launcher() {
-                let x = match self.dtype() {
-                    DType::BF16 => self.contiguous()?,
-                    _ => self.to_dtype(DType::F32)?.contiguous()?,
-                };
+                let x = super::dispatch::dense_bf16_or_f32(self)?;
                 let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
                 let out = Tensor::empty(&out_shape, DType::F32, self.device())?;
                 let gelu = activation == Some(Activation::GeluTanh);

@@ -164,6 +164,29 @@ pub fn quantize_rows(l: &dyn Launcher, x: &Tensor, codes: &Tensor, scales: &Tens
     Ok(())
 }
 
+/// `t` dense in bf16 when it is bf16, else in f32: what the 8-bit kernels read.
+pub fn dense_bf16_or_f32(t: &Tensor) -> Result<Tensor> {
+    match t.dtype() {
+        DType::BF16 => t.contiguous(),
+        _ => t.to_dtype(DType::F32)?.contiguous(),
+    }
+}
+
+/// A float `[n, k]` weight on the device quantized per output channel into `code` (F8E4M3
+/// or I8) codes and their f32 scales `[n]` (the activations' kernel over its rows).
+pub fn quantize_weight(w: &Tensor, code: DType) -> Result<(Tensor, Tensor)> {
+    let l = w
+        .device()
+        .launcher()
+        .ok_or_else(|| super::unsupported("quantize_weight", "a weight on the host"))?;
+    let (n, k) = (w.shape()[0], w.shape()[1]);
+    let dense = dense_bf16_or_f32(w)?;
+    let codes = Tensor::empty(&[n, k], code, w.device())?;
+    let scales = Tensor::empty(&[n], DType::F32, w.device())?;
+    quantize_rows(l.as_ref(), &dense, &codes, &scales)?;
+    Ok((codes, scales))
+}
+
 /// `out = x · wᵀ` of dense operands, no epilogue.
 fn gemm(
     l: &dyn Launcher,
