@@ -2,9 +2,12 @@
 //! path this machine runs (AMX, AVX-512) and in each compute (f32, near-f32 on AMX, bf16,
 //! and int8 W8A8 linears where the CPU has VNNI), each beside the path's bare arithmetic
 //! peak measured in the same run, and the scratch memory each op took from the allocator.
+//! On a GPU device: the same kernels in f32 and bf16 and the fp8 and int8 linears, each
+//! against a bf16 cuBLASLt GEMM of its FLOP-equivalent shape.
 
 use std::time::Instant;
 
+use headroom_model::WeightFormat;
 use headroom_tensor::kernels::gemm::{sgemm, MatRef, Threads};
 use headroom_tensor::ops::attention::Mask;
 use headroom_tensor::ops::conv::Conv3dOptions;
@@ -341,24 +344,36 @@ fn conv2d_row(
     Ok(row(name, flops, secs, &reference, ref_secs, scratch))
 }
 
-/// `x · Wᵀ` with `W` quantized to int8 once as a model holds it (`--weights int8`), the
-/// input quantized per row in each call: the W8A8 product, in GOP/s.
-fn int8_linear_row(
+/// `x · Wᵀ` with `W` quantized once as a model holds it (`--weights int8|fp8`): int8
+/// W8A8 (the input quantized per row in each call), or fp8 (e4m3 per output channel:
+/// widened to bf16 on the CPU, W8A8 on a GPU's fp8 GEMM), in GOP/s.
+fn eight_bit_linear_row(
     device: &Device,
-    m: usize,
-    k: usize,
-    n: usize,
+    [m, k, n]: [usize; 3],
+    format: WeightFormat,
     reps: usize,
 ) -> Result<KernelRow> {
     let x = random(&[m, k], 1, device)?.to_dtype(DType::F32)?;
-    let w = random(&[n, k], 2, device)?.quantize_linear_int8()?;
+    let w = random(&[n, k], 2, device)?;
     let mut reference = Reference::new(device, m, k, n)?;
-    let (secs, ref_secs, scratch) =
-        compare(device, reps, (m * n * 4) as u64, &mut reference, || {
-            Ok(x.linear_int8(&w, None)?)
-        })?;
+    let (secs, ref_secs, scratch, what) = match format {
+        WeightFormat::Fp8 => {
+            let (codes, scale) = w.quantize_fp8()?;
+            let (a, b, c) = compare(device, reps, (m * n * 4) as u64, &mut reference, || {
+                Ok(x.linear_fp8(&codes, &scale, None)?)
+            })?;
+            (a, b, c, "fp8 weight")
+        }
+        _ => {
+            let q = w.quantize_linear_int8()?;
+            let (a, b, c) = compare(device, reps, (m * n * 4) as u64, &mut reference, || {
+                Ok(x.linear_int8(&q, None)?)
+            })?;
+            (a, b, c, "int8 W8A8")
+        }
+    };
     Ok(row(
-        format!("linear {m}x{k}x{n} (int8 W8A8)"),
+        format!("linear {m}x{k}x{n} ({what})"),
         2.0 * (m * n * k) as f64,
         secs,
         &reference,
@@ -367,13 +382,17 @@ fn int8_linear_row(
     ))
 }
 
-/// The W8A8 linears at the Wan 1.3B's shapes (attention and both FFN products).
-fn int8_rows(device: &Device, config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
+/// The 8-bit linears at the Wan 1.3B's shapes (attention and both FFN products).
+fn eight_bit_rows(
+    device: &Device,
+    config: &KernelBenchConfig,
+    format: WeightFormat,
+) -> Result<Vec<KernelRow>> {
     let s = config.shrink.max(1);
     let tokens = 4680 / s;
     [(1536, 1536 / s), (1536, 8960 / s), (8960 / s, 1536)]
         .into_iter()
-        .map(|(k, n)| int8_linear_row(device, tokens, k, n, config.reps))
+        .map(|(k, n)| eight_bit_linear_row(device, [tokens, k, n], format, config.reps))
         .collect()
 }
 
@@ -412,8 +431,10 @@ fn kernel_rows(device: &Device, config: &KernelBenchConfig) -> Result<Vec<Kernel
     Ok(rows)
 }
 
-/// Runs every kernel benchmark on a GPU device in f32 and bf16 operands, each against a
-/// bf16 cuBLASLt GEMM of the FLOP-equivalent shape (no bare peak loop on the GPU).
+/// Runs every kernel benchmark on a GPU device in f32 and bf16 operands, and the 8-bit
+/// linears (fp8 and int8 weights), each against a bf16 cuBLASLt GEMM of the
+/// FLOP-equivalent shape (no bare peak loop on the GPU): an 8-bit row's ratio is its
+/// speed over bf16's.
 pub fn run_kernel_bench_on(device: &Device, config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
     let mut rows = Vec::new();
     for (compute, dtype) in [("f32", DType::F32), ("bf16", DType::BF16)] {
@@ -425,6 +446,13 @@ pub fn run_kernel_bench_on(device: &Device, config: &KernelBenchConfig) -> Resul
         }
     }
     OPERAND_DTYPE.with(|d| d.set(DType::F32));
+    for format in [WeightFormat::Fp8, WeightFormat::Int8] {
+        for mut row in eight_bit_rows(device, config, format)? {
+            row.path = "cuda".into();
+            row.compute = format.name().into();
+            rows.push(row);
+        }
+    }
     Ok(rows)
 }
 
@@ -481,7 +509,7 @@ pub fn run_kernel_bench(config: &KernelBenchConfig) -> Result<Vec<KernelRow>> {
         let int8_peak = cpu::peak::peak_int8_gops(iterations);
         if path >= CpuPath::Avx512 && int8_peak.is_some() {
             set_near_f32(false);
-            for mut row in int8_rows(&device, config)? {
+            for mut row in eight_bit_rows(&device, config, WeightFormat::Int8)? {
                 row.path = path.name().to_string();
                 row.compute = "int8".to_string();
                 row.peak_gflops = int8_peak;

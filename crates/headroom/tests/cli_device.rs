@@ -195,6 +195,10 @@ fn bench_kernels_on_cuda_check_runs_every_row_through_the_gpu_path() {
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
     let rows = report["kernels"].as_array().expect("rows");
-    assert_eq!(rows.len(), 10, "{report}");
+    // Five kernels in f32 and bf16, then three linears each with fp8 and int8 weights.
+    assert_eq!(rows.len(), 16, "{report}");
     assert!(rows.iter().all(|r| r["path"] == "cuda"), "{report}");
+    let computes: Vec<&str> = rows.iter().filter_map(|r| r["compute"].as_str()).collect();
+    assert_eq!(computes.iter().filter(|&&c| c == "fp8").count(), 3, "{report}");
+    assert_eq!(computes.iter().filter(|&&c| c == "int8").count(), 3, "{report}");
 }
