@@ -28,8 +28,8 @@
 #     (the 8-bit GEMMs of issue 54) beside it;
 #
 #   - `headroom bench kernels --device cuda --json`: the Wan-shape GEMMs, attention and
-#     conv3d on the GPU in f32 and bf16, each against a bf16 cuBLASLt GEMM of the
-#     FLOP-equivalent shape (bench-kernels.json).
+#     conv3d on the GPU in f32 and bf16, and the linears with fp8 and int8 weights, each
+#     against a bf16 cuBLASLt GEMM of the FLOP-equivalent shape (bench-kernels.json).
 #
 # WHAT IT DOES NOT COVER YET
 #   - the DiT / VAE golden-fixture tests on the GPU (they are cargo tests on the host
