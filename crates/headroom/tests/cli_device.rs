@@ -199,6 +199,14 @@ fn bench_kernels_on_cuda_check_runs_every_row_through_the_gpu_path() {
     assert_eq!(rows.len(), 16, "{report}");
     assert!(rows.iter().all(|r| r["path"] == "cuda"), "{report}");
     let computes: Vec<&str> = rows.iter().filter_map(|r| r["compute"].as_str()).collect();
-    assert_eq!(computes.iter().filter(|&&c| c == "fp8").count(), 3, "{report}");
-    assert_eq!(computes.iter().filter(|&&c| c == "int8").count(), 3, "{report}");
+    assert_eq!(
+        computes.iter().filter(|&&c| c == "fp8").count(),
+        3,
+        "{report}"
+    );
+    assert_eq!(
+        computes.iter().filter(|&&c| c == "int8").count(),
+        3,
+        "{report}"
+    );
 }

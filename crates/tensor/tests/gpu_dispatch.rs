@@ -403,7 +403,7 @@ impl Launcher for NoEightBitAlgorithm {
         use headroom_tensor::cuda::launch::GemmInput;
         if matches!(shape.input, GemmInput::Fp8(_) | GemmInput::I8) {
             return Err(headroom_tensor::cuda::CudaError::Driver {
-                call: "cublasLtMatmulAlgoGetHeuristic",
+                call: headroom_tensor::cuda::launch::NO_ALGORITHM,
                 reason: "CUBLAS_STATUS_NOT_SUPPORTED".into(),
             });
         }

@@ -21,7 +21,7 @@ use cudarc::driver::CudaStream;
 
 use super::error::{CudaError, Result};
 
-pub use super::launch::{Epilogue, Fp8Format, GemmInput, GemmShape};
+pub use super::launch::{Epilogue, Fp8Format, GemmInput, GemmShape, NO_ALGORITHM};
 
 /// A device block for cuBLASLt's scratch (from the `CachingAllocator`).
 #[derive(Debug, Clone, Copy)]
@@ -62,15 +62,19 @@ fn blas(call: &'static str) -> impl Fn(lt::CublasError) -> CudaError {
     }
 }
 
+/// A shape's plan, or the reason cuBLASLt has none (remembered, so the heuristic is not
+/// asked again for a shape it refused).
+type Cached = std::result::Result<Plan, String>;
+
 /// cuBLASLt with a per-shape plan cache.
 pub struct CublasLt {
     handle: sys::cublasLtHandle_t,
-    plans: Mutex<HashMap<(GemmShape, usize), Plan>>,
+    plans: Mutex<HashMap<(GemmShape, usize), Cached>>,
 }
 
 impl std::fmt::Debug for CublasLt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let plans = self.plans.lock().map(|p| p.len()).unwrap_or(0);
+        let plans = self.cached_plans();
         f.debug_struct("CublasLt").field("plans", &plans).finish()
     }
 }
@@ -102,7 +106,10 @@ impl CublasLt {
 
     /// Number of cached plans (one per shape and workspace size).
     pub fn cached_plans(&self) -> usize {
-        self.plans.lock().map(|p| p.len()).unwrap_or(0)
+        self.plans
+            .lock()
+            .map(|p| p.values().filter(|c| c.is_ok()).count())
+            .unwrap_or(0)
     }
 
     fn plan(&self, shape: &GemmShape, workspace: usize) -> Result<Plan> {
@@ -218,7 +225,7 @@ impl CublasLt {
             d,
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
         };
-        let heuristic = heuristic.map_err(blas("cublasLtMatmulAlgoGetHeuristic"))?;
+        let heuristic = heuristic.map_err(blas(NO_ALGORITHM))?;
         Ok(Plan {
             algo: heuristic.algo,
             ..plan
@@ -244,9 +251,24 @@ impl CublasLt {
             reason: "plan cache poisoned".into(),
         })?;
         let key = (*shape, workspace.bytes);
-        let plan = match plans.entry(key) {
+        let cached = match plans.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(v) => v.insert(self.plan(shape, workspace.bytes)?),
+            Entry::Vacant(v) => match self.plan(shape, workspace.bytes) {
+                Ok(plan) => v.insert(Ok(plan)),
+                Err(CudaError::Driver { call, reason }) if call == NO_ALGORITHM => {
+                    v.insert(Err(reason))
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let plan = match cached {
+            Ok(plan) => plan,
+            Err(reason) => {
+                return Err(CudaError::Driver {
+                    call: NO_ALGORITHM,
+                    reason: reason.clone(),
+                })
+            }
         };
         if let Some(bias) = bias {
             let ptr = bias as *const c_void;

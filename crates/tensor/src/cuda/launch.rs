@@ -196,6 +196,10 @@ impl Launch {
     }
 }
 
+/// The call named by the error of a GEMM cuBLASLt has no algorithm for
+/// (`CudaError::Driver { call: NO_ALGORITHM, .. }`).
+pub const NO_ALGORITHM: &str = "cublasLtMatmulAlgoGetHeuristic";
+
 /// Input dtype of a GEMM (the output is f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemmInput {

@@ -13,7 +13,7 @@
 use super::{n64, null};
 use crate::cuda::error::CudaError;
 use crate::cuda::launch::{
-    Arg, Epilogue, Fp8Format, GemmInput, GemmOperands, GemmShape, Launch, Launcher,
+    Arg, Epilogue, Fp8Format, GemmInput, GemmOperands, GemmShape, Launch, Launcher, NO_ALGORITHM,
 };
 use crate::dtype::DType;
 use crate::error::Result;
@@ -108,9 +108,6 @@ pub fn linear_8bit(
     ))?;
     Ok(())
 }
-
-/// The cuBLASLt call that fails when it has no algorithm for a GEMM.
-const NO_ALGORITHM: &str = "cublasLtMatmulAlgoGetHeuristic";
 
 /// `out = x · widen(codes)ᵀ` in bf16: the weight widened to a transient bf16 copy.
 fn widened(
