@@ -356,22 +356,21 @@ fn eight_bit_linear_row(
     let x = random(&[m, k], 1, device)?.to_dtype(DType::F32)?;
     let w = random(&[n, k], 2, device)?;
     let mut reference = Reference::new(device, m, k, n)?;
-    let (secs, ref_secs, scratch, what) = match format {
+    let (what, mut op): (&str, Box<dyn FnMut() -> Result<Tensor>>) = match format {
         WeightFormat::Fp8 => {
             let (codes, scale) = w.quantize_fp8()?;
-            let (a, b, c) = compare(device, reps, (m * n * 4) as u64, &mut reference, || {
-                Ok(x.linear_fp8(&codes, &scale, None)?)
-            })?;
-            (a, b, c, "fp8 weight")
+            let x = &x;
+            let op = move || Ok(x.linear_fp8(&codes, &scale, None)?);
+            ("fp8 weight", Box::new(op))
         }
         _ => {
             let q = w.quantize_linear_int8()?;
-            let (a, b, c) = compare(device, reps, (m * n * 4) as u64, &mut reference, || {
-                Ok(x.linear_int8(&q, None)?)
-            })?;
-            (a, b, c, "int8 W8A8")
+            let x = &x;
+            ("int8 W8A8", Box::new(move || Ok(x.linear_int8(&q, None)?)))
         }
     };
+    let (secs, ref_secs, scratch) =
+        compare(device, reps, (m * n * 4) as u64, &mut reference, &mut op)?;
     Ok(row(
         format!("linear {m}x{k}x{n} ({what})"),
         2.0 * (m * n * k) as f64,

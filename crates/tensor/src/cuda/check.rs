@@ -244,7 +244,7 @@ impl Launcher for CheckedLauncher {
         Ok(())
     }
 
-    /// As the sm_90 its parameter tables come from.
+    /// True: the checks follow sm_90's cubins, and sm_90 has fp8 GEMMs.
     fn fp8_gemm(&self) -> bool {
         true
     }

@@ -104,17 +104,16 @@ impl Tensor {
             *out_shape.last_mut().expect("rank checked above") = n;
             if let Some(l) = self.device().launcher() {
                 self.require_float(op)?;
-                let x = super::dispatch::dense_bf16_or_f32(self)?;
-                let w = weight.contiguous()?;
-                let s = scale.to_f32_contiguous()?;
-                let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
-                let out = Tensor::empty(&out_shape, DType::F32, self.device())?;
-                let gelu = activation == Some(Activation::GeluTanh);
-                super::dispatch::linear_8bit(l.as_ref(), &x, &w, &s, b.as_ref(), &out, gelu)?;
-                return match activation {
-                    Some(Activation::Silu) => out.silu(),
-                    _ => Ok(out),
-                };
+                let (w, s) = (weight.contiguous()?, scale.to_f32_contiguous()?);
+                return super::dispatch::linear_8bit_then(
+                    l.as_ref(),
+                    self,
+                    &w,
+                    &s,
+                    bias,
+                    &out_shape,
+                    activation,
+                );
             }
             let x = super::matmul::gemm_input(op, self, Compute::Bf16)?.contiguous()?;
             let w = weight.contiguous()?;

@@ -200,23 +200,15 @@ impl Tensor {
             let mut out_shape = self.shape().to_vec();
             *out_shape.last_mut().expect("rank checked above") = n;
             if let Some(l) = self.device().launcher() {
-                let x = super::dispatch::dense_bf16_or_f32(self)?;
-                let b = bias.map(|b| b.to_f32_contiguous()).transpose()?;
-                let out = Tensor::empty(&out_shape, DType::F32, self.device())?;
-                let gelu = activation == Some(Activation::GeluTanh);
-                super::dispatch::linear_8bit(
+                let out = super::dispatch::linear_8bit_then(
                     l.as_ref(),
-                    &x,
+                    self,
                     &weight.packed,
                     &weight.scales,
-                    b.as_ref(),
-                    &out,
-                    gelu,
+                    bias,
+                    &out_shape,
+                    activation,
                 )?;
-                let out = match activation {
-                    Some(Activation::Silu) => out.silu()?,
-                    _ => out,
-                };
                 return if dtype == DType::F32 {
                     Ok(out)
                 } else {

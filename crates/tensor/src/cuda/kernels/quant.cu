@@ -23,8 +23,8 @@ __device__ __forceinline__ u8 f32_to_e4m3_sat(float f) {
   return sign | (u8)(((e + 7) << 3) | ((int)q - 8));
 }
 
-// float8_e4m3fn bits -> f32, exactly.
-__device__ __forceinline__ float e4m3_to_f32(u8 b) {
+// float8_e4m3fn bits -> f32, exactly (the value; the kernel `e4m3_to_f32` casts arrays).
+__device__ __forceinline__ float e4m3_value(u8 b) {
   u32 e = (b >> 3) & 0xfu, m = b & 7u;
   float mag;
   if (e == 0xfu && m == 7u) {
@@ -36,6 +36,9 @@ __device__ __forceinline__ float e4m3_to_f32(u8 b) {
   }
   return (b & 0x80u) ? -mag : mag;
 }
+
+// float8_e5m2 bits -> f32, exactly (an e5m2 value is the top byte of an f16).
+__device__ __forceinline__ float e5m2_value(u8 b) { return f16_to_f32((u16)((u16)b << 8)); }
 
 __device__ __forceinline__ float load_f32(float v) { return v; }
 __device__ __forceinline__ float load_f32(u16 v) { return bf16_to_f32(v); }
@@ -98,15 +101,15 @@ extern "C" __global__ void __launch_bounds__(256) quantize_rows_i8_bf16(const u1
 
 // float8_e4m3fn codes widened to bf16 (exact: every e4m3 value is a bf16 value).
 extern "C" __global__ void e4m3_to_bf16(const u8* in, u16* out, i64 n) {
-  HR_FOR(i, n) { out[i] = f32_to_bf16(e4m3_to_f32(in[i])); }
+  HR_FOR(i, n) { out[i] = f32_to_bf16(e4m3_value(in[i])); }
 }
 
 // 8-bit values widened to f32 (exact): casts of 8-bit tensors read as floats.
 extern "C" __global__ void e4m3_to_f32(const u8* in, float* out, i64 n) {
-  HR_FOR(i, n) { out[i] = e4m3_to_f32(in[i]); }
+  HR_FOR(i, n) { out[i] = e4m3_value(in[i]); }
 }
 extern "C" __global__ void e5m2_to_f32(const u8* in, float* out, i64 n) {
-  HR_FOR(i, n) { out[i] = f16_to_f32((u16)((u16)in[i] << 8)); }
+  HR_FOR(i, n) { out[i] = e5m2_value(in[i]); }
 }
 extern "C" __global__ void i8_to_f32(const signed char* in, float* out, i64 n) {
   HR_FOR(i, n) { out[i] = (float)in[i]; }
@@ -117,9 +120,9 @@ extern "C" __global__ void i8_to_bf16(const signed char* in, u16* out, i64 n) {
   HR_FOR(i, n) { out[i] = f32_to_bf16((float)in[i]); }
 }
 
-// float8_e5m2 codes widened to bf16 (exact: an e5m2 value is the top byte of an f16).
+// float8_e5m2 codes widened to bf16 (exact: every e5m2 value is a bf16 value).
 extern "C" __global__ void e5m2_to_bf16(const u8* in, u16* out, i64 n) {
-  HR_FOR(i, n) { out[i] = f32_to_bf16(f16_to_f32((u16)((u16)in[i] << 8))); }
+  HR_FOR(i, n) { out[i] = f32_to_bf16(e5m2_value(in[i])); }
 }
 
 // In place on the `rows × n` sums of an 8-bit GEMM (f32, or i32 when `sums_i32`, each

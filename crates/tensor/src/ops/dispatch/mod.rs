@@ -24,7 +24,10 @@ pub use conv::{conv, ConvDims};
 pub use copy::{cat, copy_into};
 pub use elementwise::{binary, map2, randn, to_pixels, unary};
 pub use matmul::{gemm_input, linear, matmul};
-pub use quant::{dense_bf16_or_f32, eight_bit_gemm, linear_8bit, quantize_rows, quantize_weight};
+pub use quant::{
+    dense_bf16_or_f32, eight_bit_gemm, linear_8bit, linear_8bit_then, quantize_rows,
+    quantize_weight,
+};
 pub use reduce::{reduce, rms_norm_channels, row_norm, softmax};
 pub use resample::{pad, pixel_shuffle, upsample_nearest2x};
 

@@ -17,6 +17,7 @@ use crate::cuda::launch::{
 };
 use crate::dtype::DType;
 use crate::error::Result;
+use crate::kernels::activation::Activation;
 use crate::tensor::Tensor;
 
 /// The 8-bit GEMM input for weight codes of `dtype` (`None` for a dtype that is not one).
@@ -40,6 +41,29 @@ pub fn eight_bit_gemm(l: &dyn Launcher, codes: &Tensor, n: usize, k: usize) -> b
         None => false,
     };
     kind && k.is_multiple_of(16) && n.is_multiple_of(4) && codes.device_addr().is_multiple_of(16)
+}
+
+/// `act(x · (codes · scale)ᵀ + bias)` over the last axis of `x` (any float dtype and
+/// layout) into a new f32 tensor of `out_shape`: [`linear_8bit`] with the input made
+/// dense and SiLU, which the epilogue does not fuse, applied after.
+pub fn linear_8bit_then(
+    l: &dyn Launcher,
+    x: &Tensor,
+    codes: &Tensor,
+    scale: &Tensor,
+    bias: Option<&Tensor>,
+    out_shape: &[usize],
+    activation: Option<Activation>,
+) -> Result<Tensor> {
+    let dense = dense_bf16_or_f32(x)?;
+    let bias = bias.map(Tensor::to_f32_contiguous).transpose()?;
+    let out = Tensor::empty(out_shape, DType::F32, x.device())?;
+    let gelu = activation == Some(Activation::GeluTanh);
+    linear_8bit(l, &dense, codes, scale, bias.as_ref(), &out, gelu)?;
+    match activation {
+        Some(Activation::Silu) => out.silu(),
+        _ => Ok(out),
+    }
 }
 
 /// `out[rows, n] = act((x[rows, k] · codesᵀ) · scale + bias)`: `x` dense f32 or bf16,

@@ -152,51 +152,13 @@ pub(super) unsafe fn row_steps(
     }
     assert!(at + (steps - 1) * stride + 32 <= out.len());
     let dst = out.as_mut_ptr();
-    match a {
-        Operand::F32(m) => {
-            let i = m.index(row, 0);
-            assert!(i + steps * 32 <= m.data.len());
-            for s in 0..steps {
-                // SAFETY: values i + 32s .. i + 32s + 32 are inside the slice and
-                // the 32 words at at + s·stride inside `out` (both asserted).
-                unsafe {
-                    let p = m.data.as_ptr().add(i + 32 * s);
-                    let x0 = split16(_mm512_loadu_ps(p), part);
-                    let x1 = split16(_mm512_loadu_ps(p.add(16)), part);
-                    _mm512_storeu_si512(dst.add(at + s * stride).cast(), high_words(x0, x1));
-                }
-            }
-        }
-        Operand::Bf16(m) => {
-            let i = m.index(row, 0);
-            assert!(i + steps * 32 <= m.data.len());
-            for s in 0..steps {
-                // SAFETY: as above, for 32 bf16 values.
-                unsafe {
-                    let v = match part {
-                        Part::Hi => _mm512_loadu_si512(m.data.as_ptr().add(i + 32 * s).cast()),
-                        Part::Lo => _mm512_setzero_si512(),
-                    };
-                    _mm512_storeu_si512(dst.add(at + s * stride).cast(), v);
-                }
-            }
-        }
-        Operand::Fp8(m, table) => {
-            let i = m.index(row, 0);
-            assert!(i + steps * 32 <= m.data.len());
-            for s in 0..steps {
-                // SAFETY: as above, for 32 codes.
-                unsafe {
-                    let v = match part {
-                        Part::Hi => {
-                            let p = m.data.as_ptr().add(i + 32 * s);
-                            super::super::fp8::words32(_mm256_loadu_si256(p.cast()), table)
-                        }
-                        Part::Lo => _mm512_setzero_si512(),
-                    };
-                    _mm512_storeu_si512(dst.add(at + s * stride).cast(), v);
-                }
-            }
+    for s in 0..steps {
+        // SAFETY: the caller's contract (unit column stride: step s is the 32 values
+        // from column 32s, bounds-checked by `load_row32`); the 32 words at
+        // at + s·stride are inside `out` (asserted).
+        unsafe {
+            let v = load_row32(a, row, 32 * s, part);
+            _mm512_storeu_si512(dst.add(at + s * stride).cast(), v);
         }
     }
 }
