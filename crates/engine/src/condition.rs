@@ -18,7 +18,7 @@ const PROBE_BLOCKS: usize = 48;
 
 use headroom_model::dit::config::IMAGE_MASK_CHANNELS;
 use headroom_model::vae::{same_bytes, StreamingEncodeState, VaeConfig};
-use headroom_model::WanVae;
+use headroom_model::{StateReader, StateWriter, WanVae};
 use headroom_tensor::{DType, Device, Tensor};
 
 use crate::blocks::BLOCK_FRAMES;
@@ -239,6 +239,40 @@ impl ImageCondition {
         self.last_fingerprint = fingerprint;
         self.current = Some((n, condition));
         Ok(())
+    }
+
+    /// Saves what later blocks depend on: the first frame (until block 0 takes it), the
+    /// encoder's cache, the current block's condition, and where it stands.
+    pub(crate) fn save(&self, w: &mut StateWriter<'_>) -> Result<()> {
+        w.maybe_tensor("first", self.first.as_ref())?;
+        self.state.save(&mut w.scope("encoder"))?;
+        w.field("current_block", &self.current.as_ref().map(|(b, _)| *b))?;
+        w.maybe_tensor("current", self.current.as_ref().map(|(_, c)| c))?;
+        w.field("size", &self.size)?;
+        w.field("last_fingerprint", &self.last_fingerprint)?;
+        w.field("settled_at", &self.settled_at)?;
+        w.field("origin", &self.origin)?;
+        Ok(())
+    }
+
+    /// The condition [`Self::save`] saved, on `r`'s device.
+    pub(crate) fn restore(r: &StateReader<'_>) -> Result<Self> {
+        let current = match r.field::<Option<usize>>("current_block")? {
+            Some(b) => Some((b, r.tensor("current")?)),
+            None => None,
+        };
+        Ok(Self {
+            first: r.maybe_tensor("first")?,
+            state: StreamingEncodeState::restore(&r.scope("encoder"))?,
+            current,
+            size: r.field("size")?,
+            last_fingerprint: r.field("last_fingerprint")?,
+            settled_at: r.field("settled_at")?,
+            previous: None,
+            meta_settles_at: None,
+            origin: r.field("origin")?,
+            device: r.device().clone(),
+        })
     }
 
     /// The block from which the condition is reused (the encoder reached its fixed

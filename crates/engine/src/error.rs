@@ -11,6 +11,38 @@ pub enum AdmissionKind {
     PlannedPeak,
 }
 
+/// Why a snapshot could not be written or is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotFault {
+    /// The file could not be read or written (a full disk, a missing folder).
+    Io,
+    /// The file ends before its header says it does.
+    Truncated,
+    /// The bytes are not a snapshot, or do not match their checksum.
+    Corrupt,
+    /// Written by another version of the snapshot format.
+    Version,
+    /// Made on another model, size, dtype, decoder, KV window or mesh than this engine
+    /// has: the message says what differs.
+    Mismatch,
+    /// The session holds something a snapshot cannot carry.
+    Unsupported,
+}
+
+impl SnapshotFault {
+    /// A short name for reports and protocol errors.
+    pub fn name(self) -> &'static str {
+        match self {
+            SnapshotFault::Io => "io",
+            SnapshotFault::Truncated => "truncated",
+            SnapshotFault::Corrupt => "corrupt",
+            SnapshotFault::Version => "version",
+            SnapshotFault::Mismatch => "mismatch",
+            SnapshotFault::Unsupported => "unsupported",
+        }
+    }
+}
+
 /// Errors of the engine.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -64,6 +96,15 @@ pub enum EngineError {
     /// batch carries the cause itself); the session is over.
     #[error("the batched step this session shared failed: {0}")]
     Batch(String),
+    /// A session snapshot could not be written, or is refused for resuming here
+    /// (nothing was allocated for it).
+    #[error("snapshot ({}): {reason}", kind.name())]
+    Snapshot {
+        /// What is wrong.
+        kind: SnapshotFault,
+        /// What differs or failed, for people.
+        reason: String,
+    },
     /// A model failed (shapes, weights, out of memory).
     #[error(transparent)]
     Model(#[from] headroom_model::ModelError),
@@ -129,6 +170,23 @@ impl EngineError {
         EngineError::Admission {
             kind,
             reason: reason.into(),
+        }
+    }
+
+    /// A snapshot refused or failed for `kind`.
+    pub fn snapshot(kind: SnapshotFault, reason: impl Into<String>) -> Self {
+        EngineError::Snapshot {
+            kind,
+            reason: reason.into(),
+        }
+    }
+
+    /// What is wrong with the snapshot, when this is a snapshot error.
+    pub fn snapshot_fault(&self) -> Option<SnapshotFault> {
+        match self {
+            EngineError::Rank { cause: Some(e), .. } => e.snapshot_fault(),
+            EngineError::Snapshot { kind, .. } => Some(*kind),
+            _ => None,
         }
     }
 

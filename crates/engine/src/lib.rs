@@ -50,17 +50,21 @@ mod request;
 mod round;
 pub mod scheduler;
 pub mod session;
+pub mod snapshot;
 pub mod step_queue;
 mod text;
 pub mod validate;
 
 pub use cancel::{CancelReason, CancelToken, Checkpoint};
 pub use driver::{Drive, SessionDriver};
-pub use engine::{Admitted, Engine, EngineConfig, Placement, Resident, TINY_DECODER_FILE};
-pub use error::{AdmissionKind, EngineError, Result};
+pub use engine::{
+    Admitted, Engine, EngineConfig, Placement, Resident, SnapshotSource, TINY_DECODER_FILE,
+};
+pub use error::{AdmissionKind, EngineError, Result, SnapshotFault};
 pub use loop_io::{LatentRecorder, LatentSink, NoiseSource};
 pub use mesh::{Mesh, RankGroups};
 pub use model_source::ModelSource;
 pub use preset::{ModelPreset, PRESETS};
 pub use session::{Chunk, ChunkTimings, Chunks, Session, SessionRequest, BLOCK_FRAMES};
+pub use snapshot::SessionSnapshot;
 pub use step_queue::{Member, StepQueue};

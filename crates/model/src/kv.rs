@@ -16,6 +16,7 @@ use headroom_tensor::{DType, Device, Tensor};
 
 use crate::dit::KeyValues;
 use crate::error::{ModelError, Result};
+use crate::state::{StateReader, StateWriter};
 
 /// Shape of one page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,8 +251,6 @@ impl SessionKv {
     /// `first_frame..`, evicting the oldest non-sink block first when the window is full.
     pub fn commit(&mut self, first_frame: usize, own: &[KeyValues]) -> Result<()> {
         let tokens = self.frame_tokens;
-        let per = self.pool.layout.tokens;
-        let per_frame = self.pool.layout.pages_per_frame(tokens);
         if let Some(&(last, _)) = self.frames.last() {
             if first_frame != last + 1 {
                 return Err(ModelError::input(
@@ -269,24 +268,137 @@ impl SessionKv {
             }
         }
         for j in 0..self.block_frames {
-            if self.spare.len() < per_frame {
-                return Err(ModelError::input(
-                    "kv commit",
-                    "no spare page (internal accounting error)",
-                ));
+            self.fill_frame(first_frame + j, own, j * tokens)?;
+        }
+        Ok(())
+    }
+
+    /// Takes a spare frame's pages, fills them with the rows of `src[layer]` from token
+    /// `from` on, and appends them as absolute frame `frame`.
+    fn fill_frame(&mut self, frame: usize, src: &[KeyValues], from: usize) -> Result<()> {
+        let per = self.pool.layout.tokens;
+        let per_frame = self.pool.layout.pages_per_frame(self.frame_tokens);
+        if self.spare.len() < per_frame {
+            return Err(ModelError::input(
+                "kv commit",
+                "no spare page (internal accounting error)",
+            ));
+        }
+        let at = self.spare.len() - per_frame;
+        let mut pages = self.spare.split_off(at);
+        for (i, page) in pages.iter_mut().enumerate() {
+            let rows = self.rows(i);
+            let start = from + i * per;
+            for (l, kv) in src.iter().enumerate() {
+                // A partly filled page keeps stale rows after `rows`: never read.
+                page.k[l].assign_leading(1, &kv.k.narrow(1, start, rows)?)?;
+                page.v[l].assign_leading(1, &kv.v.narrow(1, start, rows)?)?;
             }
-            let at = self.spare.len() - per_frame;
-            let mut pages = self.spare.split_off(at);
-            for (i, page) in pages.iter_mut().enumerate() {
-                let rows = self.rows(i);
-                let from = j * tokens + i * per;
-                for (l, kv) in own.iter().enumerate() {
-                    // A partly filled page keeps stale rows after `rows`: never read.
-                    page.k[l].assign_leading(1, &kv.k.narrow(1, from, rows)?)?;
-                    page.v[l].assign_leading(1, &kv.v.narrow(1, from, rows)?)?;
+        }
+        self.frames.push((frame, pages));
+        Ok(())
+    }
+
+    /// Saves the committed history: the absolute frames held (sink and window) and, per
+    /// layer, the keys and values of all of them as one `[1, frames·tokens, H, D]`
+    /// tensor in the pages' dtype (one transfer per layer and side, not one per page).
+    pub fn save(&self, w: &mut StateWriter<'_>) -> Result<()> {
+        w.field("frames", &self.history())?;
+        w.field("frame_tokens", &self.frame_tokens)?;
+        w.field("sink_frames", &self.sink_frames)?;
+        w.field("window_frames", &self.window_frames)?;
+        w.field("block_frames", &self.block_frames)?;
+        if self.frames.is_empty() {
+            return Ok(());
+        }
+        let per = self.pool.layout.tokens;
+        for l in 0..self.pool.layout.layers {
+            let mut ks = Vec::new();
+            let mut vs = Vec::new();
+            for (_, pages) in &self.frames {
+                for (i, p) in pages.iter().enumerate() {
+                    let rows = self.rows(i);
+                    let used = |t: &Tensor| -> Result<Tensor> {
+                        Ok(if rows == per {
+                            t.clone()
+                        } else {
+                            t.narrow(1, 0, rows)?
+                        })
+                    };
+                    ks.push(used(&p.k[l])?);
+                    vs.push(used(&p.v[l])?);
                 }
             }
-            self.frames.push((first_frame + j, pages));
+            w.tensor(&format!("k.{l}"), &Tensor::cat(&ks.iter().collect::<Vec<_>>(), 1)?)?;
+            w.tensor(&format!("v.{l}"), &Tensor::cat(&vs.iter().collect::<Vec<_>>(), 1)?)?;
+        }
+        Ok(())
+    }
+
+    /// Fills this fresh cache (its pages reserved, no frame committed) with a saved
+    /// history ([`SessionKv::save`]), refusing one of another shape by name.
+    pub fn restore(&mut self, r: &StateReader<'_>) -> Result<()> {
+        if !self.frames.is_empty() {
+            return Err(ModelError::input(
+                "kv restore",
+                "the cache already holds frames",
+            ));
+        }
+        let saved = [
+            ("frame_tokens", r.field::<usize>("frame_tokens")?, self.frame_tokens),
+            ("sink_frames", r.field::<usize>("sink_frames")?, self.sink_frames),
+            ("window_frames", r.field::<usize>("window_frames")?, self.window_frames),
+            ("block_frames", r.field::<usize>("block_frames")?, self.block_frames),
+        ];
+        for (name, was, is) in saved {
+            if was != is {
+                return Err(ModelError::input(
+                    "snapshot",
+                    format!("kv {name} was {was}, this engine has {is}"),
+                ));
+            }
+        }
+        let frames: Vec<usize> = r.field("frames")?;
+        if frames.len() + self.block_frames > self.window_frames
+            || frames.windows(2).any(|p| p[1] <= p[0])
+        {
+            return Err(ModelError::input(
+                "snapshot",
+                format!(
+                    "kv frames {frames:?} are not an increasing history that leaves a block of room in a window of {}",
+                    self.window_frames
+                ),
+            ));
+        }
+        if frames.is_empty() {
+            return Ok(());
+        }
+        let layout = self.pool.layout;
+        let want = [1, frames.len() * self.frame_tokens, layout.heads, layout.head_dim];
+        let src = (0..layout.layers)
+            .map(|l| {
+                let load = |side: &str| -> Result<Tensor> {
+                    let name = format!("{side}.{l}");
+                    let saved = r.saved(&name)?;
+                    if saved.shape != want || saved.dtype != layout.dtype {
+                        return Err(ModelError::input(
+                            "snapshot",
+                            format!(
+                                "kv {name} is {} {:?}, the pages hold {} {want:?}",
+                                saved.dtype, saved.shape, layout.dtype
+                            ),
+                        ));
+                    }
+                    r.tensor(&name)
+                };
+                Ok(KeyValues {
+                    k: load("k")?,
+                    v: load("v")?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for (j, &frame) in frames.iter().enumerate() {
+            self.fill_frame(frame, &src, j * self.frame_tokens)?;
         }
         Ok(())
     }

@@ -16,6 +16,7 @@ pub mod dmd;
 pub mod error;
 pub mod import;
 pub mod kv;
+pub mod state;
 pub mod taehv;
 pub mod vae;
 pub mod weights;
@@ -26,6 +27,7 @@ pub use dit::{DitConfig, WanTransformer};
 pub use error::{ModelError, Result};
 pub use taehv::{TinyConfig, TinyDecoder};
 pub use vae::{OutputFormat, StreamingDecodeState, StreamingDecoder, VaeConfig, WanVae};
+pub use state::{SavedState, SavedTensor, StateReader, StateWriter};
 pub use weights::{WeightFormat, WeightStore};
 
 /// What a model's products compute in for weights of `dtype`: bf16 weights give a bf16

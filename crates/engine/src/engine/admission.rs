@@ -11,6 +11,8 @@ use headroom_tensor::{DType, Tensor};
 
 use crate::blocks::BLOCK_FRAMES;
 use crate::condition::ImageCondition;
+use crate::snapshot::SessionSnapshot;
+use headroom_model::dit::TextKeyValues;
 use crate::error::{AdmissionKind, EngineError, Result};
 use crate::session::{Session, SessionRequest};
 use crate::text::pad_text;
@@ -170,7 +172,26 @@ impl Engine {
     /// span. Ranks of a mesh admit, agree that every rank admitted, then open (whose
     /// forwards meet at collectives); an admission dropped unopened gives all back.
     pub fn admit_session(&self, request: SessionRequest) -> Result<Admitted<'_>> {
-        let blocks = self.validate(&request)?;
+        let (kv, blocks) = self.admit_room(&request)?;
+        let embeds = match request.prompt.as_deref() {
+            Some(prompt) => self.prompts.encode(prompt)?,
+            None => request.text_embeds.clone(),
+        };
+        // The planned span starts after the prompt is encoded: whether it came from the
+        // cache changes the allocations, not the session's.
+        let span = self.planner.begin_span(self, &request, blocks, false)?;
+        Ok(Admitted {
+            engine: self,
+            parts: Some((request, kv, Opening::Fresh(embeds), blocks)),
+            span,
+        })
+    }
+
+    /// What admitting `request` takes before its text: its rules, its KV pages from
+    /// the pool, room for its decoder state and conditioning; returns the pages and the
+    /// session's blocks (`None`: no end).
+    pub(super) fn admit_room(&self, request: &SessionRequest) -> Result<(SessionKv, Option<usize>)> {
+        let blocks = self.validate(request)?;
         let tokens = self.frame_tokens(request.width, request.height);
         let layout = self.page_layout();
         let pool = self.pool_for(
@@ -201,18 +222,7 @@ impl Engine {
             ),
             ));
         }
-        let embeds = match request.prompt.as_deref() {
-            Some(prompt) => self.prompts.encode(prompt)?,
-            None => request.text_embeds.clone(),
-        };
-        // The planned span starts after the prompt is encoded: whether it came from the
-        // cache changes the allocations, not the session's.
-        let span = self.planner.begin_span(self, &request, blocks)?;
-        Ok(Admitted {
-            engine: self,
-            parts: Some((request, kv, embeds, blocks)),
-            span,
-        })
+        Ok((kv, blocks))
     }
 
     /// The rest of `open_session`, inside the planned span.
@@ -234,8 +244,23 @@ impl Engine {
         } else {
             None
         };
+        let session = self.new_session(kv, text, cond, &request, blocks)?;
+        let round_member = self.planner.round_member(self, &request, span);
+        Ok(session.with_span(span).with_round_member(round_member))
+    }
+
+    /// A new session of `request` over its admitted pages, text and condition, with
+    /// the engine's text encoder and identity.
+    pub(super) fn new_session(
+        &self,
+        kv: SessionKv,
+        text: TextKeyValues,
+        cond: Option<ImageCondition>,
+        request: &SessionRequest,
+        blocks: Option<usize>,
+    ) -> Result<Session> {
         let id = format!("session-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        let session = Session::new(
+        Ok(Session::new(
             id,
             Arc::clone(&self.dit),
             Arc::clone(&self.vae),
@@ -243,14 +268,11 @@ impl Engine {
             kv,
             text,
             cond,
-            &request,
+            request,
             blocks,
-        )?;
-        let round_member = self.planner.round_member(self, &request, span);
-        Ok(session
-            .with_prompts(Arc::clone(&self.prompts))
-            .with_span(span)
-            .with_round_member(round_member))
+        )?
+        .with_prompts(Arc::clone(&self.prompts))
+        .with_identity(Arc::clone(&self.identity)))
     }
 
     /// Text embeddings zero-padded to the 512 tokens the Wan pipelines feed.
@@ -362,14 +384,23 @@ impl Engine {
     }
 }
 
-/// A session admitted by [`Engine::admit_session`] and not yet opened: it holds its KV
-/// pages and its planned span; dropping it releases both.
+/// How an admitted session opens: from its request's text, or from a snapshot.
+pub(super) enum Opening {
+    /// A new session conditioned on these embeddings (none: empty text).
+    Fresh(Option<Tensor>),
+    /// A session resumed from a snapshot.
+    Resumed(Arc<SessionSnapshot>),
+}
+
+/// A session admitted by [`Engine::admit_session`] (or [`Engine::admit_resume`]) and
+/// not yet opened: it holds its KV pages and its planned span; dropping it releases
+/// both.
 pub struct Admitted<'e> {
-    engine: &'e Engine,
-    parts: Option<(SessionRequest, SessionKv, Option<Tensor>, Option<usize>)>,
+    pub(super) engine: &'e Engine,
+    pub(super) parts: Option<(SessionRequest, SessionKv, Opening, Option<usize>)>,
     /// The planned span admission opened, if it did (a session streamed until stopped
     /// without a plan runs without one).
-    span: Option<SpanId>,
+    pub(super) span: Option<SpanId>,
 }
 
 impl std::fmt::Debug for Admitted<'_> {
@@ -384,14 +415,22 @@ impl Admitted<'_> {
     /// Opens the admitted session: the image condition, the text's keys/values, the
     /// first block's noise (sharded forwards meet at collectives here).
     pub fn open(mut self) -> Result<Session> {
-        let Some((request, kv, embeds, blocks)) = self.parts.take() else {
+        let Some((request, kv, opening, blocks)) = self.parts.take() else {
             return Err(EngineError::request("session", "already opened"));
         };
         let allocator = self.engine.platform().allocator();
         let opened = {
             let _inside = self.span.map(|id| allocator.enter_span(Some(id)));
-            self.engine
-                .open_planned(request, kv, embeds, blocks, self.span)
+            match opening {
+                Opening::Fresh(embeds) => {
+                    self.engine
+                        .open_planned(request, kv, embeds, blocks, self.span)
+                }
+                Opening::Resumed(snapshot) => {
+                    self.engine
+                        .open_resumed(&snapshot, request, kv, blocks, self.span)
+                }
+            }
         };
         if let (Err(_), Some(id)) = (&opened, self.span) {
             allocator.close_span(id);

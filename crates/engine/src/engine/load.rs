@@ -16,6 +16,7 @@ use crate::error::{EngineError, Result};
 use crate::mesh::{Mesh, RankGroups};
 use crate::model_source::ModelSource;
 use crate::preset::ModelPreset;
+use crate::snapshot::identity::{EngineIdentity, MeshPlace};
 use crate::text::Prompts;
 
 pub use crate::config::EngineConfig;
@@ -282,7 +283,22 @@ impl Engine {
         // Everything allocated so far is the model: its weights (and a resident text
         // encoder's), what stays for the engine's life.
         let weights_bytes = device.platform().memory_stats().allocated_now();
+        let mesh = match dit.sharding() {
+            Some(s) => MeshPlace {
+                tp: s.tp.size(),
+                sp: s.sp.size(),
+                rank: s.sp.rank() * s.tp.size() + s.tp.rank(),
+            },
+            None => MeshPlace {
+                tp: 1,
+                sp: 1,
+                rank: 0,
+            },
+        };
+        let architecture = format!("{:?}\n{:?}", dit.config(), vae.config());
+        let identity = Arc::new(EngineIdentity::new(&config, &architecture, mesh));
         Ok(Self {
+            identity,
             weights_bytes,
             prompts: Arc::new(prompts),
             first_frame,

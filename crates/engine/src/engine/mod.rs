@@ -9,10 +9,12 @@ mod admission;
 mod load;
 mod planned;
 mod planner;
+mod resume;
 mod round_plan;
 
 pub use admission::Admitted;
 pub use load::{Placement, TINY_DECODER_FILE};
+pub use resume::SnapshotSource;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -48,6 +50,8 @@ pub struct Engine {
     planner: planner::Planner,
     /// Bytes the device held once the model was loaded.
     weights_bytes: u64,
+    /// What sessions' snapshots say they ran on.
+    identity: Arc<crate::snapshot::identity::EngineIdentity>,
 }
 
 /// What an engine keeps for its whole life, in allocated bytes: with no session open,

@@ -84,12 +84,14 @@ impl Planner {
     /// returns the span, if it opened one. A session of `blocks`
     /// blocks longer than [`Planner::steady_blocks`], or without an end (`None`), gets a
     /// periodic plan; one without an end that gets none runs on the caching path (a
-    /// recording would never end).
+    /// recording would never end). A `resumed` session's span is detached from the
+    /// start.
     pub(super) fn begin_span(
         &self,
         engine: &Engine,
         request: &SessionRequest,
         blocks: Option<usize>,
+        resumed: bool,
     ) -> Result<Option<SpanId>> {
         let allocator = engine.platform().allocator();
         if allocator.policy() != AllocatorPolicy::Planned {
@@ -152,6 +154,18 @@ impl Planner {
             }
         }
         match allocator.planned_peak(&key) {
+            // A resumed session's allocations start mid-stream, where no plan of its
+            // shape starts: its plan's peak counts for admission, its work goes to the
+            // cache (a detached span), and it is never recorded as the shape's plan.
+            Some(peak) if resumed => {
+                engine.admit_planned_peak(peak)?;
+                let (id, _) = allocator.open_span(&key).map_err(|e| {
+                    EngineError::admission(AdmissionKind::PlannedPeak, e.to_string())
+                })?;
+                allocator.detach_span(id);
+                return Ok(Some(id));
+            }
+            None if resumed => return Ok(None),
             Some(peak) => engine.admit_planned_peak(peak)?,
             // Without a plan a session with an end is recorded; one without is not.
             None if open_ended => return Ok(None),

@@ -109,6 +109,7 @@ impl Session {
         stats_denoise_end: MemoryStats,
     ) -> Chunk {
         self.next_block += 1;
+        self.mid_block = false;
         Chunk {
             index: n,
             frames,

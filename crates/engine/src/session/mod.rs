@@ -9,9 +9,11 @@
 
 mod camera;
 mod decode;
+mod state;
 mod step;
 
 pub(crate) use decode::frames_of;
+pub(crate) use state::{saved_text, SavedRequest};
 pub(crate) use step::{BlockRun, Denoised};
 
 use std::sync::Arc;
@@ -85,6 +87,8 @@ pub struct Session {
     cond: Option<ImageCondition>,
     decode_state: StreamingDecodeState,
     schedule: DmdSchedule,
+    /// The schedule's timestep shift (kept for snapshots).
+    flow_shift: f64,
     seed: u64,
     noise_counter: u64,
     noise_source: NoiseSource,
@@ -119,6 +123,10 @@ pub struct Session {
     round: Option<SpanId>,
     /// What the session brings to the plans of batched rounds (under `planned`).
     round_member: Option<Arc<crate::round::RoundMember>>,
+    /// A block has begun and its chunk is not delivered yet (no snapshot then).
+    mid_block: bool,
+    /// What the session runs on, for its snapshots.
+    identity: Option<Arc<crate::snapshot::identity::EngineIdentity>>,
 }
 
 impl Session {
@@ -169,6 +177,7 @@ impl Session {
             text,
             cond,
             schedule: DmdSchedule::shifted(request.steps, request.flow_shift)?,
+            flow_shift: request.flow_shift,
             seed: request.seed,
             noise_counter: 0,
             noise_source: request.noise.clone(),
@@ -200,6 +209,8 @@ impl Session {
             span: None,
             round: None,
             round_member: None,
+            mid_block: false,
+            identity: None,
         })
     }
 

@@ -85,6 +85,7 @@ impl Session {
     /// encoded, its history gathered from the KV pages, its camera tokens and first
     /// noise drawn.
     pub(crate) fn begin_block(&mut self, n: usize) -> Result<BlockRun> {
+        self.mid_block = true;
         if let Some(text) = self.pending_text.take() {
             // A prompt change takes effect at the first block denoised after it.
             self.text = text;

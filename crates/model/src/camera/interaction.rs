@@ -53,7 +53,7 @@ impl CameraUpdate {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct ActiveUpdate {
     update: CameraUpdate,
     source: Pose,
@@ -61,8 +61,9 @@ struct ActiveUpdate {
 }
 
 /// Applies mid-session camera updates at chunk boundaries, one pose per latent frame
-/// (STEPWISE A6, the latent-frame version).
-#[derive(Debug, Clone)]
+/// (STEPWISE A6, the latent-frame version). It serialises whole (pose, the active
+/// update and where it stands, pending updates), so a saved session resumes mid-move.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct InteractionHandler {
     pose: Pose,
     active: Option<ActiveUpdate>,

@@ -159,7 +159,7 @@ fn axis(a: bool, b: bool) -> f64 {
 }
 
 /// The WASD/IJKL integrator (STEPWISE A4): pose and pitch persist across blocks.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Controller {
     /// Current camera-to-world pose.
     pub pose: Pose,

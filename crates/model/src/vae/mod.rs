@@ -18,6 +18,7 @@ pub use config::VaeConfig;
 pub use stream::{OutputFormat, StreamingDecodeState, StreamingDecoder};
 
 use crate::error::{ModelError, Result};
+use crate::state::{StateReader, StateWriter};
 use crate::weights::{read_config, Init, WeightStore};
 use blocks::Slots;
 use coder::{Decoder, Encoder};
@@ -87,6 +88,20 @@ impl StreamingEncodeState {
                 (Some(a), Some(b)) => same_bytes(a, b),
                 _ => false,
             })
+    }
+
+    /// Saves the cache slots and the frames seen.
+    pub fn save(&self, w: &mut StateWriter<'_>) -> Result<()> {
+        w.field("frames", &self.frames)?;
+        w.slots("slot", &self.slots)
+    }
+
+    /// The cache [`Self::save`] saved.
+    pub fn restore(r: &StateReader<'_>) -> Result<Self> {
+        Ok(Self {
+            slots: r.slots("slot")?,
+            frames: r.field("frames")?,
+        })
     }
 
     /// A copy whose cache has storage of its own.

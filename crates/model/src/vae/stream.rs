@@ -15,6 +15,7 @@ use super::blocks::Slots;
 use super::WanVae;
 use crate::decode_control::{DecodeControl, RunToEnd};
 use crate::error::{ModelError, Result};
+use crate::state::{StateReader, StateWriter};
 
 /// What `decode_chunk` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +100,28 @@ impl StreamingDecodeState {
         self.latent_frames += latent_frames;
         self.chunks_decoded += 1;
         self.frames_decoded += frames;
+    }
+
+    /// Saves the cache slots and counters (the decoder's id is not saved: a restored
+    /// state is bound to the decoder it is restored for).
+    pub fn save(&self, w: &mut StateWriter<'_>) -> Result<()> {
+        w.field("bound", &self.vae_id.is_some())?;
+        w.field("latent_frames", &self.latent_frames)?;
+        w.field("chunks_decoded", &self.chunks_decoded)?;
+        w.field("frames_decoded", &self.frames_decoded)?;
+        w.slots("slot", &self.slots)
+    }
+
+    /// A state for `session_id` holding what [`Self::save`] saved, bound to the decoder
+    /// of id `decoder_id` if it was bound to one.
+    pub fn restore(session_id: &str, decoder_id: u64, r: &StateReader<'_>) -> Result<Self> {
+        let mut state = Self::new(session_id)?;
+        state.slots = r.slots("slot")?;
+        state.vae_id = r.field::<bool>("bound")?.then_some(decoder_id);
+        state.latent_frames = r.field("latent_frames")?;
+        state.chunks_decoded = r.field("chunks_decoded")?;
+        state.frames_decoded = r.field("frames_decoded")?;
+        Ok(state)
     }
 
     /// Gives every cached frame back and resets the counters: the next chunk decodes as

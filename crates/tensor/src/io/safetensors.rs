@@ -28,7 +28,8 @@ fn io_err(path: &Path, reason: impl std::fmt::Display) -> TensorError {
     }
 }
 
-fn our_dtype(dtype: StDtype) -> Option<DType> {
+/// Our dtype of a safetensors dtype (`None` for one we do not hold).
+pub fn our_dtype(dtype: StDtype) -> Option<DType> {
     match dtype {
         StDtype::F32 => Some(DType::F32),
         StDtype::BF16 => Some(DType::BF16),
@@ -42,7 +43,8 @@ fn our_dtype(dtype: StDtype) -> Option<DType> {
     }
 }
 
-fn their_dtype(dtype: DType) -> StDtype {
+/// The safetensors dtype of ours.
+pub fn their_dtype(dtype: DType) -> StDtype {
     match dtype {
         DType::F32 => StDtype::F32,
         DType::BF16 => StDtype::BF16,
