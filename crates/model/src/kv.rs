@@ -329,8 +329,14 @@ impl SessionKv {
                     vs.push(used(&p.v[l])?);
                 }
             }
-            w.tensor(&format!("k.{l}"), &Tensor::cat(&ks.iter().collect::<Vec<_>>(), 1)?)?;
-            w.tensor(&format!("v.{l}"), &Tensor::cat(&vs.iter().collect::<Vec<_>>(), 1)?)?;
+            w.tensor(
+                &format!("k.{l}"),
+                &Tensor::cat(&ks.iter().collect::<Vec<_>>(), 1)?,
+            )?;
+            w.tensor(
+                &format!("v.{l}"),
+                &Tensor::cat(&vs.iter().collect::<Vec<_>>(), 1)?,
+            )?;
         }
         Ok(())
     }
@@ -345,10 +351,26 @@ impl SessionKv {
             ));
         }
         let saved = [
-            ("frame_tokens", r.field::<usize>("frame_tokens")?, self.frame_tokens),
-            ("sink_frames", r.field::<usize>("sink_frames")?, self.sink_frames),
-            ("window_frames", r.field::<usize>("window_frames")?, self.window_frames),
-            ("block_frames", r.field::<usize>("block_frames")?, self.block_frames),
+            (
+                "frame_tokens",
+                r.field::<usize>("frame_tokens")?,
+                self.frame_tokens,
+            ),
+            (
+                "sink_frames",
+                r.field::<usize>("sink_frames")?,
+                self.sink_frames,
+            ),
+            (
+                "window_frames",
+                r.field::<usize>("window_frames")?,
+                self.window_frames,
+            ),
+            (
+                "block_frames",
+                r.field::<usize>("block_frames")?,
+                self.block_frames,
+            ),
         ];
         for (name, was, is) in saved {
             if was != is {
@@ -374,7 +396,12 @@ impl SessionKv {
             return Ok(());
         }
         let layout = self.pool.layout;
-        let want = [1, frames.len() * self.frame_tokens, layout.heads, layout.head_dim];
+        let want = [
+            1,
+            frames.len() * self.frame_tokens,
+            layout.heads,
+            layout.head_dim,
+        ];
         let src = (0..layout.layers)
             .map(|l| {
                 let load = |side: &str| -> Result<Tensor> {

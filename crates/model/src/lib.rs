@@ -25,9 +25,9 @@ pub use decode_control::{DecodeControl, RunToEnd};
 pub use decoder::{DecoderKind, VideoDecoder};
 pub use dit::{DitConfig, WanTransformer};
 pub use error::{ModelError, Result};
+pub use state::{SavedState, SavedTensor, StateReader, StateWriter};
 pub use taehv::{TinyConfig, TinyDecoder};
 pub use vae::{OutputFormat, StreamingDecodeState, StreamingDecoder, VaeConfig, WanVae};
-pub use state::{SavedState, SavedTensor, StateReader, StateWriter};
 pub use weights::{WeightFormat, WeightStore};
 
 /// What a model's products compute in for weights of `dtype`: bf16 weights give a bf16

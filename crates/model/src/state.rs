@@ -239,7 +239,10 @@ impl<'a> StateReader<'a> {
             .get(&key)
             .ok_or_else(|| ModelError::input("snapshot", format!("no field {key:?}")))?;
         serde_json::from_value(value.clone()).map_err(|e| {
-            ModelError::input("snapshot", format!("field {key:?} is not what it should be: {e}"))
+            ModelError::input(
+                "snapshot",
+                format!("field {key:?} is not what it should be: {e}"),
+            )
         })
     }
 }

@@ -11,11 +11,11 @@ use headroom_tensor::{DType, Tensor};
 
 use crate::blocks::BLOCK_FRAMES;
 use crate::condition::ImageCondition;
-use crate::snapshot::SessionSnapshot;
-use headroom_model::dit::TextKeyValues;
 use crate::error::{AdmissionKind, EngineError, Result};
 use crate::session::{Session, SessionRequest};
+use crate::snapshot::SessionSnapshot;
 use crate::text::pad_text;
+use headroom_model::dit::TextKeyValues;
 
 use super::Engine;
 
@@ -190,7 +190,10 @@ impl Engine {
     /// What admitting `request` takes before its text: its rules, its KV pages from
     /// the pool, room for its decoder state and conditioning; returns the pages and the
     /// session's blocks (`None`: no end).
-    pub(super) fn admit_room(&self, request: &SessionRequest) -> Result<(SessionKv, Option<usize>)> {
+    pub(super) fn admit_room(
+        &self,
+        request: &SessionRequest,
+    ) -> Result<(SessionKv, Option<usize>)> {
         let blocks = self.validate(request)?;
         let tokens = self.frame_tokens(request.width, request.height);
         let layout = self.page_layout();
@@ -422,14 +425,12 @@ impl Admitted<'_> {
         let opened = {
             let _inside = self.span.map(|id| allocator.enter_span(Some(id)));
             match opening {
-                Opening::Fresh(embeds) => {
-                    self.engine
-                        .open_planned(request, kv, embeds, blocks, self.span)
-                }
-                Opening::Resumed(snapshot) => {
-                    self.engine
-                        .open_resumed(&snapshot, request, kv, blocks, self.span)
-                }
+                Opening::Fresh(embeds) => self
+                    .engine
+                    .open_planned(request, kv, embeds, blocks, self.span),
+                Opening::Resumed(snapshot) => self
+                    .engine
+                    .open_resumed(&snapshot, request, kv, blocks, self.span),
             }
         };
         if let (Err(_), Some(id)) = (&opened, self.span) {

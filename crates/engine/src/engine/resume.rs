@@ -76,12 +76,16 @@ impl Engine {
 
     /// The first half of [`Engine::resume`] (checks and admission, no collective), as
     /// [`Engine::admit_session`] is of [`Engine::open_session`].
-    pub fn admit_resume<'a>(&self, snapshot: impl Into<SnapshotSource<'a>>) -> Result<Admitted<'_>> {
+    pub fn admit_resume<'a>(
+        &self,
+        snapshot: impl Into<SnapshotSource<'a>>,
+    ) -> Result<Admitted<'_>> {
         let snapshot = snapshot.into().load()?;
         let id = &snapshot.identity;
-        let decoder: DecoderKind = id.decoder.parse().map_err(|e| {
-            EngineError::snapshot(SnapshotFault::Corrupt, format!("decoder: {e}"))
-        })?;
+        let decoder: DecoderKind = id
+            .decoder
+            .parse()
+            .map_err(|e| EngineError::snapshot(SnapshotFault::Corrupt, format!("decoder: {e}")))?;
         let here = self
             .identity
             .of_session(id.width, id.height, decoder.as_str())?;
@@ -121,7 +125,10 @@ impl Engine {
         request.camera_guidance = Some(saved.camera_guidance);
         request.decoder = Some(decoder);
         if snapshot.state.tensors.contains_key("noise.supplied") {
-            let noise = snapshot.state.reader(&self.device).tensor("noise.supplied")?;
+            let noise = snapshot
+                .state
+                .reader(&self.device)
+                .tensor("noise.supplied")?;
             request.noise = NoiseSource::Supplied(noise);
         }
         Ok(request)

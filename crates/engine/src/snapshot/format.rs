@@ -91,9 +91,11 @@ fn check_length(bytes: &[u8]) -> Result<()> {
         )));
     };
     let n = u64::from_le_bytes(len.try_into().unwrap_or([0; 8]));
-    let header_end = n.checked_add(8).filter(|&e| e <= 100 << 20).ok_or_else(|| {
-        corrupt(format!("a header of {n} bytes is not a snapshot's"))
-    })? as usize;
+    let header_end = n
+        .checked_add(8)
+        .filter(|&e| e <= 100 << 20)
+        .ok_or_else(|| corrupt(format!("a header of {n} bytes is not a snapshot's")))?
+        as usize;
     let Some(header) = bytes.get(8..header_end) else {
         return Err(truncated(format!(
             "{} bytes: the header alone declares {header_end}",
@@ -132,8 +134,11 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(serde_json::Value, SavedState)> {
         .clone()
         .ok_or_else(|| corrupt("no metadata: not a headroom snapshot"))?;
     let get = |key: &str| {
-        info.get(key)
-            .ok_or_else(|| corrupt(format!("no {key:?} in the metadata: not a headroom snapshot")))
+        info.get(key).ok_or_else(|| {
+            corrupt(format!(
+                "no {key:?} in the metadata: not a headroom snapshot"
+            ))
+        })
     };
     if get("format")? != MAGIC {
         return Err(corrupt(format!(
@@ -184,10 +189,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<(serde_json::Value, SavedState)> {
 /// temporary file is removed and `path` is as it was.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let io = |what: &str, e: std::io::Error| {
-        EngineError::snapshot(
-            SnapshotFault::Io,
-            format!("{what} {}: {e}", path.display()),
-        )
+        EngineError::snapshot(SnapshotFault::Io, format!("{what} {}: {e}", path.display()))
     };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
@@ -264,7 +266,11 @@ mod tests {
         let fault = |b: &[u8]| decode(b).unwrap_err().snapshot_fault().unwrap();
         // Cut anywhere: truncated (or, inside the 8 bytes, too).
         for cut in [0, 4, 20, bytes.len() - 1] {
-            assert_eq!(fault(&bytes[..cut]), SnapshotFault::Truncated, "cut at {cut}");
+            assert_eq!(
+                fault(&bytes[..cut]),
+                SnapshotFault::Truncated,
+                "cut at {cut}"
+            );
         }
         // One bit of tensor data flipped: the checksum catches it.
         let mut flipped = bytes.clone();

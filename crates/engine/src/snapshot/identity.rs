@@ -112,8 +112,14 @@ impl Identity {
         );
         cmp(
             "mesh",
-            format!("tp {} sp {} rank {}", self.mesh.tp, self.mesh.sp, self.mesh.rank),
-            format!("tp {} sp {} rank {}", here.mesh.tp, here.mesh.sp, here.mesh.rank),
+            format!(
+                "tp {} sp {} rank {}",
+                self.mesh.tp, self.mesh.sp, self.mesh.rank
+            ),
+            format!(
+                "tp {} sp {} rank {}",
+                here.mesh.tp, here.mesh.sp, here.mesh.rank
+            ),
         );
         out
     }
@@ -161,7 +167,12 @@ impl EngineIdentity {
     }
 
     /// The identity of a session of `width × height` decoding with `decoder`.
-    pub(crate) fn of_session(&self, width: usize, height: usize, decoder: &str) -> Result<Identity> {
+    pub(crate) fn of_session(
+        &self,
+        width: usize,
+        height: usize,
+        decoder: &str,
+    ) -> Result<Identity> {
         let weights = self
             .weights
             .get_or_init(|| weights_fingerprint(&self.config).map_err(|e| e.to_string()))
@@ -285,8 +296,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_changed_byte_anywhere_in_a_large_file_sampled_changes_the_fingerprint_only_in_a_window(
-    ) {
+    fn a_changed_byte_anywhere_in_a_large_file_sampled_changes_the_fingerprint_only_in_a_window() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.bin");
         let data: Vec<u8> = (0..(WHOLE_FILE_BYTES + (3 << 20)))
@@ -329,6 +339,9 @@ mod tests {
         let diff = a.differences(&b).join("; ");
         assert!(diff.contains("size: snapshot 48x32, here 64x32"), "{diff}");
         assert!(diff.contains("mesh"), "{diff}");
-        assert!(!diff.contains("thread"), "threads are recorded, not compared");
+        assert!(
+            !diff.contains("thread"),
+            "threads are recorded, not compared"
+        );
     }
 }
