@@ -76,6 +76,38 @@ impl SessionDriver {
         Ok(Self { how })
     }
 
+    /// Resumes `snapshot` on `engine` ([`Engine::resume`]), driven as `how` says. A
+    /// session led over a mesh resumes on every rank, each from its own shard: rank
+    /// `r` > 0 reads `snapshot`'s path with `.rank-r` before its extension.
+    pub fn resume(engine: &Engine, snapshot: &std::path::Path, how: Drive<'_>) -> Result<Self> {
+        let how = match how {
+            Drive::Alone => Driven::Alone(engine.resume(snapshot)?),
+            Drive::Stepped(queue) => Driven::Stepped {
+                session: Some(engine.resume(snapshot)?),
+                _member: queue.join(),
+                queue: Arc::clone(queue),
+            },
+            Drive::Led(world) => {
+                Driven::Led(crate::replicated::lead_resume(engine, world, snapshot)?)
+            }
+        };
+        Ok(Self { how })
+    }
+
+    /// Snapshots the session at this chunk boundary to `path` (a led session: every
+    /// rank its own shard, rank `r` > 0 beside `path` with `.rank-r` before the
+    /// extension); returns rank 0's snapshot as written.
+    pub fn snapshot_to(&mut self, path: &std::path::Path) -> Result<crate::SessionSnapshot> {
+        match &mut self.how {
+            Driven::Led(s) => s.snapshot_to(path),
+            _ => {
+                let snap = self.session().ok_or_else(released)?.snapshot()?;
+                snap.write(path)?;
+                Ok(snap)
+            }
+        }
+    }
+
     /// The session (`None` for a led session after it ended).
     pub fn session(&self) -> Option<&Session> {
         match &self.how {

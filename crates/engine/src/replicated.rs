@@ -73,6 +73,10 @@ enum Command {
     Prompt(String),
     /// Change the text embeddings (blob 0).
     TextEmbeds(WireTensor),
+    /// Snapshot the session: each rank writes its shard of the path given.
+    Snapshot(std::path::PathBuf),
+    /// Resume a session: each rank reads its shard of the path given.
+    Resume(std::path::PathBuf),
     /// Drop the session and report memory.
     Close,
     /// Leave the follow loop.
@@ -324,6 +328,80 @@ pub fn lead_open(
     }
 }
 
+/// Resumes on every rank the session snapshotted to `path` (rank 0 only; the others
+/// are in [`follow`]), each rank from its own shard ([`shard_path`]); all agree on the
+/// outcome, so a refused resume leaves every rank as it was.
+pub fn lead_resume(
+    engine: &Engine,
+    world: &Arc<dyn Communicator>,
+    path: &std::path::Path,
+) -> Result<LeadSession> {
+    broadcast(world.as_ref(), &Command::Resume(path.to_path_buf()), &[])?;
+    reset_stats(engine);
+    let admitted = engine.admit_resume(path);
+    let status = admitted.as_ref().map(|_| ()).map_err(|e| e.to_string());
+    match agree(world.as_ref(), &status)? {
+        None => {}
+        Some((0, _)) => return Err(admitted.err().unwrap_or_else(|| wire_err("resume failed"))),
+        Some((rank, reason)) => {
+            return Err(EngineError::Rank {
+                rank,
+                reason,
+                cause: None,
+            })
+        }
+    }
+    match admitted.and_then(|a| a.open()) {
+        Ok(session) => Ok(LeadSession {
+            session: Some(session),
+            world: Arc::clone(world),
+        }),
+        Err(e) => {
+            world.abort();
+            Err(e)
+        }
+    }
+}
+
+/// Rank `rank`'s shard of the snapshot at `path`: `path` itself for rank 0, else
+/// `.rank-R` before its extension (`chunk-3.hrsnap` → `chunk-3.rank-2.hrsnap`).
+pub fn shard_path(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
+    if rank == 0 {
+        return path.to_path_buf();
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.rank-{rank}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.rank-{rank}"),
+    };
+    path.with_file_name(name)
+}
+
+/// Writes this rank's shard of a snapshot of `session` at `path`, and agrees with the
+/// others on the outcome (a failed write ends no session).
+fn snapshot_shard(
+    world: &dyn Communicator,
+    session: &Session,
+    path: &std::path::Path,
+) -> Result<Option<crate::SessionSnapshot>> {
+    let mine = session
+        .snapshot()
+        .and_then(|s| s.write(&shard_path(path, world.rank())).map(|_| s));
+    let status = mine.as_ref().map(|_| ()).map_err(|e| e.to_string());
+    match agree(world, &status)? {
+        None => Ok(mine.ok()),
+        Some((rank, _)) if rank == world.rank() => mine.map(Some),
+        Some((rank, reason)) => Err(EngineError::Rank {
+            rank,
+            reason,
+            cause: None,
+        }),
+    }
+}
+
 /// Ends the followers' loops (rank 0, when it will open no more sessions).
 pub fn lead_shutdown(world: &Arc<dyn Communicator>) -> Result<()> {
     broadcast(world.as_ref(), &Command::Shutdown, &[])
@@ -377,6 +455,19 @@ impl LeadSession {
         let mut blobs = Vec::new();
         let w = wire_tensor(embeds, &mut blobs)?;
         broadcast(self.world.as_ref(), &Command::TextEmbeds(w), &blobs)
+    }
+
+    /// Snapshots the session on every rank at this chunk boundary: rank 0 to `path`,
+    /// rank `r` to [`shard_path`]`(path, r)`; returns rank 0's snapshot.
+    pub fn snapshot_to(&mut self, path: &std::path::Path) -> Result<crate::SessionSnapshot> {
+        broadcast(
+            self.world.as_ref(),
+            &Command::Snapshot(path.to_path_buf()),
+            &[],
+        )?;
+        let world = Arc::clone(&self.world);
+        snapshot_shard(world.as_ref(), self.live()?, path)?
+            .ok_or_else(|| EngineError::Internal("rank 0 wrote no snapshot".into()))
     }
 
     /// Closes the session on every rank and returns each rank's memory, in rank order.
@@ -452,6 +543,18 @@ fn follow_inner(engine: &Engine, world: &dyn Communicator) -> Result<()> {
             Command::TextEmbeds(w) => {
                 let t = from_wire(&w, &blobs, &device)?;
                 live(&mut session)?.set_text_embeds(&t)?;
+            }
+            Command::Resume(path) => {
+                reset_stats(engine);
+                let admitted = engine.admit_resume(shard_path(&path, world.rank()).as_path());
+                let status = admitted.as_ref().map(|_| ()).map_err(|e| e.to_string());
+                if agree(world, &status)?.is_none() {
+                    session = Some(admitted?.open()?);
+                }
+            }
+            Command::Snapshot(path) => {
+                // A failed write is reported by the agreement; the session goes on.
+                let _ = snapshot_shard(world, live(&mut session)?, &path);
             }
             Command::Close => {
                 drop(session.take());

@@ -321,3 +321,71 @@ fn a_snapshot_of_an_ended_session_is_refused_and_a_written_one_is_whole() {
     let mut again = engine.resume(path.as_path()).unwrap();
     assert!(matches!(again.next_chunk(), Err(EngineError::Finished(_))));
 }
+
+#[test]
+fn a_mesh_session_resumes_from_each_ranks_shard_and_refuses_another_mesh() {
+    use headroom_engine::replicated::{follow, lead_open, lead_resume, lead_shutdown, shard_path};
+    use headroom_engine::{Mesh, Placement};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chunk-0.hrsnap");
+    let request = SessionRequest {
+        actions: Keys::script("wwwddd+jj").unwrap(),
+        ..SessionRequest::new(64, 32, 33)
+    };
+    let mesh = Mesh { tp: 2, sp: 2 };
+    // One mesh runs the whole session, snapshotting after chunk 0; a second mesh (new
+    // engines) resumes from the shards.
+    let run = |resume: bool| {
+        let (request, path) = (request.clone(), path.clone());
+        mesh.run_threads(move |groups| {
+            let engine = Engine::load(
+                config("tiny"),
+                Placement::rank(Device::new(config("tiny").cpu_platform()?), &groups),
+            )?;
+            if groups.rank() != 0 {
+                follow(&engine, &groups.world)?;
+                return Ok(None);
+            }
+            let mut session = if resume {
+                lead_resume(&engine, &groups.world, &path)?
+            } else {
+                lead_open(&engine, &groups.world, request.clone())?
+            };
+            let mut out = Vec::new();
+            let start = session.session().map_or(0, Session::chunks_done);
+            for i in start..3 {
+                out.push(session.next_chunk()?.frames.to_vec::<u8>()?);
+                if !resume && i == 0 {
+                    session.snapshot_to(&path)?;
+                }
+            }
+            session.close(&engine)?;
+            lead_shutdown(&groups.world)?;
+            Ok(Some(out))
+        })
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .next()
+        .unwrap()
+    };
+    let whole = run(false);
+    for rank in 0..4 {
+        assert!(shard_path(&path, rank).is_file(), "rank {rank}'s shard");
+    }
+    assert_eq!(
+        shard_path(&path, 3).file_name().unwrap(),
+        "chunk-0.rank-3.hrsnap"
+    );
+    let resumed = run(true);
+    assert_eq!(resumed, whole[1..], "the resumed mesh makes chunks 1 and 2");
+    // A shard on an engine alone (another mesh shape) is refused, naming the mesh.
+    let alone = Engine::new(config("tiny")).unwrap();
+    let e = alone.resume(path.as_path()).unwrap_err();
+    assert_eq!(e.snapshot_fault(), Some(SnapshotFault::Mismatch));
+    assert!(
+        e.to_string()
+            .contains("mesh: snapshot tp 2 sp 2 rank 0, here tp 1 sp 1 rank 0"),
+        "{e}"
+    );
+}
