@@ -15,6 +15,7 @@ mod plan;
 mod ranks;
 mod serve;
 mod session_args;
+mod snapshot;
 mod text;
 mod vae;
 
@@ -53,6 +54,8 @@ enum Command {
     Plan(plan::PlanArgs),
     /// The UMT5 text encoder: a prompt to Wan text embeddings (.npy out).
     Text(text::TextArgs),
+    /// Session snapshots: `inspect` prints what one holds and what it resumes on.
+    Snapshot(snapshot::SnapshotArgs),
     /// The CUDA backend: compile-check the kernels (no GPU needed), self-test on a GPU.
     Cuda(cuda::CudaArgs),
 }
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
         Command::Dit(args) => dit::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Text(args) => text::run(args),
+        Command::Snapshot(args) => snapshot::run(args),
         Command::Cuda(args) => cuda::run(args),
     };
     match result {

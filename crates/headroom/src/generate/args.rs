@@ -72,6 +72,19 @@ pub struct GenerateArgs {
     /// (pytorch.org/memory_viz).
     #[arg(long)]
     pub trace: Option<PathBuf>,
+    /// Snapshot the session every N chunks: after chunk K (from 0) with (K + 1) a
+    /// multiple of N, to `--snapshot-dir`/chunk-K.hrsnap (not after the last chunk).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub snapshot_every: Option<u64>,
+    /// Folder for `--snapshot-every`'s files (made if missing).
+    #[arg(long, default_value = ".", requires = "snapshot_every")]
+    pub snapshot_dir: PathBuf,
+    /// Continue the session of a snapshot (`chunk-K.hrsnap`): the output holds its
+    /// frames from chunk K + 1 on. The engine flags must describe the engine it ran on
+    /// (a difference is refused by name); the size, seed, camera and text come from the
+    /// snapshot.
+    #[arg(long, conflicts_with_all = ["prompt", "text_embeds", "image", "noise", "width", "height"])]
+    pub resume: Option<PathBuf>,
     /// Output: an .mp4 (H.264) or .y4m file, or a directory for PNG frames.
     #[arg(long, default_value = "out.mp4")]
     pub out: PathBuf,
@@ -85,7 +98,7 @@ pub struct GenerateArgs {
 
 /// `generate --help`'s flags in order: the shared engine and session flags among the
 /// command's own, where they have always been listed.
-pub const HELP_ORDER: [&str; 36] = [
+pub const HELP_ORDER: [&str; 39] = [
     "model",
     "frames",
     "width",
@@ -117,6 +130,9 @@ pub const HELP_ORDER: [&str; 36] = [
     "kv_budget",
     "image",
     "trace",
+    "snapshot_every",
+    "snapshot_dir",
+    "resume",
     "out",
     "json",
     "tp",

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::{bail, Context, Result};
-use headroom_engine::EngineConfig;
+use headroom_engine::{EngineConfig, SessionSnapshot};
 use headroom_mem::parse_size;
 use headroom_model::camera::{Keys, Trajectory};
 use headroom_model::import::lingbot::trajectory_from_dir;
@@ -44,7 +44,37 @@ pub fn prepare(args: &GenerateArgs) -> Result<Prepared> {
         text_cache_bytes,
         ..args.engine.config(crate::builtin_world::WORLD)?
     };
-    let (width, height) = args.shape.size(&config.model);
+    let resume = args
+        .resume
+        .as_deref()
+        .map(SessionSnapshot::read)
+        .transpose()
+        .with_context(|| {
+            format!(
+                "--resume {}",
+                args.resume.as_deref().unwrap_or(Path::new("")).display()
+            )
+        })?;
+    let (width, height) = match &resume {
+        Some(snap) => (snap.identity.width, snap.identity.height),
+        None => args.shape.size(&config.model),
+    };
+    if let Some(snap) = &resume {
+        if snap.progress.horizon.is_none() {
+            bail!(
+                "--resume: the snapshot's session has no end (it streamed under `headroom serve`); resume it there, with its resume token"
+            );
+        }
+        let outputs = Mutex::new(Outputs::check(args, width, height)?);
+        return Ok(Prepared {
+            config,
+            width,
+            height,
+            actions: Vec::new(),
+            trajectory: None,
+            outputs,
+        });
+    }
     crate::session_args::require_end("generate writes a file, which", args.shape.frames)?;
     headroom_engine::validate::check_request(
         &config,

@@ -70,7 +70,26 @@ pub fn stream(
     platform.reset_peak_stats();
     let start = Instant::now();
     // The request is validated (and admitted) before any output exists.
-    let mut session = SessionDriver::open(engine, request, how)?;
+    let mut session = match &args.resume {
+        Some(path) => SessionDriver::resume(engine, path, how)
+            .with_context(|| format!("--resume {}", path.display()))?,
+        None => SessionDriver::open(engine, request, how)?,
+    };
+    if let Some(every) = args.snapshot_every {
+        std::fs::create_dir_all(&args.snapshot_dir).with_context(|| {
+            format!(
+                "--snapshot-dir {}: cannot make it",
+                args.snapshot_dir.display()
+            )
+        })?;
+        eprintln!(
+            "snapshots every {every} chunks to {}",
+            args.snapshot_dir.display()
+        );
+    }
+    let first = session
+        .session()
+        .map_or(0, headroom_engine::Session::chunks_done);
     let mut outputs = prepared
         .outputs
         .lock()
@@ -83,17 +102,34 @@ pub fn stream(
         ProgressStyle::with_template("{spinner} chunk {pos}/{len} [{bar:30}] {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    progress.set_position(first as u64);
     let mut chunk_times = Vec::new();
     let mut chunk_reports = Vec::new();
     let mut ttfc = 0.0;
     let mut frames = 0;
     let outcome: Result<()> = (|| {
-        for i in 0..total {
+        for i in first..total {
             let t = Instant::now();
             let chunk = session.next_chunk()?;
             let secs = t.elapsed().as_secs_f64();
-            if i == 0 {
+            if i == first {
                 ttfc = start.elapsed().as_secs_f64();
+            }
+            if let Some(every) = args.snapshot_every {
+                if (i as u64 + 1).is_multiple_of(every) && i + 1 < total {
+                    let path = args.snapshot_dir.join(format!(
+                        "chunk-{i}.{}",
+                        headroom_engine::snapshot::EXTENSION
+                    ));
+                    let snap = session
+                        .snapshot_to(&path)
+                        .with_context(|| format!("snapshot after chunk {i}"))?;
+                    eprintln!(
+                        "snapshot after chunk {i}: {} ({} of state)",
+                        path.display(),
+                        format_bytes(snap.state_bytes())
+                    );
+                }
             }
             chunk_times.push(secs);
             let [n, h, w, _] = *chunk.frames.shape() else {
