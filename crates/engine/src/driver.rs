@@ -94,6 +94,42 @@ impl SessionDriver {
         Ok(Self { how })
     }
 
+    /// Resumes a snapshot held in memory (a parked session) on `engine`, alone or
+    /// stepped; a led session resumes from its shards' files ([`SessionDriver::resume`]).
+    pub fn resume_snapshot(
+        engine: &Engine,
+        snapshot: Arc<crate::SessionSnapshot>,
+        how: Drive<'_>,
+    ) -> Result<Self> {
+        let how = match how {
+            Drive::Alone => Driven::Alone(engine.resume(snapshot)?),
+            Drive::Stepped(queue) => Driven::Stepped {
+                session: Some(engine.resume(snapshot)?),
+                _member: queue.join(),
+                queue: Arc::clone(queue),
+            },
+            Drive::Led(_) => {
+                return Err(EngineError::snapshot(
+                    crate::SnapshotFault::Unsupported,
+                    "a session led over a mesh resumes from its ranks' shard files, not from memory",
+                ))
+            }
+        };
+        Ok(Self { how })
+    }
+
+    /// The session's snapshot at this chunk boundary, in memory (a led session's is
+    /// refused: its ranks' shards are files, [`SessionDriver::snapshot_to`]).
+    pub fn snapshot(&self) -> Result<crate::SessionSnapshot> {
+        match &self.how {
+            Driven::Led(_) => Err(EngineError::snapshot(
+                crate::SnapshotFault::Unsupported,
+                "a session led over a mesh is snapshotted to its ranks' shard files",
+            )),
+            _ => self.session().ok_or_else(released)?.snapshot(),
+        }
+    }
+
     /// Snapshots the session at this chunk boundary to `path` (a led session: every
     /// rank its own shard, rank `r` > 0 beside `path` with `.rank-r` before the
     /// extension); returns rank 0's snapshot as written.

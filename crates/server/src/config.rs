@@ -109,6 +109,14 @@ pub struct ServerConfig {
     /// How long a drain (SIGTERM, `POST /drain`) lets running sessions finish before the
     /// rest are stopped at their next chunk boundary; `ZERO` stops them at once.
     pub drain_timeout: Duration,
+    /// How long a session whose client hung up stays parked for its resume token.
+    pub resume_window: Duration,
+    /// A folder the replicas share for parked sessions: a drain parks every running
+    /// session there, and `snapshot_every` writes there.
+    pub session_store: Option<std::path::PathBuf>,
+    /// Write each running session's snapshot to the store every this many chunks, so a
+    /// crashed replica's sessions resume elsewhere.
+    pub snapshot_every: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -126,6 +134,9 @@ impl Default for ServerConfig {
             door: DoorConfig::default(),
             ready_when_queueing: false,
             drain_timeout: Duration::ZERO,
+            resume_window: Duration::from_secs(60),
+            session_store: None,
+            snapshot_every: None,
         }
     }
 }

@@ -58,7 +58,7 @@ fn matches_a_key(given: &[u8], keys: &[String]) -> bool {
 
 /// The key a request offers: `Authorization: Bearer KEY`, else a `headroom.bearer.KEY`
 /// subprotocol.
-fn offered_key(headers: &HeaderMap) -> Option<&[u8]> {
+pub fn offered_key(headers: &HeaderMap) -> Option<&[u8]> {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

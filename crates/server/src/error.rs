@@ -10,9 +10,13 @@ pub enum ServerError {
     /// A message is not a JSON object; the client should send one JSON object per text message.
     #[error("{0}")]
     InvalidJson(String),
+    /// A `resume_token` names no session this client may resume (unknown, used, expired,
+    /// or opened with another API key); the client should start a new session.
+    #[error("resume refused: {0}")]
+    ResumeRefused(String),
     /// A message's `type` is not one the server knows; the client should use
     /// `session.start`, `session.interaction`, `session.ping` or `session.stop`.
-    #[error("unknown message type {0:?}; expected session.start, session.interaction, session.ping or session.stop")]
+    #[error("unknown message type {0:?}; expected session.start, session.interaction, session.ping, session.pause, session.resume or session.stop")]
     UnknownType(String),
     /// A field breaks a rule; the message names the field and the rule, and the client
     /// should fix that field.
@@ -92,6 +96,7 @@ impl ServerError {
     pub fn code(&self) -> &'static str {
         match self {
             ServerError::InvalidJson(_) => "invalid_json",
+            ServerError::ResumeRefused(_) => "resume_refused",
             ServerError::UnknownType(_) => "unknown_type",
             ServerError::InvalidRequest { .. } => "invalid_request",
             ServerError::InvalidState(_) => "invalid_state",

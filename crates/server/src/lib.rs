@@ -20,6 +20,7 @@ pub mod prompt;
 pub mod protocol;
 pub mod realtime;
 pub mod refusal;
+pub mod resume;
 pub mod server;
 pub mod sockets;
 pub mod state;

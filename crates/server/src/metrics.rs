@@ -112,6 +112,10 @@ pub struct Metrics {
     pub sessions_failed: AtomicU64,
     /// Sessions that produced every chunk.
     pub sessions_completed: AtomicU64,
+    /// Sessions parked (`session.pause`, a hang-up, a drain into the store).
+    pub sessions_parked_total: AtomicU64,
+    /// Sessions resumed from a resume token.
+    pub sessions_resumed: AtomicU64,
     /// Chunks that were ready after their playback deadline (the session fell behind
     /// its client's clock at `fps`, playback starting with the first chunk).
     pub chunks_behind_playback: AtomicU64,
@@ -136,7 +140,8 @@ pub struct Metrics {
     pub time_to_first_chunk: Histogram,
 }
 
-fn gauge(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
+/// Writes one Prometheus gauge with its help line.
+pub fn gauge(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} gauge");
     let _ = writeln!(out, "{name} {value}");
@@ -439,6 +444,18 @@ impl Metrics {
             "headroom_sessions_completed_total",
             "Sessions that produced every chunk.",
             load(&self.sessions_completed),
+        );
+        counter(
+            o,
+            "headroom_sessions_parked_total",
+            "Sessions parked at a chunk boundary (pause, hang-up, drain into the store).",
+            load(&self.sessions_parked_total),
+        );
+        counter(
+            o,
+            "headroom_sessions_resumed_total",
+            "Sessions resumed from a resume token.",
+            load(&self.sessions_resumed),
         );
         counter(
             o,

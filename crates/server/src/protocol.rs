@@ -25,6 +25,36 @@ pub enum ClientMessage {
     Ping,
     /// `session.stop`: ends the session at the next chunk boundary.
     Stop,
+    /// `session.pause`: parks the session at the next chunk boundary (its device bytes
+    /// go to 0, its state stays in host memory); answered with `session.paused`.
+    Pause,
+    /// `session.resume`: brings a paused session back, through admission.
+    Resume,
+}
+
+/// `extra_params.resume_token` of a `session.start`, if it carries one: 32 hex digits.
+pub fn resume_token(msg: &Map<String, Value>) -> Result<Option<String>> {
+    let field = "extra_params.resume_token";
+    let Some(extra) = msg.get("extra_params") else {
+        return Ok(None);
+    };
+    let Some(token) = extra.get("resume_token") else {
+        return Ok(None);
+    };
+    match token {
+        Value::Null => Ok(None),
+        Value::String(t) if t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Ok(Some(t.to_ascii_lowercase()))
+        }
+        Value::String(_) => Err(ServerError::request(
+            field,
+            "must be the 32 hex digits video.start gave",
+        )),
+        other => Err(ServerError::request(
+            field,
+            format!("must be a string, got {}", type_name(other)),
+        )),
+    }
 }
 
 impl ClientMessage {
@@ -52,6 +82,8 @@ impl ClientMessage {
             "session.interaction" => ClientMessage::Interaction(map),
             "session.ping" => ClientMessage::Ping,
             "session.stop" => ClientMessage::Stop,
+            "session.pause" => ClientMessage::Pause,
+            "session.resume" => ClientMessage::Resume,
             _ => return Err(ServerError::UnknownType(truncate(&kind, 64))),
         })
     }

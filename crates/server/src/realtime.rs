@@ -35,7 +35,18 @@ use crate::protocol::{ClientMessage, Interaction, StartRequest};
 use crate::sockets::SocketPass;
 use crate::state::AppState;
 use crate::wire;
-use crate::worker::{self, Ending, Job, WorkerEvent, WorkerHandle};
+use crate::resume::ParkReason;
+use crate::worker::{self, Ending, Job, ParkRequest, WorkerEvent, WorkerHandle};
+
+/// The client of `worker` is gone: a session that can park (`parkable`: it has a
+/// token, is open and not ending) parks at its next chunk boundary for its resume
+/// window; any other is cancelled.
+fn hang_up(worker: &WorkerHandle, park: Option<&ParkRequest>, parkable: bool) {
+    match park {
+        Some(p) if parkable => p.ask(ParkReason::HangUp),
+        _ => worker.cancel.cancel(),
+    }
+}
 
 /// How long a closing connection waits for the client's close reply.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -45,7 +56,7 @@ const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 pub const CLOSE_GOING_AWAY: u16 = 1001;
 
 /// Serves one WebSocket connection to its end.
-pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>) {
+pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>, key: Option<String>) {
     let _guard = state.socket_guard();
     let pass = state.room.enter();
     let mut conn = Connection {
@@ -58,6 +69,9 @@ pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>) {
         held: Vec::new(),
         scripted: false,
         close_with: (1000, ""),
+        key,
+        resume_token: None,
+        session_opened: false,
     };
     match pass {
         None => {
@@ -94,6 +108,20 @@ struct Connection {
     scripted: bool,
     /// The close frame's code and reason.
     close_with: (u16, &'static str),
+    /// Digest of the API key the socket offered (sessions' resume tokens are bound to it).
+    key: Option<String>,
+    /// The token this socket claimed, until its session opens.
+    resume_token: Option<String>,
+    /// The session of the current run opened (its worker said so).
+    session_opened: bool,
+}
+
+/// What `video.start` says of a session that can be resumed.
+struct Resumable {
+    /// Its resume token.
+    token: Option<String>,
+    /// The chunk a resumed session starts at.
+    resumed_from: Option<usize>,
 }
 
 /// How a worker's run ended for the socket task.
@@ -103,6 +131,8 @@ enum Outcome {
     /// The session could not reserve its pages or state while others held theirs:
     /// back to the head of the queue.
     Requeue,
+    /// The session parked on `session.pause`; the socket waits for `session.resume`.
+    Paused,
 }
 
 /// What a message from a queued client asks for.
@@ -267,14 +297,23 @@ impl Connection {
         }
     }
 
-    /// Checks the start, waits for admission, runs the worker and streams until it ends.
+    /// Checks the start (claiming the session of its `resume_token`, if it has one),
+    /// waits for admission, runs the worker and streams until it ends; a paused session
+    /// waits here for `session.resume` and goes round again.
     async fn run_session(&mut self, start: serde_json::Map<String, Value>, started_at: Instant) {
         let state = Arc::clone(&self.state);
+        let (start, mut resume) = match crate::protocol::resume_token(&start) {
+            Err(e) => return self.send_error(&e, None).await,
+            Ok(None) => (start, None),
+            Ok(Some(token)) => match self.claim(&token).await {
+                Some(claimed) => (claimed.start, Some(claimed.snapshot)),
+                None => return,
+            },
+        };
         let request = match StartRequest::parse(&start, &state.config.defaults) {
             Ok(r) => r,
-            Err(e) => return self.send_error(&e, None).await,
+            Err(e) => return self.put_back(&start, resume, e).await,
         };
-        drop(start);
         self.scripted = !request.actions.is_empty();
         if let Some(model) = &request.model {
             if *model != state.config.model_name {
@@ -285,7 +324,7 @@ impl Connection {
                         state.config.model_name
                     ),
                 );
-                return self.send_error(&e, None).await;
+                return self.put_back(&start, resume, e).await;
             }
         }
         if let Some(max) = state.config.limits.max_session_frames {
@@ -301,10 +340,11 @@ impl Connection {
             }
         }
         if state.is_shutting_down() {
-            return self.send_error(&ServerError::ShuttingDown, None).await;
+            return self.put_back(&start, resume, ServerError::ShuttingDown).await;
         }
         if state.is_draining() {
             self.close_with = (CLOSE_GOING_AWAY, "the server is draining");
+            self.put_back_quietly(&start, resume);
             return self.refuse(ServerError::Draining).await;
         }
         let request_id = state.new_request_id();
@@ -322,13 +362,32 @@ impl Connection {
         let mut waited = std::time::Duration::ZERO;
         let pages = state.engine.kv_pages_for(request.width, request.height);
         loop {
+            self.session_opened = false;
             let Some(slot) = self.admit(requeued, deadline, &request_id, pages).await else {
+                self.put_back_quietly(&start, resume);
                 return;
             };
             if !requeued {
                 waited = started_at.elapsed();
                 state.metrics.queue_wait.observe(waited);
             }
+            // A session that can park gets a resume token (a server alone: a mesh's
+            // sessions resume from shard files only).
+            let token = match state.world.is_none().then(crate::resume::new_token) {
+                Some(Ok(t)) => Some(t),
+                Some(Err(e)) => return self.send_error(&e, None).await,
+                None => None,
+            };
+            let parking = token.as_ref().map(|t| {
+                state.resume.running(t, self.key.clone(), start.clone());
+                worker::Parking {
+                    book: Arc::clone(&state.resume),
+                    id: crate::resume::digest(t.as_bytes()),
+                    every: state.config.snapshot_every,
+                    request: Arc::new(worker::ParkRequest::default()),
+                }
+            });
+            let resumed_from = resume.as_ref().map(|s| s.progress.chunks_done);
             let job = Job {
                 engine: Arc::clone(&state.engine),
                 world: state.world.clone(),
@@ -340,20 +399,136 @@ impl Connection {
                 metrics: Arc::clone(&state.metrics),
                 held: std::mem::take(&mut self.held),
                 max_frames: state.config.limits.max_session_frames,
+                resume: resume.clone(),
+                parking,
             };
             let limits = &state.config.limits;
             let worker =
                 match worker::spawn(job, state.config.chunks_ahead, limits.pending_interactions) {
                     Ok(w) => w,
-                    Err(e) => return self.send_error(&e, None).await,
+                    Err(e) => return self.put_back(&start, resume, e).await,
                 };
             let wait_ms = waited.as_secs_f64() * 1e3;
-            match self
-                .stream(worker, &request_id, config.clone(), wait_ms)
-                .await
-            {
+            let video_start = Resumable {
+                token: token.clone(),
+                resumed_from,
+            };
+            let outcome = self
+                .stream(worker, &request_id, config.clone(), wait_ms, &video_start)
+                .await;
+            if resume.is_some() && !self.session_opened {
+                // The resumed session never opened: its state goes back to the book.
+                if let Some(t) = &token {
+                    state.resume.forget(&crate::resume::digest(t.as_bytes()));
+                }
+                if !matches!(outcome, Outcome::Requeue) {
+                    self.put_back_quietly(&start, resume.take());
+                }
+            } else if resume.is_some() {
+                state.metrics.sessions_resumed.fetch_add(1, Ordering::Relaxed);
+                resume = None;
+            }
+            match outcome {
                 Outcome::Ended => return,
                 Outcome::Requeue => requeued = true,
+                Outcome::Paused => {
+                    let Some(token) = token else { return };
+                    let Some(claimed) = self.await_resume(&token, &request_id).await else {
+                        return;
+                    };
+                    resume = Some(claimed.snapshot);
+                    requeued = false;
+                }
+            }
+        }
+    }
+
+    /// Claims the session of `token` for this client; `None` when refused (the client
+    /// has been told, with `resume_refused`).
+    async fn claim(&mut self, token: &str) -> Option<crate::resume::Claimed> {
+        let state = Arc::clone(&self.state);
+        let claimed = if state.world.is_some() {
+            Err(ServerError::ResumeRefused(
+                "a sharded server resumes sessions from their shard files (generate --resume), not from tokens".into(),
+            ))
+        } else {
+            state.resume.claim(token, self.key.as_deref()).await
+        };
+        match claimed {
+            Ok(c) => {
+                self.resume_token = Some(token.to_string());
+                Some(c)
+            }
+            Err(e) => {
+                self.send_error(&e, None).await;
+                None
+            }
+        }
+    }
+
+    /// A claimed session that will not run after all goes back to the book under its
+    /// token (for its resume window), and the client hears `error`.
+    async fn put_back(
+        &mut self,
+        start: &serde_json::Map<String, Value>,
+        resume: Option<Arc<headroom_engine::SessionSnapshot>>,
+        error: ServerError,
+    ) {
+        self.put_back_quietly(start, resume);
+        self.send_error(&error, None).await;
+    }
+
+    /// [`Self::put_back`] without a message.
+    fn put_back_quietly(
+        &mut self,
+        start: &serde_json::Map<String, Value>,
+        resume: Option<Arc<headroom_engine::SessionSnapshot>>,
+    ) {
+        if let (Some(snapshot), Some(token)) = (resume, self.resume_token.take()) {
+            let book = &self.state.resume;
+            book.running(&token, self.key.clone(), start.clone());
+            let id = crate::resume::digest(token.as_bytes());
+            let _ = book.park(&id, snapshot, crate::resume::ParkReason::HangUp);
+        }
+    }
+
+    /// A paused session's socket: waits for `session.resume` (then claims the session
+    /// again), answering pings; `session.stop` or a hang-up ends the wait (a hang-up
+    /// leaves the session parked for its resume window, a stop forgets it).
+    async fn await_resume(
+        &mut self,
+        token: &str,
+        request_id: &str,
+    ) -> Option<crate::resume::Claimed> {
+        let id = crate::resume::digest(token.as_bytes());
+        loop {
+            let message = self.socket.recv().await;
+            let text = match message {
+                Some(Ok(Message::Text(text))) => text,
+                Some(Ok(_)) => continue,
+                Some(Err(_)) | None => {
+                    self.open = false;
+                    self.state.resume.hung_up(&id);
+                    return None;
+                }
+            };
+            match ClientMessage::parse(text.as_str()) {
+                Ok(ClientMessage::Resume) => return self.claim(token).await,
+                Ok(ClientMessage::Ping) => {
+                    self.send_json(&wire::pong()).await;
+                }
+                Ok(ClientMessage::Stop) => {
+                    self.state.resume.forget(&id);
+                    self.send_json(&wire::session_done(request_id, 0, true)).await;
+                    return None;
+                }
+                Ok(_) => {
+                    let e = ServerError::InvalidState(
+                        "the session is paused: send session.resume (or session.stop)".into(),
+                    );
+                    self.send_error(&e, None).await;
+                }
+                Err(e) => self.send_error(&e, None).await,
             }
         }
     }
@@ -495,6 +670,13 @@ impl Connection {
                 );
                 self.send_error(&e, None).await;
             }
+            Ok(ClientMessage::Pause | ClientMessage::Resume) => {
+                let e = ServerError::InvalidState(
+                    "the session is waiting for a slot: it can pause or resume once it runs"
+                        .to_string(),
+                );
+                self.send_error(&e, None).await;
+            }
             Ok(ClientMessage::Interaction(map)) => {
                 let parsed = self.parse_interaction(&map, request_id);
                 let Some(interaction) = self.check_interaction(parsed, Phase::Running).await else {
@@ -541,8 +723,14 @@ impl Connection {
         request_id: &str,
         config: Value,
         queue_wait_ms: f64,
+        resumable: &Resumable,
     ) -> Outcome {
         let state = Arc::clone(&self.state);
+        // A session that can park: a hang-up parks it, `session.pause` too, and a drain
+        // into a store.
+        let park = worker.park.clone();
+        let mut drain = state.drain_signal();
+        let mut drain_seen = state.config.session_store.is_none() || park.is_none();
         // Counted until its end is sent: a drain waits for it.
         let _streaming = state.streaming();
         let limits = state.config.limits.clone();
@@ -591,9 +779,21 @@ impl Connection {
                     match event {
                         WorkerEvent::Opened { .. } => {
                             opened = true;
+                            self.session_opened = true;
+                            self.resume_token = None;
                             last_progress = TokioInstant::now();
-                            let start = wire::video_start(request_id, config.clone(), queue_wait_ms);
+                            let start = wire::with_resume(
+                                wire::video_start(request_id, config.clone(), queue_wait_ms),
+                                resumable.token.as_deref(),
+                                resumable.resumed_from,
+                            );
                             self.send_json(&start).await;
+                            if !drain_seen && *drain.borrow_and_update() {
+                                drain_seen = true;
+                                if let Some(p) = &park {
+                                    p.ask(ParkReason::Drain);
+                                }
+                            }
                         }
                         WorkerEvent::Chunk(chunk) => {
                             if phase == Phase::Ending {
@@ -616,6 +816,20 @@ impl Connection {
                         }
                         WorkerEvent::Ended(ending) => {
                             match ending {
+                                Ending::Parked { reason, next_chunk, bytes } => {
+                                    let token = resumable.token.as_deref().unwrap_or_default();
+                                    match reason {
+                                        ParkReason::Pause => {
+                                            self.send_json(&wire::session_paused(request_id, token, next_chunk, bytes)).await;
+                                            return Outcome::Paused;
+                                        }
+                                        ParkReason::Drain => {
+                                            self.send_json(&wire::session_moved(request_id, token, next_chunk)).await;
+                                            self.close_with = (CLOSE_GOING_AWAY, "the server is draining; the session moved to the store");
+                                        }
+                                        ParkReason::HangUp => {}
+                                    }
+                                }
                                 Ending::Completed => {
                                     self.send_json(&wire::session_done(request_id, chunks_sent, stopped)).await;
                                 }
@@ -642,9 +856,18 @@ impl Connection {
                         }
                     }
                     if !self.open {
-                        // The client is gone: dropping the handle ends the worker.
-                        cancel(&worker);
+                        // The client is gone: a session that can park parks at its next
+                        // boundary; else dropping the handle ends the worker.
+                        hang_up(&worker, park.as_deref(), opened && phase == Phase::Running);
                         return Outcome::Ended;
+                    }
+                }
+                changed = drain.changed(), if !drain_seen && opened => {
+                    drain_seen = true;
+                    if changed.is_ok() && *drain.borrow() && phase == Phase::Running {
+                        if let Some(p) = &park {
+                            p.ask(ParkReason::Drain);
+                        }
                     }
                 }
                 message = self.socket.recv(), if self.open => {
@@ -670,6 +893,23 @@ impl Connection {
                                     phase = Phase::Ending;
                                     cancel(&worker);
                                 }
+                                Ok(ClientMessage::Pause) => match &park {
+                                    Some(p) if opened && phase == Phase::Running => {
+                                        p.ask(ParkReason::Pause);
+                                    }
+                                    _ => {
+                                        let e = ServerError::InvalidState(
+                                            "this session cannot pause now (not yet opened, ending, or on a sharded server)".to_string(),
+                                        );
+                                        self.send_error(&e, None).await;
+                                    }
+                                },
+                                Ok(ClientMessage::Resume) => {
+                                    let e = ServerError::InvalidState(
+                                        "the session is not paused".to_string(),
+                                    );
+                                    self.send_error(&e, None).await;
+                                }
                                 Ok(ClientMessage::Start(_)) => {
                                     let e = ServerError::InvalidState(
                                         "a session is already running on this socket; open a new socket for another".to_string(),
@@ -691,12 +931,12 @@ impl Connection {
                         Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
                         Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
                             self.open = false;
-                            cancel(&worker);
+                            hang_up(&worker, park.as_deref(), opened && phase == Phase::Running);
                             return Outcome::Ended;
                         }
                     }
                     if !self.open {
-                        cancel(&worker);
+                        hang_up(&worker, park.as_deref(), opened && phase == Phase::Running);
                         return Outcome::Ended;
                     }
                 }

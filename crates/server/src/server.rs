@@ -101,6 +101,21 @@ impl Server {
                 None => StepQueue::new(),
             })
         });
+        if config.snapshot_every.is_some() && config.session_store.is_none() {
+            return Err(ServerError::request(
+                "snapshot_every",
+                "writes to the session store: give --session-store DIR too",
+            ));
+        }
+        if let Some(store) = &config.session_store {
+            std::fs::create_dir_all(store).map_err(|e| {
+                ServerError::Setup(format!("--session-store {}: {e}", store.display()))
+            })?;
+        }
+        let resume = Arc::new(crate::resume::ResumeBook::new(
+            config.session_store.clone(),
+            config.resume_window,
+        ));
         let room = Arc::new(crate::sockets::Sockets::new(
             config
                 .door
@@ -121,6 +136,7 @@ impl Server {
                 sockets,
                 request_ids: AtomicU64::new(1),
                 streaming: watch::channel(0).0,
+                resume,
             }),
         })
     }
@@ -268,6 +284,19 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         ready,
         state.queue_gauges(),
     );
+    let (parked, parked_bytes) = state.resume.parked();
+    crate::metrics::gauge(
+        &mut body,
+        "headroom_sessions_parked",
+        "Sessions parked in host memory (paused, or hung up inside --resume-window); their device bytes are 0.",
+        parked,
+    );
+    crate::metrics::gauge(
+        &mut body,
+        "headroom_parked_bytes",
+        "Bytes of parked sessions' state, in host memory (none on the device).",
+        parked_bytes,
+    );
     if let Some(c) = state.engine.plan_cache_counts() {
         for (name, help, value) in [
             ("hits", "Plans read from the plan cache.", c.hits),
@@ -348,7 +377,15 @@ async fn stats(State(state): State<Arc<AppState>>) -> Json<serde_json::Value> {
     }))
 }
 
-async fn realtime(ws: WebSocketUpgrade, State(state): State<Arc<AppState>>) -> Response {
+async fn realtime(
+    ws: WebSocketUpgrade,
+    headers: axum::http::HeaderMap,
+    State(state): State<Arc<AppState>>,
+) -> Response {
+    // Resume tokens are bound to the key the session was opened with (its digest).
+    let key = crate::door::offered_key(&headers)
+        .filter(|_| !state.config.door.api_keys.is_empty())
+        .map(crate::resume::digest);
     // The WebSocket layer's own ceiling is above the protocol limits, so a message over a
     // limit is answered with `message_too_large` instead of a dropped connection; only
     // messages over twice the start limit are cut by the WebSocket layer itself.
@@ -364,5 +401,5 @@ async fn realtime(ws: WebSocketUpgrade, State(state): State<Arc<AppState>>) -> R
         .max_message_size(ceiling)
         .max_frame_size(ceiling)
         .protocols([crate::door::SUBPROTOCOL])
-        .on_upgrade(move |socket| handle_socket(socket, state))
+        .on_upgrade(move |socket| handle_socket(socket, state, key))
 }

@@ -40,6 +40,8 @@ pub struct AppState {
     pub(crate) room: Arc<crate::sockets::Sockets>,
     /// Sessions streaming now, from their admission until their end is sent.
     pub(crate) streaming: watch::Sender<usize>,
+    /// Resume tokens and parked sessions.
+    pub resume: Arc<crate::resume::ResumeBook>,
 }
 
 /// Counts one streaming session until it drops.

@@ -18,6 +18,42 @@ pub fn video_start(request_id: &str, config: Value, queue_wait_ms: f64) -> Value
     })
 }
 
+/// What `video.start` says of a session that can be resumed: its token, and the chunk a
+/// resumed stream starts at.
+pub fn with_resume(mut start: Value, token: Option<&str>, resumed_from: Option<usize>) -> Value {
+    if let Some(t) = token {
+        start["resume_token"] = json!(t);
+    }
+    if let Some(k) = resumed_from {
+        start["resumed_from_chunk"] = json!(k);
+    }
+    start
+}
+
+/// `session.paused`: the session's state left the device at a chunk boundary;
+/// `session.resume` (or a `session.start` with the token) brings it back from
+/// `next_chunk`.
+pub fn session_paused(request_id: &str, token: &str, next_chunk: usize, bytes: u64) -> Value {
+    json!({
+        "type": "session.paused",
+        "request_id": request_id,
+        "resume_token": token,
+        "next_chunk": next_chunk,
+        "parked_bytes": bytes,
+    })
+}
+
+/// `session.moved`: a draining server put the session in the shared store; connect
+/// again (the balancer picks a replica) with `session.start` and the token.
+pub fn session_moved(request_id: &str, token: &str, next_chunk: usize) -> Value {
+    json!({
+        "type": "session.moved",
+        "request_id": request_id,
+        "resume_token": token,
+        "next_chunk": next_chunk,
+    })
+}
+
 /// `session.queued`: the session waits for a free slot with `ahead` clients before it;
 /// sent on entering the queue and whenever that number changes. (headroom's own message:
 /// vLLM-Omni's clients skip types they do not know and just see `video.start` later.)

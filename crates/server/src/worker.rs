@@ -10,13 +10,14 @@
 //! reads `session.done` finds the memory already given back.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headroom_engine::{
-    CancelToken, Chunk, Drive, Engine, EngineError, SessionDriver, SessionRequest, StepQueue,
+    CancelToken, Chunk, Drive, Engine, EngineError, SessionDriver, SessionRequest,
+    SessionSnapshot, StepQueue,
 };
 use headroom_media::FragmentedMp4;
 use headroom_model::camera::UpdateMode;
@@ -25,6 +26,7 @@ use headroom_tensor::Device;
 use tokio::sync::mpsc;
 
 use crate::admission::Slot;
+use crate::resume::{ParkReason, ResumeBook};
 use crate::error::{Result, ServerError};
 use crate::image_ref::decode_image_url;
 use crate::metrics::Metrics;
@@ -67,6 +69,16 @@ pub struct EncodedChunk {
 pub enum Ending {
     /// Every chunk was produced.
     Completed,
+    /// Parked at a chunk boundary: the session's state left the device for the resume
+    /// book (host memory, or the store on a drain).
+    Parked {
+        /// Why.
+        reason: ParkReason,
+        /// The chunk a resumed stream starts at.
+        next_chunk: usize,
+        /// Bytes of state parked.
+        bytes: u64,
+    },
     /// Cancelled (stop, shutdown, stall) or the socket went away.
     Cancelled,
     /// The session could not be opened (nothing was streamed).
@@ -96,6 +108,45 @@ pub enum WorkerEvent {
     Ended(Ending),
 }
 
+/// What a session asks its worker to do at the next chunk boundary (beside going on).
+#[derive(Debug, Default)]
+pub struct ParkRequest(AtomicU8);
+
+impl ParkRequest {
+    /// Asks the worker to park at its next boundary for `reason`.
+    pub fn ask(&self, reason: ParkReason) {
+        let code = match reason {
+            ParkReason::Pause => 1,
+            ParkReason::HangUp => 2,
+            ParkReason::Drain => 3,
+        };
+        self.0.store(code, Ordering::SeqCst);
+    }
+
+    /// What was asked, if anything.
+    pub fn asked(&self) -> Option<ParkReason> {
+        match self.0.load(Ordering::SeqCst) {
+            1 => Some(ParkReason::Pause),
+            2 => Some(ParkReason::HangUp),
+            3 => Some(ParkReason::Drain),
+            _ => None,
+        }
+    }
+}
+
+/// A session that can be parked and resumed: where it parks and how it is known there.
+#[derive(Debug, Clone)]
+pub struct Parking {
+    /// The book it parks in.
+    pub book: Arc<ResumeBook>,
+    /// Its token's digest (the book's key).
+    pub id: String,
+    /// Write a snapshot to the store every this many chunks (`serve --snapshot-every`).
+    pub every: Option<usize>,
+    /// The socket's requests.
+    pub request: Arc<ParkRequest>,
+}
+
 /// The socket task's side of a worker.
 #[derive(Debug)]
 pub struct WorkerHandle {
@@ -104,15 +155,19 @@ pub struct WorkerHandle {
     /// Interactions for the next chunk boundary (bounded).
     pub control: SyncSender<Interaction>,
     /// Ends the session at its next safe point (within one DMD step or decoded frame);
-    /// dropping the handle cancels too.
+    /// dropping the handle cancels too, unless the session was asked to park.
     pub cancel: CancelToken,
+    /// Parking requests, for a session that can park.
+    pub park: Option<Arc<ParkRequest>>,
 }
 
 impl Drop for WorkerHandle {
     fn drop(&mut self) {
         // Nobody reads this worker's events any more: stop it now rather than at its
-        // next send.
-        self.cancel.cancel();
+        // next send, unless it is to park at its next boundary (a hang-up).
+        if self.park.as_ref().is_none_or(|p| p.asked().is_none()) {
+            self.cancel.cancel();
+        }
     }
 }
 
@@ -139,6 +194,10 @@ pub struct Job {
     pub held: Vec<Interaction>,
     /// Most frames the session may stream (`--max-session-frames`).
     pub max_frames: Option<usize>,
+    /// The snapshot the session resumes from (a claimed resume token).
+    pub resume: Option<Arc<SessionSnapshot>>,
+    /// Where the session parks, when it can.
+    pub parking: Option<Parking>,
 }
 
 /// Spawns the worker thread of `job`.
@@ -155,6 +214,7 @@ pub fn spawn(
     }
     let cancel = CancelToken::new();
     let flag = cancel.clone();
+    let park = job.parking.as_ref().map(|p| Arc::clone(&p.request));
     std::thread::Builder::new()
         .name("headroom-session".to_string())
         .spawn(move || run(job, &event_tx, &control_rx, &flag))
@@ -163,6 +223,7 @@ pub fn spawn(
         events,
         control,
         cancel,
+        park,
     })
 }
 
@@ -183,9 +244,14 @@ fn run(
         metrics,
         held: _,
         max_frames,
+        resume,
+        parking,
     } = job;
     let _span = tracing::info_span!("session", request_id = %request_id).entered();
-    let opened = open(&engine, world.as_ref(), steps.as_ref(), &request);
+    let opened = match resume {
+        Some(snapshot) => resume_session(&engine, world.as_ref(), steps.as_ref(), snapshot),
+        None => open(&engine, world.as_ref(), steps.as_ref(), &request),
+    };
     // Pages and state are reserved (or not): the next client in line may be admitted.
     slot.opened();
     let ending = match opened {
@@ -203,6 +269,7 @@ fn run(
                 metrics: &metrics,
                 started_at,
                 max_frames,
+                parking: parking.as_ref(),
             };
             let ending = stream.run(&request);
             // Release the session (KV pages, decoder state, conditioning) before the
@@ -226,8 +293,13 @@ fn run(
         }
     };
     drop(slot);
+    if let (Some(p), false) = (&parking, matches!(ending, Ending::Parked { .. })) {
+        // Ended for good: nothing to resume.
+        p.book.forget(&p.id);
+    }
     let counter = match &ending {
         Ending::Completed => Some(&metrics.sessions_completed),
+        Ending::Parked { .. } => Some(&metrics.sessions_parked_total),
         Ending::Cancelled => Some(&metrics.sessions_stopped),
         // The socket task counts capacity refusals (it may queue the client again).
         Ending::Refused(_) => None,
@@ -237,7 +309,9 @@ fn run(
         counter.fetch_add(1, Ordering::Relaxed);
     }
     match &ending {
-        Ending::Completed | Ending::Cancelled => tracing::info!(?ending, "session released"),
+        Ending::Completed | Ending::Cancelled | Ending::Parked { .. } => {
+            tracing::info!(?ending, "session released")
+        }
         Ending::Refused(e) => tracing::info!(code = e.code(), error = %e, "session refused"),
         Ending::Failed(e) => tracing::warn!(error = %e, "session failed and was released"),
     }
@@ -279,6 +353,24 @@ fn open(
     SessionDriver::open(engine, request, how).map_err(ServerError::from_open)
 }
 
+/// Resumes a claimed snapshot (on this engine, alone or stepped).
+fn resume_session(
+    engine: &Engine,
+    world: Option<&Arc<dyn Communicator>>,
+    steps: Option<&Arc<StepQueue>>,
+    snapshot: Arc<SessionSnapshot>,
+) -> Result<SessionDriver> {
+    let how = match (world, steps) {
+        (Some(world), _) => Drive::Led(world),
+        (None, Some(queue)) => Drive::Stepped(queue),
+        (None, None) => Drive::Alone,
+    };
+    SessionDriver::resume_snapshot(engine, snapshot, how).map_err(|e| match e.snapshot_fault() {
+        Some(_) => ServerError::ResumeRefused(e.to_string()),
+        None => ServerError::from_open(e),
+    })
+}
+
 /// A running session and its plumbing.
 struct Stream<'a> {
     session: SessionDriver,
@@ -289,9 +381,52 @@ struct Stream<'a> {
     metrics: &'a Metrics,
     started_at: Instant,
     max_frames: Option<usize>,
+    parking: Option<&'a Parking>,
 }
 
 impl Stream<'_> {
+    /// Parks the session at this boundary if it was asked to; `None` when not asked.
+    fn park_if_asked(&mut self) -> Option<Ending> {
+        let parking = self.parking?;
+        let reason = parking.request.asked()?;
+        Some(self.park(parking, reason))
+    }
+
+    /// Snapshots the session into the book for `reason` (its device state is released
+    /// when the worker drops it right after).
+    fn park(&mut self, parking: &Parking, reason: ParkReason) -> Ending {
+        let parked = self
+            .session
+            .snapshot()
+            .map_err(|e| ServerError::Generation(format!("parking: {e}")))
+            .and_then(|snap| {
+                let next_chunk = snap.progress.chunks_done;
+                let bytes = parking.book.park(&parking.id, Arc::new(snap), reason)?;
+                Ok(Ending::Parked {
+                    reason,
+                    next_chunk,
+                    bytes,
+                })
+            });
+        parked.unwrap_or_else(Ending::Failed)
+    }
+
+    /// Writes the periodic snapshot after chunk `index` when one is due.
+    fn checkpoint(&self, index: usize) {
+        let Some(p) = self.parking else { return };
+        let Some(every) = p.every else { return };
+        if (index + 1) % every != 0 {
+            return;
+        }
+        let written = self
+            .session
+            .snapshot()
+            .map_err(|e| ServerError::Generation(e.to_string()))
+            .and_then(|snap| p.book.checkpoint(&p.id, &snap));
+        if let Err(e) = written {
+            tracing::warn!(error = %e, chunk = index, "the periodic snapshot failed; the session goes on");
+        }
+    }
     fn run(&mut self, request: &StartRequest) -> Ending {
         let total = self.session.chunks_total();
         if self
@@ -312,13 +447,25 @@ impl Stream<'_> {
         let playing_at = |start: Instant, frames: usize| {
             start + Duration::from_secs_f64(frames as f64 / f64::from(request.fps))
         };
-        for index in 0.. {
+        let first = self
+            .session
+            .session()
+            .map_or(0, headroom_engine::Session::chunks_done);
+        for index in first.. {
+            if let Some(parked) = self.park_if_asked() {
+                return parked;
+            }
             if total.is_some_and(|t| index >= t) {
                 break;
             }
             // The first chunk has 9 frames, every later one 12.
             let next = if index == 0 { 9 } else { 12 };
-            if self.max_frames.is_some_and(|m| played_frames + next > m) {
+            let before = if first > 0 {
+                headroom_engine::blocks::frames_for_blocks(first)
+            } else {
+                0
+            };
+            if self.max_frames.is_some_and(|m| before + played_frames + next > m) {
                 break;
             }
             if self.cancel.is_cancelled() {
@@ -391,12 +538,14 @@ impl Stream<'_> {
             if self.cancel.is_cancelled() {
                 return Ending::Cancelled;
             }
+            self.checkpoint(out.index);
             if self
                 .events
                 .blocking_send(WorkerEvent::Chunk(Box::new(out)))
                 .is_err()
             {
-                return Ending::Cancelled;
+                // The socket is gone: park if it asked (a hang-up), else end.
+                return self.park_if_asked().unwrap_or(Ending::Cancelled);
             }
         }
         Ending::Completed

@@ -45,6 +45,18 @@ pub struct ServeArgs {
     /// stops them at their next chunk boundary and exits (0: stop them at once).
     #[arg(long, default_value_t = 300.0)]
     pub drain_timeout: f64,
+    /// Seconds a session whose client hung up stays parked (in host memory) for its
+    /// resume token.
+    #[arg(long, default_value_t = 60.0)]
+    pub resume_window: f64,
+    /// A folder the replicas share for parked sessions: a drain parks every running
+    /// session there (session.moved) and ends within about one chunk time.
+    #[arg(long)]
+    pub session_store: Option<std::path::PathBuf>,
+    /// Write each running session's snapshot to --session-store every N chunks, so the
+    /// sessions of a replica that dies resume elsewhere, losing at most N chunks.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), requires = "session_store")]
+    pub snapshot_every: Option<u64>,
     /// Largest session.start message (it may carry a data: image).
     #[arg(long, default_value = "4MiB")]
     pub max_start_message: String,
@@ -94,7 +106,7 @@ pub struct ServeArgs {
 }
 
 /// `serve --help`'s flags in order, the engine's among the server's own.
-pub const HELP_ORDER: [&str; 36] = [
+pub const HELP_ORDER: [&str; 39] = [
     "host",
     "port",
     "model",
@@ -113,6 +125,9 @@ pub const HELP_ORDER: [&str; 36] = [
     "queue_timeout",
     "ready_when_queueing",
     "drain_timeout",
+    "resume_window",
+    "session_store",
+    "snapshot_every",
     "kv_budget",
     "capacity",
     "max_start_message",

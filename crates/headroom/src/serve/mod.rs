@@ -76,6 +76,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
         } else {
             seconds(args.drain_timeout, "drain-timeout")?
         },
+        resume_window: seconds(args.resume_window, "resume-window")?,
+        session_store: args.session_store.clone(),
+        snapshot_every: args.snapshot_every.map(|n| n as usize),
         limits: Limits {
             start_message_bytes: size(&args.max_start_message, "max-start-message")?,
             control_message_bytes: size(&args.max_control_message, "max-control-message")?,
