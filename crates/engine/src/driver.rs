@@ -108,12 +108,10 @@ impl SessionDriver {
                 _member: queue.join(),
                 queue: Arc::clone(queue),
             },
-            Drive::Led(_) => {
-                return Err(EngineError::snapshot(
-                    crate::SnapshotFault::Unsupported,
-                    "a session led over a mesh resumes from its ranks' shard files, not from memory",
-                ))
-            }
+            Drive::Led(_) => return Err(EngineError::snapshot(
+                crate::SnapshotFault::Unsupported,
+                "a session led over a mesh resumes from its ranks' shard files, not from memory",
+            )),
         };
         Ok(Self { how })
     }

@@ -32,10 +32,10 @@ use tokio::time::{sleep_until, timeout, timeout_at, Instant as TokioInstant};
 use crate::door::{DoorRefusal, CLOSE_TRY_AGAIN_LATER};
 use crate::error::ServerError;
 use crate::protocol::{ClientMessage, Interaction, StartRequest};
+use crate::resume::ParkReason;
 use crate::sockets::SocketPass;
 use crate::state::AppState;
 use crate::wire;
-use crate::resume::ParkReason;
 use crate::worker::{self, Ending, Job, ParkRequest, WorkerEvent, WorkerHandle};
 
 /// The client of `worker` is gone: a session that can park (`parkable`: it has a
@@ -340,7 +340,9 @@ impl Connection {
             }
         }
         if state.is_shutting_down() {
-            return self.put_back(&start, resume, ServerError::ShuttingDown).await;
+            return self
+                .put_back(&start, resume, ServerError::ShuttingDown)
+                .await;
         }
         if state.is_draining() {
             self.close_with = (CLOSE_GOING_AWAY, "the server is draining");
@@ -425,7 +427,10 @@ impl Connection {
                     self.put_back_quietly(&start, resume.take());
                 }
             } else if resume.is_some() {
-                state.metrics.sessions_resumed.fetch_add(1, Ordering::Relaxed);
+                state
+                    .metrics
+                    .sessions_resumed
+                    .fetch_add(1, Ordering::Relaxed);
                 resume = None;
             }
             match outcome {
@@ -519,7 +524,8 @@ impl Connection {
                 }
                 Ok(ClientMessage::Stop) => {
                     self.state.resume.forget(&id);
-                    self.send_json(&wire::session_done(request_id, 0, true)).await;
+                    self.send_json(&wire::session_done(request_id, 0, true))
+                        .await;
                     return None;
                 }
                 Ok(_) => {

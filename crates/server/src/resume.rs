@@ -153,14 +153,21 @@ impl ResumeBook {
             return Err(ServerError::Internal("parking an unknown session".into()));
         };
         let bytes = snapshot.state_bytes();
-        if reason == ParkReason::Drain {
-            let store = self
-                .store
-                .as_deref()
-                .ok_or_else(|| ServerError::Internal("a drain parks only into a store".into()))?;
-            write_store(store, id, record, &snapshot)?;
+        // A drain, and a hang-up on a server with a store, park in the store: the client
+        // may come back through another replica, and the store's rename-claim is the
+        // one place a token is used up.
+        let to_store = reason == ParkReason::Drain || reason == ParkReason::HangUp;
+        if let (true, Some(store)) = (to_store, self.store.as_deref()) {
+            let expires =
+                (reason == ParkReason::HangUp).then(|| unix_now() + self.window.as_secs());
+            write_store(store, id, record, &snapshot, expires)?;
             records.remove(id);
             return Ok(bytes);
+        }
+        if reason == ParkReason::Drain {
+            return Err(ServerError::Internal(
+                "a drain parks only into a store".into(),
+            ));
         }
         record.entry = Entry::Parked {
             snapshot,
@@ -177,7 +184,7 @@ impl ResumeBook {
         };
         let records = self.lock();
         match records.get(id) {
-            Some(record) => write_store(store, id, record, snapshot),
+            Some(record) => write_store(store, id, record, snapshot, None),
             None => Ok(()),
         }
     }
@@ -193,9 +200,18 @@ impl ResumeBook {
         }
     }
 
-    /// Forgets session `id` (it ended for good).
+    /// Forgets session `id` (it ended for good), its store files too.
     pub fn forget(&self, id: &str) {
         self.lock().remove(id);
+        self.remove_stored(id);
+    }
+
+    fn remove_stored(&self, id: &str) {
+        if let Some(store) = &self.store {
+            let (snap, side) = store_paths(store, id);
+            let _ = std::fs::remove_file(snap);
+            let _ = std::fs::remove_file(side);
+        }
     }
 
     /// Drops parked sessions past their window; returns how many went.
@@ -203,9 +219,8 @@ impl ResumeBook {
         let now = Instant::now();
         let mut records = self.lock();
         let before = records.len();
-        records.retain(|_, r| {
-            !matches!(r.entry, Entry::Parked { expires: Some(t), .. } if t <= now)
-        });
+        records
+            .retain(|_, r| !matches!(r.entry, Entry::Parked { expires: Some(t), .. } if t <= now));
         before - records.len()
     }
 
@@ -250,6 +265,9 @@ impl ResumeBook {
                         else {
                             unreachable!("matched as parked")
                         };
+                        drop(records);
+                        // A periodic snapshot of it in the store is stale now.
+                        self.remove_stored(&id);
                         return Ok(Claimed { snapshot, start });
                     }
                     Some(_) if Instant::now() < until => {}
@@ -268,16 +286,30 @@ impl ResumeBook {
     }
 }
 
-/// The sidecar beside a stored snapshot: who may claim it and how it was started.
-fn sidecar(record: &Record) -> Value {
-    serde_json::json!({ "key": record.key, "start": record.start })
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
-fn write_store(store: &Path, id: &str, record: &Record, snapshot: &SessionSnapshot) -> Result<()> {
+/// The sidecar beside a stored snapshot: who may claim it, how it was started, and
+/// when a hung-up session's window ends (Unix seconds; none for a drain).
+fn sidecar(record: &Record, expires: Option<u64>) -> Value {
+    serde_json::json!({ "key": record.key, "start": record.start, "expires_unix": expires })
+}
+
+fn write_store(
+    store: &Path,
+    id: &str,
+    record: &Record,
+    snapshot: &SessionSnapshot,
+    expires: Option<u64>,
+) -> Result<()> {
     let (snap, side) = store_paths(store, id);
     let io = |e: headroom_engine::EngineError| ServerError::Internal(e.to_string());
     // The sidecar first: a snapshot file is never without its owner's key.
-    let side_bytes = serde_json::to_vec(&sidecar(record))
+    let side_bytes = serde_json::to_vec(&sidecar(record, expires))
         .map_err(|e| ServerError::Internal(e.to_string()))?;
     headroom_engine::snapshot::format::write_atomic(&side, &side_bytes).map_err(io)?;
     if let Err(e) = snapshot.write(&snap) {
@@ -292,12 +324,19 @@ fn write_store(store: &Path, id: &str, record: &Record, snapshot: &SessionSnapsh
 
 fn claim_from_store(store: &Path, id: &str, key: Option<&str>) -> Result<Claimed> {
     let (snap, side) = store_paths(store, id);
-    let unknown = || {
-        refused("no session is parked under this resume token (unknown, or already resumed)")
-    };
+    let unknown =
+        || refused("no session is parked under this resume token (unknown, or already resumed)");
     let side_bytes = std::fs::read(&side).map_err(|_| unknown())?;
     let side_json: Value = serde_json::from_slice(&side_bytes)
         .map_err(|e| refused(format!("the store's record is not JSON: {e}")))?;
+    if side_json["expires_unix"]
+        .as_u64()
+        .is_some_and(|t| t <= unix_now())
+    {
+        let _ = std::fs::remove_file(&snap);
+        let _ = std::fs::remove_file(&side);
+        return Err(refused("the session's --resume-window has passed"));
+    }
     if side_json["key"].as_str() != key {
         return Err(refused(
             "this resume token belongs to a session opened with another API key",

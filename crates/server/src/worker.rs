@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headroom_engine::{
-    CancelToken, Chunk, Drive, Engine, EngineError, SessionDriver, SessionRequest,
-    SessionSnapshot, StepQueue,
+    CancelToken, Chunk, Drive, Engine, EngineError, SessionDriver, SessionRequest, SessionSnapshot,
+    StepQueue,
 };
 use headroom_media::FragmentedMp4;
 use headroom_model::camera::UpdateMode;
@@ -26,12 +26,12 @@ use headroom_tensor::Device;
 use tokio::sync::mpsc;
 
 use crate::admission::Slot;
-use crate::resume::{ParkReason, ResumeBook};
 use crate::error::{Result, ServerError};
 use crate::image_ref::decode_image_url;
 use crate::metrics::Metrics;
 use crate::prompt::prompt_of;
 use crate::protocol::{Interaction, StartRequest};
+use crate::resume::{ParkReason, ResumeBook};
 
 /// One encoded chunk on its way to the socket.
 #[derive(Debug)]
@@ -465,7 +465,10 @@ impl Stream<'_> {
             } else {
                 0
             };
-            if self.max_frames.is_some_and(|m| before + played_frames + next > m) {
+            if self
+                .max_frames
+                .is_some_and(|m| before + played_frames + next > m)
+            {
                 break;
             }
             if self.cancel.is_cancelled() {
