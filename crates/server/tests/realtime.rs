@@ -369,7 +369,7 @@ async fn a_hundred_sequential_sessions_leave_the_same_reserved_bytes_after_each(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_that_vanish_mid_stream_leave_no_pages_and_no_bytes_behind() {
+async fn clients_that_vanish_mid_stream_leave_no_pages_and_no_device_bytes_behind() {
     let ts = TestServer::default().await;
     run_session(&ts, 9, 1).await;
     ts.idle().await;
@@ -411,8 +411,11 @@ async fn clients_that_vanish_mid_stream_leave_no_pages_and_no_bytes_behind() {
     }
     assert_eq!(run_session(&ts, 21, 2).await.binaries.len(), 2);
     let (_, metrics) = ts.get("/metrics").await;
+    // Each vanished client's session parked for its resume token: its device bytes and
+    // pages went back (checked above), its state is in host memory.
     assert!(
-        metrics.contains("headroom_sessions_stopped_total 20"),
+        metrics.contains("headroom_sessions_parked_total 20")
+            && metrics.contains("headroom_sessions_parked 20"),
         "{metrics}"
     );
     ts.stop().await;
