@@ -106,3 +106,59 @@ fn a_resumed_generate_writes_the_frames_of_the_uninterrupted_one_from_the_next_c
     let res = headroom(&["snapshot", "inspect", cut.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&res.stderr).contains("snapshot (truncated)"));
 }
+
+/// Runs `script` (sh) in a mount namespace of its own where `dir` is a 256 KiB tmpfs
+/// (`unshare -rm`); where namespaces are not allowed, under `ulimit -f 256` (KiB)
+/// instead, with SIGXFSZ ignored: either way a snapshot write runs out of room.
+fn in_a_small_filesystem(dir: &std::path::Path, script: &str) -> std::process::Output {
+    let d = dir.display();
+    let tmpfs = format!("mount -t tmpfs -o size=256k tmpfs {d} && {script}");
+    let out = std::process::Command::new("unshare")
+        .args(["-rm", "sh", "-c", &tmpfs])
+        .output();
+    match out {
+        Ok(o) if !String::from_utf8_lossy(&o.stderr).contains("unshare:")
+            && !String::from_utf8_lossy(&o.stderr).contains("mount:") =>
+        {
+            o
+        }
+        _ => {
+            eprintln!("no mount namespace here: a file size limit stands for the full disk");
+            let limited = format!("trap '' XFSZ; ulimit -f 512; {script}");
+            std::process::Command::new("bash")
+                .args(["-c", &limited])
+                .output()
+                .unwrap()
+        }
+    }
+}
+
+#[test]
+fn a_full_disk_during_a_snapshot_fails_by_name_and_leaves_no_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let snaps = dir.path().join("snaps");
+    std::fs::create_dir_all(&snaps).unwrap();
+    let out = dir.path().join("v.y4m");
+    let bin = env!("CARGO_BIN_EXE_headroom");
+    let script = format!(
+        "{bin} generate --model tiny --width 48 --height 32 --frames 33 --out {} --snapshot-every 1 --snapshot-dir {}; echo rc=$?; ls -A {}",
+        out.display(),
+        snaps.display(),
+        snaps.display()
+    );
+    let res = in_a_small_filesystem(&snaps, &script);
+    let stdout = String::from_utf8_lossy(&res.stdout);
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(stdout.contains("rc=2"), "generate fails: {stdout} {stderr}");
+    assert!(
+        stderr.contains("snapshot after chunk 0") && stderr.contains("snapshot (io)"),
+        "{stderr}"
+    );
+    let listed: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("rc="))
+        .skip(1)
+        .collect();
+    assert!(listed.is_empty(), "no partial file in the snapshot folder: {listed:?}");
+    assert!(!out.exists(), "a failed run leaves no video either");
+}
