@@ -94,6 +94,13 @@ pub struct RankPlan {
     pub headroom_bytes: i64,
     /// Where the reserved peak happened: `load`, `open`, `denoise N` or `decode N`.
     pub peak_phase: String,
+    /// This rank's shard of a session snapshot in steady state (what a parked session
+    /// holds in host memory), by part.
+    pub snapshot: crate::snapshot::SnapshotEstimate,
+    /// Allocated bytes while a snapshot is written at the last chunk boundary: what is
+    /// live there plus the snapshot's staging buffer (one layer's KV history, gathered
+    /// for one device-to-host copy).
+    pub snapshot_write_allocated_bytes: u64,
     /// What this rank's TP and SP collectives move over the session, by kind (calls and
     /// input bytes; the seconds of a meta execution are not a prediction).
     pub collectives: std::collections::BTreeMap<String, headroom_tensor::comm::OpTotals>,
@@ -206,11 +213,14 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
             .state_bytes(config.height, config.width);
         let conditioning_bytes = session.conditioning_bytes();
         let chunks = chunks_to_run(config, engine, &session);
+        let mut boundary = 0;
         for k in 0..chunks {
             let chunk = session.next_chunk()?;
             peaks.stretch(platform, &chunk.stats_denoise_end, &format!("denoise {k}"));
             peaks.stretch(platform, &chunk.stats_decoded, &format!("decode {k}"));
+            boundary = chunk.stats_decoded.allocated_bytes.all().current.max(0) as u64;
         }
+        let snapshot = engine.snapshot_estimate(config.width, config.height, None, false)?;
         drop(session);
         peaks.stretch(platform, &platform.memory_stats(), "close");
         let end = platform.memory_stats();
@@ -229,6 +239,8 @@ fn plan_policy(config: &PlanConfig, policy: ReclaimPolicy) -> Result<Vec<RankPla
             post_session_reserved_bytes: post,
             headroom_bytes: config.capacity as i64 - peaks.reserved as i64,
             peak_phase: peaks.phase,
+            snapshot,
+            snapshot_write_allocated_bytes: boundary + snapshot.staging_bytes,
             collectives: meter.map(|m| m.totals()).unwrap_or_default(),
             trace: allocator.trace(),
             final_bytes,

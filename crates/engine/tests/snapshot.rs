@@ -389,3 +389,59 @@ fn a_mesh_session_resumes_from_each_ranks_shard_and_refuses_another_mesh() {
         "{e}"
     );
 }
+
+#[test]
+fn the_estimate_is_the_bytes_of_a_steady_state_snapshot() {
+    for (model, w, h, decoder, overlap) in [
+        ("tiny", 48, 32, DecoderKind::Full, false),
+        ("tiny", 64, 32, DecoderKind::Tiny, true),
+        (WORLD, 128, 96, DecoderKind::Full, false),
+    ] {
+        let engine = Engine::new(EngineConfig {
+            decoder,
+            ..config(model)
+        })
+        .unwrap();
+        let text_dim = engine.transformer().config().text_dim;
+        let text = Tensor::zeros(&[7, text_dim], DType::F32, &Device::cpu().unwrap()).unwrap();
+        let mut s = engine
+            .open_session(SessionRequest {
+                text_embeds: Some(text),
+                decoder: Some(decoder),
+                overlap,
+                ..SessionRequest::new(w, h, 0)
+            })
+            .unwrap();
+        let want = engine.snapshot_estimate(w, h, Some(decoder), overlap).unwrap();
+        // Past the KV window and until the image condition settles (its encoder cache
+        // is then freed).
+        let mut snap = None;
+        for _ in 0..40 {
+            s.next_chunk().unwrap();
+            let taken = s.snapshot().unwrap();
+            let encoder = taken.parts().iter().find(|p| p.0 == "condition").map_or(0, |p| p.2);
+            if s.chunks_done() >= 6 && encoder == want.condition_bytes {
+                snap = Some(taken);
+                break;
+            }
+        }
+        let snap = snap.unwrap_or_else(|| panic!("{model}: the condition never settled"));
+        let part = |name: &str| snap.parts().iter().find(|p| p.0 == name).map_or(0, |p| p.2);
+        let got = [
+            part("kv"),
+            part("text"),
+            part("condition"),
+            part("decoder"),
+            part("pending"),
+        ];
+        let est = [
+            want.kv_bytes,
+            want.text_bytes,
+            want.condition_bytes,
+            want.decoder_bytes,
+            want.pending_bytes,
+        ];
+        assert_eq!(got, est, "{model} {w}x{h} {decoder} overlap {overlap}");
+        assert_eq!(snap.state_bytes(), want.total_bytes);
+    }
+}

@@ -11,6 +11,7 @@
 //! memory: its bytes are outside every allocator, so park, snapshot and migrate are
 //! one mechanism.
 
+pub mod estimate;
 pub mod format;
 pub mod identity;
 
@@ -21,6 +22,7 @@ use headroom_model::SavedState;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result, SnapshotFault};
+pub use estimate::SnapshotEstimate;
 pub use format::{EXTENSION, FORMAT_VERSION};
 pub use identity::{Identity, MeshPlace};
 

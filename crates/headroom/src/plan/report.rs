@@ -74,6 +74,22 @@ pub fn table(heading: &Heading<'_>, config: &PlanConfig, rows: &[RankPlan]) -> S
         ));
     }
     out.push('\n');
+    if let Some(r) = rows.iter().max_by_key(|r| r.snapshot_write_allocated_bytes) {
+        let s = &r.snapshot;
+        let mb = |b: u64| format!("{:.1} MB", b as f64 / 1e6);
+        out.push_str(&format!(
+            "snapshot per session (rank {}'s shard, steady state): {} — KV {}, text {}, condition {}, decoder {}; writing one adds a {} staging buffer: {} allocated at the chunk boundary (peak {})\n\n",
+            r.rank,
+            mb(s.total_bytes),
+            mb(s.kv_bytes),
+            mb(s.text_bytes),
+            mb(s.condition_bytes),
+            mb(s.decoder_bytes),
+            mb(s.staging_bytes),
+            mb(r.snapshot_write_allocated_bytes),
+            mb(r.peak_allocated_bytes),
+        ));
+    }
     let mut policies: Vec<&str> = rows.iter().map(|r| r.policy.as_str()).collect();
     policies.dedup();
     for policy in policies {
