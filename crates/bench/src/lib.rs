@@ -11,6 +11,7 @@ pub mod plan;
 pub mod plot;
 pub mod serve;
 pub mod session;
+pub mod snapshot;
 pub mod stats;
 pub mod vae;
 
@@ -20,6 +21,7 @@ pub use decoders::{run_decoder_bench, DecoderBenchConfig, DecoderBenchReport, De
 pub use kernels::{run_kernel_bench, KernelBenchConfig, KernelRow};
 pub use models::{run_model_bench, ModelBenchConfig, ModelRow};
 pub use session::{run_session_bench, SessionBenchConfig, SessionBenchSummary};
+pub use snapshot::{run_snapshot_bench, SnapshotBenchConfig, SnapshotModel, SnapshotRow};
 pub use vae::{run_vae_bench, VaeBenchConfig, VaeBenchReport};
 
 /// Errors of the benchmarks.

@@ -412,14 +412,20 @@ fn the_estimate_is_the_bytes_of_a_steady_state_snapshot() {
                 ..SessionRequest::new(w, h, 0)
             })
             .unwrap();
-        let want = engine.snapshot_estimate(w, h, Some(decoder), overlap).unwrap();
+        let want = engine
+            .snapshot_estimate(w, h, Some(decoder), overlap)
+            .unwrap();
         // Past the KV window and until the image condition settles (its encoder cache
         // is then freed).
         let mut snap = None;
         for _ in 0..40 {
             s.next_chunk().unwrap();
             let taken = s.snapshot().unwrap();
-            let encoder = taken.parts().iter().find(|p| p.0 == "condition").map_or(0, |p| p.2);
+            let encoder = taken
+                .parts()
+                .iter()
+                .find(|p| p.0 == "condition")
+                .map_or(0, |p| p.2);
             if s.chunks_done() >= 6 && encoder == want.condition_bytes {
                 snap = Some(taken);
                 break;

@@ -117,8 +117,9 @@ fn in_a_small_filesystem(dir: &std::path::Path, script: &str) -> std::process::O
         .args(["-rm", "sh", "-c", &tmpfs])
         .output();
     match out {
-        Ok(o) if !String::from_utf8_lossy(&o.stderr).contains("unshare:")
-            && !String::from_utf8_lossy(&o.stderr).contains("mount:") =>
+        Ok(o)
+            if !String::from_utf8_lossy(&o.stderr).contains("unshare:")
+                && !String::from_utf8_lossy(&o.stderr).contains("mount:") =>
         {
             o
         }
@@ -159,6 +160,9 @@ fn a_full_disk_during_a_snapshot_fails_by_name_and_leaves_no_partial_file() {
         .skip_while(|l| !l.starts_with("rc="))
         .skip(1)
         .collect();
-    assert!(listed.is_empty(), "no partial file in the snapshot folder: {listed:?}");
+    assert!(
+        listed.is_empty(),
+        "no partial file in the snapshot folder: {listed:?}"
+    );
     assert!(!out.exists(), "a failed run leaves no video either");
 }

@@ -55,8 +55,7 @@ impl Engine {
         let heads = self.transformer().kv_heads();
         let d = c.attention_head_dim;
         let history = self.config().window_frames.saturating_sub(BLOCK_FRAMES);
-        let layer_side =
-            (history * tokens * heads * d * self.config().weight_dtype.size()) as u64;
+        let layer_side = (history * tokens * heads * d * self.config().weight_dtype.size()) as u64;
         let kv_bytes = 2 * c.num_layers as u64 * layer_side;
         let text_bytes = (2 * c.num_layers * TEXT_TOKENS * heads * d * 4) as u64;
         let cell = (BLOCK_FRAMES * h * w * 4) as u64;

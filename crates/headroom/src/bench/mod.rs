@@ -9,6 +9,7 @@ mod kernels;
 mod models;
 mod serve;
 mod session;
+mod snapshot;
 mod vae;
 
 use anyhow::Result;
@@ -44,6 +45,9 @@ enum BenchCommand {
     /// A client's time to first chunk on an idle server and beside many idle sockets
     /// (no session.start), in one run, with the memory those sockets add.
     Door(door::DoorArgs),
+    /// Session snapshots: bytes, write and resume times, and the first chunk after a
+    /// resume against a chunk of the uninterrupted session.
+    Snapshot(snapshot::SnapshotArgs),
 }
 
 /// Runs `headroom bench`.
@@ -57,5 +61,6 @@ pub fn run(args: BenchArgs) -> Result<()> {
         BenchCommand::Serve(args) => serve::run(args),
         BenchCommand::Batch(args) => batch::run(args),
         BenchCommand::Door(args) => door::run(args),
+        BenchCommand::Snapshot(args) => snapshot::run(args),
     }
 }
