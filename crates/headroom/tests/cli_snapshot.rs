@@ -166,3 +166,37 @@ fn a_full_disk_during_a_snapshot_fails_by_name_and_leaves_no_partial_file() {
     );
     assert!(!out.exists(), "a failed run leaves no video either");
 }
+
+#[test]
+fn a_thread_mesh_snapshots_a_shard_per_rank_and_resumes_from_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole.y4m");
+    let snaps = dir.path().join("snaps");
+    let mesh = ["--tp", "2", "--sp", "2", "--comm", "threads"];
+    let base = ["--model", "tiny", "--width", "64", "--height", "32"];
+    let mut args = vec!["generate", "--frames", "33", "--out", whole.to_str().unwrap()];
+    args.extend(base);
+    args.extend(mesh);
+    args.extend(["--snapshot-every", "1", "--snapshot-dir", snaps.to_str().unwrap()]);
+    assert_ok(&headroom(&args));
+    for name in ["chunk-0.hrsnap", "chunk-0.rank-1.hrsnap", "chunk-0.rank-3.hrsnap"] {
+        assert!(snaps.join(name).is_file(), "{name}");
+    }
+    let snap = snaps.join("chunk-0.hrsnap");
+    let tail = dir.path().join("tail.y4m");
+    let mut args = vec!["generate", "--resume", snap.to_str().unwrap()];
+    args.extend(["--model", "tiny", "--out", tail.to_str().unwrap()]);
+    args.extend(mesh);
+    assert_ok(&headroom(&args));
+    let (all, rest) = (y4m_frames(&whole, 64, 32), y4m_frames(&tail, 64, 32));
+    assert_eq!(rest, all[9..], "chunks 1 and 2 of the mesh, byte for byte");
+    // Another mesh shape is refused by name.
+    let other = dir.path().join("other.y4m");
+    let mut args = vec!["generate", "--resume", snap.to_str().unwrap()];
+    args.extend(["--model", "tiny", "--out", other.to_str().unwrap()]);
+    args.extend(["--tp", "2", "--comm", "threads"]);
+    let res = headroom(&args);
+    assert!(!res.status.success());
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert!(err.contains("mesh: snapshot tp 2 sp 2 rank 0, here tp 2 sp 1 rank 0"), "{err}");
+}

@@ -368,3 +368,49 @@ fn bench_session_under_mpi_reports_every_rank_beside_its_plan() {
         .collect();
     println!("seconds in collectives per chunk, by rank: {secs:?}");
 }
+
+#[test]
+fn mpi_ranks_snapshot_a_shard_each_and_resume_the_session_from_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let snaps = dir.path().join("snaps");
+    let whole = dir.path().join("whole.y4m");
+    let Some(mut first) = mpirun() else {
+        return;
+    };
+    let mesh = ["--tp", "2", "--sp", "2"];
+    let res = first
+        .args(["-n", "4", bin(), "--threads", "1", "generate"])
+        .args(SESSION)
+        .args(["--model", "tiny", "--frames", "33"])
+        .args(mesh)
+        .args(["--out", whole.to_str().unwrap()])
+        .args(["--snapshot-every", "1", "--snapshot-dir", snaps.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    for rank in 0..4 {
+        let name = match rank {
+            0 => "chunk-0.hrsnap".to_string(),
+            r => format!("chunk-0.rank-{r}.hrsnap"),
+        };
+        assert!(snaps.join(&name).is_file(), "rank {rank}: {name}");
+    }
+    let tail = dir.path().join("tail.y4m");
+    let res = mpirun()
+        .unwrap()
+        .args(["-n", "4", bin(), "--threads", "1", "generate"])
+        .args(["--model", "tiny"])
+        .args(mesh)
+        .args(["--resume", snaps.join("chunk-0.hrsnap").to_str().unwrap()])
+        .args(["--out", tail.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    let (whole, tail) = (std::fs::read(whole).unwrap(), std::fs::read(tail).unwrap());
+    // Y4M: a header line, then FRAME + 4:4:4 planes of 64×32.
+    let frames = |b: &[u8]| -> Vec<Vec<u8>> {
+        let h = b.iter().position(|&c| c == b'\n').unwrap() + 1;
+        b[h..].chunks(6 + 64 * 32 * 3).map(<[u8]>::to_vec).collect()
+    };
+    assert_eq!(frames(&tail), frames(&whole)[9..], "chunks 1 and 2, byte for byte");
+}
