@@ -174,12 +174,27 @@ fn a_thread_mesh_snapshots_a_shard_per_rank_and_resumes_from_them() {
     let snaps = dir.path().join("snaps");
     let mesh = ["--tp", "2", "--sp", "2", "--comm", "threads"];
     let base = ["--model", "tiny", "--width", "64", "--height", "32"];
-    let mut args = vec!["generate", "--frames", "33", "--out", whole.to_str().unwrap()];
+    let mut args = vec![
+        "generate",
+        "--frames",
+        "33",
+        "--out",
+        whole.to_str().unwrap(),
+    ];
     args.extend(base);
     args.extend(mesh);
-    args.extend(["--snapshot-every", "1", "--snapshot-dir", snaps.to_str().unwrap()]);
+    args.extend([
+        "--snapshot-every",
+        "1",
+        "--snapshot-dir",
+        snaps.to_str().unwrap(),
+    ]);
     assert_ok(&headroom(&args));
-    for name in ["chunk-0.hrsnap", "chunk-0.rank-1.hrsnap", "chunk-0.rank-3.hrsnap"] {
+    for name in [
+        "chunk-0.hrsnap",
+        "chunk-0.rank-1.hrsnap",
+        "chunk-0.rank-3.hrsnap",
+    ] {
         assert!(snaps.join(name).is_file(), "{name}");
     }
     let snap = snaps.join("chunk-0.hrsnap");
@@ -198,5 +213,8 @@ fn a_thread_mesh_snapshots_a_shard_per_rank_and_resumes_from_them() {
     let res = headroom(&args);
     assert!(!res.status.success());
     let err = String::from_utf8_lossy(&res.stderr);
-    assert!(err.contains("mesh: snapshot tp 2 sp 2 rank 0, here tp 2 sp 1 rank 0"), "{err}");
+    assert!(
+        err.contains("mesh: snapshot tp 2 sp 2 rank 0, here tp 2 sp 1 rank 0"),
+        "{err}"
+    );
 }

@@ -253,7 +253,10 @@ fn check_message(file: &str, text: &str) {
             Interaction::parse(&map, &Limits::default(), || "fresh".into())
                 .unwrap_or_else(|e| panic!("{file}: {text}: {e}"));
         }
-        ClientMessage::Ping | ClientMessage::Stop => {}
+        ClientMessage::Ping
+        | ClientMessage::Stop
+        | ClientMessage::Pause
+        | ClientMessage::Resume => {}
     }
 }
 

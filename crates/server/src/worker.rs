@@ -415,7 +415,7 @@ impl Stream<'_> {
     fn checkpoint(&self, index: usize) {
         let Some(p) = self.parking else { return };
         let Some(every) = p.every else { return };
-        if (index + 1) % every != 0 {
+        if !(index + 1).is_multiple_of(every) {
             return;
         }
         let written = self

@@ -384,10 +384,19 @@ fn mpi_ranks_snapshot_a_shard_each_and_resume_the_session_from_them() {
         .args(["--model", "tiny", "--frames", "33"])
         .args(mesh)
         .args(["--out", whole.to_str().unwrap()])
-        .args(["--snapshot-every", "1", "--snapshot-dir", snaps.to_str().unwrap()])
+        .args([
+            "--snapshot-every",
+            "1",
+            "--snapshot-dir",
+            snaps.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
-    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
     for rank in 0..4 {
         let name = match rank {
             0 => "chunk-0.hrsnap".to_string(),
@@ -405,12 +414,20 @@ fn mpi_ranks_snapshot_a_shard_each_and_resume_the_session_from_them() {
         .args(["--out", tail.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(res.status.success(), "{}", String::from_utf8_lossy(&res.stderr));
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
     let (whole, tail) = (std::fs::read(whole).unwrap(), std::fs::read(tail).unwrap());
     // Y4M: a header line, then FRAME + 4:4:4 planes of 64×32.
     let frames = |b: &[u8]| -> Vec<Vec<u8>> {
         let h = b.iter().position(|&c| c == b'\n').unwrap() + 1;
         b[h..].chunks(6 + 64 * 32 * 3).map(<[u8]>::to_vec).collect()
     };
-    assert_eq!(frames(&tail), frames(&whole)[9..], "chunks 1 and 2, byte for byte");
+    assert_eq!(
+        frames(&tail),
+        frames(&whole)[9..],
+        "chunks 1 and 2, byte for byte"
+    );
 }

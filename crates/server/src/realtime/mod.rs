@@ -16,14 +16,15 @@
 //! reports its end (it releases everything first); a closed socket cancels the token too.
 //! The stall clock starts at admission: time in the queue never counts against it.
 
+mod parking;
+mod queued;
+
 use headroom_model::DecoderKind;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::TrySendError;
 use std::sync::Arc;
 use std::time::Instant;
-
-use crate::admission::{Refusal, Slot};
 
 use axum::extract::ws::{CloseFrame, Message, WebSocket};
 use serde_json::Value;
@@ -36,17 +37,8 @@ use crate::resume::ParkReason;
 use crate::sockets::SocketPass;
 use crate::state::AppState;
 use crate::wire;
-use crate::worker::{self, Ending, Job, ParkRequest, WorkerEvent, WorkerHandle};
-
-/// The client of `worker` is gone: a session that can park (`parkable`: it has a
-/// token, is open and not ending) parks at its next chunk boundary for its resume
-/// window; any other is cancelled.
-fn hang_up(worker: &WorkerHandle, park: Option<&ParkRequest>, parkable: bool) {
-    match park {
-        Some(p) if parkable => p.ask(ParkReason::HangUp),
-        _ => worker.cancel.cancel(),
-    }
-}
+use crate::worker::{self, Ending, Job, WorkerEvent, WorkerHandle};
+use parking::hang_up;
 
 /// How long a closing connection waits for the client's close reply.
 const CLOSE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -448,265 +440,12 @@ impl Connection {
         }
     }
 
-    /// Claims the session of `token` for this client; `None` when refused (the client
-    /// has been told, with `resume_refused`).
-    async fn claim(&mut self, token: &str) -> Option<crate::resume::Claimed> {
-        let state = Arc::clone(&self.state);
-        let claimed = if state.world.is_some() {
-            Err(ServerError::ResumeRefused(
-                "a sharded server resumes sessions from their shard files (generate --resume), not from tokens".into(),
-            ))
-        } else {
-            state.resume.claim(token, self.key.as_deref()).await
-        };
-        match claimed {
-            Ok(c) => {
-                self.resume_token = Some(token.to_string());
-                Some(c)
-            }
-            Err(e) => {
-                self.send_error(&e, None).await;
-                None
-            }
-        }
-    }
-
-    /// A claimed session that will not run after all goes back to the book under its
-    /// token (for its resume window), and the client hears `error`.
-    async fn put_back(
-        &mut self,
-        start: &serde_json::Map<String, Value>,
-        resume: Option<Arc<headroom_engine::SessionSnapshot>>,
-        error: ServerError,
-    ) {
-        self.put_back_quietly(start, resume);
-        self.send_error(&error, None).await;
-    }
-
-    /// [`Self::put_back`] without a message.
-    fn put_back_quietly(
-        &mut self,
-        start: &serde_json::Map<String, Value>,
-        resume: Option<Arc<headroom_engine::SessionSnapshot>>,
-    ) {
-        if let (Some(snapshot), Some(token)) = (resume, self.resume_token.take()) {
-            let book = &self.state.resume;
-            book.running(&token, self.key.clone(), start.clone());
-            let id = crate::resume::digest(token.as_bytes());
-            let _ = book.park(&id, snapshot, crate::resume::ParkReason::HangUp);
-        }
-    }
-
-    /// A paused session's socket: waits for `session.resume` (then claims the session
-    /// again), answering pings; `session.stop` or a hang-up ends the wait (a hang-up
-    /// leaves the session parked for its resume window, a stop forgets it).
-    async fn await_resume(
-        &mut self,
-        token: &str,
-        request_id: &str,
-    ) -> Option<crate::resume::Claimed> {
-        let id = crate::resume::digest(token.as_bytes());
-        loop {
-            let message = self.socket.recv().await;
-            let text = match message {
-                Some(Ok(Message::Text(text))) => text,
-                Some(Ok(_)) => continue,
-                Some(Err(_)) | None => {
-                    self.open = false;
-                    self.state.resume.hung_up(&id);
-                    return None;
-                }
-            };
-            match ClientMessage::parse(text.as_str()) {
-                Ok(ClientMessage::Resume) => return self.claim(token).await,
-                Ok(ClientMessage::Ping) => {
-                    self.send_json(&wire::pong()).await;
-                }
-                Ok(ClientMessage::Stop) => {
-                    self.state.resume.forget(&id);
-                    self.send_json(&wire::session_done(request_id, 0, true))
-                        .await;
-                    return None;
-                }
-                Ok(_) => {
-                    let e = ServerError::InvalidState(
-                        "the session is paused: send session.resume (or session.stop)".into(),
-                    );
-                    self.send_error(&e, None).await;
-                }
-                Err(e) => self.send_error(&e, None).await,
-            }
-        }
-    }
-
     /// Refuses the session with `error`, counting it by its refusal.
     async fn refuse(&mut self, error: ServerError) {
         if let Some(reason) = error.refusal() {
             self.state.metrics.refused(reason);
         }
         self.send_error(&error, None).await;
-    }
-
-    /// A session slot: at once when one is free and nobody waits, else after waiting in
-    /// the queue (at its head when `front`) until `deadline`, for a session of `pages` KV
-    /// pages. `None` when the client was refused, stopped or hung up (it has been told
-    /// what it needs to hear).
-    async fn admit(
-        &mut self,
-        front: bool,
-        deadline: TokioInstant,
-        request_id: &str,
-        pages: usize,
-    ) -> Option<Slot> {
-        let state = Arc::clone(&self.state);
-        let admission = &state.admission;
-        let mut changes = admission.changes();
-        let mut ticket = if front {
-            admission.join(true)
-        } else {
-            match admission.try_enter(pages) {
-                Ok(slot) => return Some(slot),
-                Err(Some(reason)) => {
-                    self.refuse(ServerError::capacity(Refusal::QueueFull, reason))
-                        .await;
-                    return None;
-                }
-                Err(None) => admission.join(false),
-            }
-        };
-        let mut shutdown = state.shutdown_signal();
-        let mut drain = state.drain_signal();
-        let timeout_s = state.config.queue_timeout.as_secs_f64();
-        let mut told = None;
-        loop {
-            if state.is_shutting_down() {
-                self.refuse(ServerError::ShuttingDown).await;
-                return None;
-            }
-            if state.is_draining() {
-                // Queued here, it would never start: go to another replica now.
-                self.close_with = (CLOSE_GOING_AWAY, "the server is draining");
-                self.refuse(ServerError::Draining).await;
-                return None;
-            }
-            ticket = match ticket.try_admit(pages) {
-                Ok(slot) => {
-                    state.metrics.queue_admitted.fetch_add(1, Ordering::Relaxed);
-                    return Some(slot);
-                }
-                Err(ticket) => ticket,
-            };
-            let ahead = ticket.ahead();
-            if told != Some(ahead) {
-                told = Some(ahead);
-                if !self
-                    .send_json(&wire::session_queued(request_id, ahead, timeout_s))
-                    .await
-                {
-                    return None;
-                }
-            }
-            tokio::select! {
-                _ = changes.changed() => {}
-                _ = shutdown.changed() => {}
-                _ = drain.changed() => {}
-                _ = sleep_until(deadline) => {
-                    let why = admission.room_for(pages).err().unwrap_or_else(|| "others were ahead".to_string());
-                    let e = ServerError::capacity(Refusal::QueueTimeout, format!(
-                        "waited {timeout_s:.1} s in the admission queue without a free slot ({why}); raise --queue-timeout or add capacity"
-                    ));
-                    self.refuse(e).await;
-                    return None;
-                }
-                message = self.socket.recv() => {
-                    if let QueuedInput::Leave = self.while_queued(message, request_id).await {
-                        return None;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Answers one message of a queued client: pings, interactions held for the session,
-    /// `session.stop` (answered with `session.done {chunks: 0, stopped: true}`).
-    async fn while_queued(
-        &mut self,
-        message: Option<std::result::Result<Message, axum::Error>>,
-        request_id: &str,
-    ) -> QueuedInput {
-        let limits = self.state.config.limits.clone();
-        let text = match message {
-            Some(Ok(Message::Text(text))) => text,
-            Some(Ok(Message::Binary(_))) => {
-                let e = ServerError::InvalidJson(
-                    "binary messages are not accepted; send JSON text".to_string(),
-                );
-                self.send_error(&e, None).await;
-                return QueuedInput::Wait;
-            }
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => return QueuedInput::Wait,
-            Some(Ok(Message::Close(_))) | Some(Err(_)) | None => {
-                self.open = false;
-                return QueuedInput::Leave;
-            }
-        };
-        if text.len() > limits.control_message_bytes {
-            let e = ServerError::MessageTooLarge {
-                kind: "control",
-                bytes: text.len(),
-                limit: limits.control_message_bytes,
-            };
-            self.send_error(&e, None).await;
-            return QueuedInput::Wait;
-        }
-        match ClientMessage::parse(text.as_str()) {
-            Err(e) => self.send_error(&e, None).await,
-            Ok(ClientMessage::Ping) => {
-                self.send_json(&wire::pong()).await;
-            }
-            Ok(ClientMessage::Stop) => {
-                self.send_json(&wire::session_done(request_id, 0, true))
-                    .await;
-                return QueuedInput::Leave;
-            }
-            Ok(ClientMessage::Start(_)) => {
-                let e = ServerError::InvalidState(
-                    "a session is already waiting on this socket; open a new socket for another"
-                        .to_string(),
-                );
-                self.send_error(&e, None).await;
-            }
-            Ok(ClientMessage::Pause | ClientMessage::Resume) => {
-                let e = ServerError::InvalidState(
-                    "the session is waiting for a slot: it can pause or resume once it runs"
-                        .to_string(),
-                );
-                self.send_error(&e, None).await;
-            }
-            Ok(ClientMessage::Interaction(map)) => {
-                let parsed = self.parse_interaction(&map, request_id);
-                let Some(interaction) = self.check_interaction(parsed, Phase::Running).await else {
-                    return QueuedInput::Wait;
-                };
-                if self.held.len() >= limits.pending_interactions {
-                    let e = ServerError::Busy(format!(
-                        "{} interactions already wait for the session to start",
-                        limits.pending_interactions
-                    ));
-                    self.send_error(&e, Some(&interaction.event_id)).await;
-                    return QueuedInput::Wait;
-                }
-                self.event_ids.insert(interaction.event_id.clone());
-                self.send_json(&wire::interaction_queued(request_id, &interaction.event_id))
-                    .await;
-                self.held.push(interaction);
-            }
-        }
-        if self.open {
-            QueuedInput::Wait
-        } else {
-            QueuedInput::Leave
-        }
     }
 
     fn parse_interaction(
