@@ -6,7 +6,7 @@
 //! decoder's streaming state in `model::vae::stream`, the image condition in
 //! `condition`, the rest of the session in `session::state`) through one writer of
 //! named tensors and JSON fields ([`headroom_model::SavedState`]); this module only
-//! knows the file ([`format`]) and the identity of what the session ran on
+//! knows the file ([`format`](mod@format)) and the identity of what the session ran on
 //! ([`identity`]). A parked session is the same [`SessionSnapshot`] held in host
 //! memory: its bytes are outside every allocator, so park, snapshot and migrate are
 //! one mechanism.
