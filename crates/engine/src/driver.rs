@@ -64,34 +64,17 @@ impl SessionDriver {
     /// Admits and opens `request` on `engine`, driven as `how` says: a refused or
     /// failed open leaves the engine (and every rank) as it was.
     pub fn open(engine: &Engine, request: SessionRequest, how: Drive<'_>) -> Result<Self> {
-        let how = match how {
-            Drive::Alone => Driven::Alone(engine.open_session(request)?),
-            Drive::Stepped(queue) => Driven::Stepped {
-                session: Some(engine.open_session(request)?),
-                _member: queue.join(),
-                queue: Arc::clone(queue),
-            },
-            Drive::Led(world) => Driven::Led(lead_open(engine, world, request)?),
-        };
-        Ok(Self { how })
+        let led = |world: &Arc<dyn Communicator>| lead_open(engine, world, request.clone());
+        Self::drive(how, || engine.open_session(request.clone()), led)
     }
 
     /// Resumes `snapshot` on `engine` ([`Engine::resume`]), driven as `how` says. A
     /// session led over a mesh resumes on every rank, each from its own shard: rank
     /// `r` > 0 reads `snapshot`'s path with `.rank-r` before its extension.
     pub fn resume(engine: &Engine, snapshot: &std::path::Path, how: Drive<'_>) -> Result<Self> {
-        let how = match how {
-            Drive::Alone => Driven::Alone(engine.resume(snapshot)?),
-            Drive::Stepped(queue) => Driven::Stepped {
-                session: Some(engine.resume(snapshot)?),
-                _member: queue.join(),
-                queue: Arc::clone(queue),
-            },
-            Drive::Led(world) => {
-                Driven::Led(crate::replicated::lead_resume(engine, world, snapshot)?)
-            }
-        };
-        Ok(Self { how })
+        let led =
+            |world: &Arc<dyn Communicator>| crate::replicated::lead_resume(engine, world, snapshot);
+        Self::drive(how, || engine.resume(snapshot), led)
     }
 
     /// Resumes a snapshot held in memory (a parked session) on `engine`, alone or
@@ -101,17 +84,30 @@ impl SessionDriver {
         snapshot: Arc<crate::SessionSnapshot>,
         how: Drive<'_>,
     ) -> Result<Self> {
+        let led = |_: &Arc<dyn Communicator>| {
+            Err(EngineError::snapshot(
+                crate::SnapshotFault::Unsupported,
+                "a session led over a mesh resumes from its ranks' shard files, not from memory",
+            ))
+        };
+        Self::drive(how, || engine.resume(Arc::clone(&snapshot)), led)
+    }
+
+    /// A session this engine opens with `open` (alone, or joining the step queue), or
+    /// one `led` opens on every rank.
+    fn drive(
+        how: Drive<'_>,
+        open: impl FnOnce() -> Result<Session>,
+        led: impl FnOnce(&Arc<dyn Communicator>) -> Result<LeadSession>,
+    ) -> Result<Self> {
         let how = match how {
-            Drive::Alone => Driven::Alone(engine.resume(snapshot)?),
+            Drive::Alone => Driven::Alone(open()?),
             Drive::Stepped(queue) => Driven::Stepped {
-                session: Some(engine.resume(snapshot)?),
+                session: Some(open()?),
                 _member: queue.join(),
                 queue: Arc::clone(queue),
             },
-            Drive::Led(_) => return Err(EngineError::snapshot(
-                crate::SnapshotFault::Unsupported,
-                "a session led over a mesh resumes from its ranks' shard files, not from memory",
-            )),
+            Drive::Led(world) => Driven::Led(led(world)?),
         };
         Ok(Self { how })
     }

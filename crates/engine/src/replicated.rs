@@ -301,48 +301,20 @@ pub fn lead_open(
     let spec = OpenSpec::of(&request, &mut blobs)?;
     broadcast(world.as_ref(), &Command::Open(Box::new(spec)), &blobs)?;
     reset_stats(engine);
-    let admitted = engine.admit_session(request);
+    open_agreed(world, engine.admit_session(request))
+}
+
+/// Rank 0's side of an open every rank takes part in, after the command went out: all
+/// agree on the admissions (a refusal anywhere leaves every rank as it was), then open
+/// (a failure there aborts the mesh: the others may wait at a collective of the open).
+fn open_agreed(
+    world: &Arc<dyn Communicator>,
+    admitted: Result<crate::Admitted<'_>>,
+) -> Result<LeadSession> {
     let status = admitted.as_ref().map(|_| ()).map_err(|e| e.to_string());
     match agree(world.as_ref(), &status)? {
         None => {}
         Some((0, _)) => return Err(admitted.err().unwrap_or_else(|| wire_err("open failed"))),
-        Some((rank, reason)) => {
-            return Err(EngineError::Rank {
-                rank,
-                reason,
-                cause: None,
-            })
-        }
-    }
-    let opened = admitted.and_then(|a| a.open());
-    match opened {
-        Ok(session) => Ok(LeadSession {
-            session: Some(session),
-            world: Arc::clone(world),
-        }),
-        Err(e) => {
-            // The others may wait at a collective of the open: end them.
-            world.abort();
-            Err(e)
-        }
-    }
-}
-
-/// Resumes on every rank the session snapshotted to `path` (rank 0 only; the others
-/// are in [`follow`]), each rank from its own shard ([`shard_path`]); all agree on the
-/// outcome, so a refused resume leaves every rank as it was.
-pub fn lead_resume(
-    engine: &Engine,
-    world: &Arc<dyn Communicator>,
-    path: &std::path::Path,
-) -> Result<LeadSession> {
-    broadcast(world.as_ref(), &Command::Resume(path.to_path_buf()), &[])?;
-    reset_stats(engine);
-    let admitted = engine.admit_resume(path);
-    let status = admitted.as_ref().map(|_| ()).map_err(|e| e.to_string());
-    match agree(world.as_ref(), &status)? {
-        None => {}
-        Some((0, _)) => return Err(admitted.err().unwrap_or_else(|| wire_err("resume failed"))),
         Some((rank, reason)) => {
             return Err(EngineError::Rank {
                 rank,
@@ -361,6 +333,19 @@ pub fn lead_resume(
             Err(e)
         }
     }
+}
+
+/// Resumes on every rank the session snapshotted to `path` (rank 0 only; the others
+/// are in [`follow`]), each rank from its own shard ([`shard_path`]); all agree on the
+/// outcome, so a refused resume leaves every rank as it was.
+pub fn lead_resume(
+    engine: &Engine,
+    world: &Arc<dyn Communicator>,
+    path: &std::path::Path,
+) -> Result<LeadSession> {
+    broadcast(world.as_ref(), &Command::Resume(path.to_path_buf()), &[])?;
+    reset_stats(engine);
+    open_agreed(world, engine.admit_resume(path))
 }
 
 /// Rank `rank`'s shard of the snapshot at `path`: `path` itself for rank 0, else

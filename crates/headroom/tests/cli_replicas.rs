@@ -6,12 +6,13 @@
 //! Needs Debian's `haproxy`: skipped where it is missing, failed under `CI=true` (or
 //! `HEADROOM_REQUIRE_HAPROXY=1`).
 
+#[path = "common/balancer.rs"]
+mod balancer;
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use balancer::{haproxy, Replica};
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
@@ -22,145 +23,6 @@ use tokio_tungstenite::tungstenite::Message;
 const KEY: &str = "lb-key.1";
 /// The health checks' interval in deploy/haproxy.cfg.
 const CHECK_INTERVAL: Duration = Duration::from_millis(250);
-
-/// A free loopback port (bound, then released for the child to take).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One `headroom serve` replica.
-struct Replica {
-    child: Child,
-    addr: String,
-}
-
-impl Replica {
-    fn start() -> Self {
-        let port = free_port().to_string();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
-            .args([
-                "serve",
-                "--model",
-                "tiny",
-                "--port",
-                &port,
-                "--width",
-                "48",
-                "--height",
-                "32",
-                "--max-sessions",
-                "1",
-                "--drain-timeout",
-                "60",
-                "--api-key",
-                KEY,
-            ])
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the headroom binary runs");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        while stderr.read_line(&mut line).unwrap() > 0 {
-            if line.contains("listening on http://") {
-                break;
-            }
-            line.clear();
-        }
-        // Keep reading its log so the pipe never fills.
-        std::thread::spawn(move || {
-            let mut rest = String::new();
-            let _ = stderr.read_to_string(&mut rest);
-        });
-        Self {
-            child,
-            addr: format!("127.0.0.1:{port}"),
-        }
-    }
-
-    /// `(status, body)` of a request to this replica.
-    fn request(&self, method: &str, path: &str) -> (u16, String) {
-        http(&self.addr, method, path)
-    }
-
-    /// Sessions this replica completed.
-    fn completed(&self) -> u64 {
-        let (_, metrics) = self.request("GET", "/metrics");
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("headroom_sessions_completed_total "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no completed count in {metrics}"))
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// One HTTP/1.1 request with the key: (status, body).
-fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    let _ = stream.read_to_string(&mut raw);
-    let status = raw.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// HAProxy on deploy/haproxy.cfg in front of `replicas`, at the address returned.
-fn haproxy(replicas: &[Replica]) -> Option<(Child, String)> {
-    let bind = format!("127.0.0.1:{}", free_port());
-    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/haproxy.cfg");
-    let mut command = Command::new("haproxy");
-    command
-        .args(["-db", "-f"])
-        .arg(&config)
-        .env("HEADROOM_LB_BIND", &bind)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    for (i, r) in replicas.iter().enumerate() {
-        command.env(format!("HEADROOM_R{}", i + 1), &r.addr);
-    }
-    let child = match command.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            headroom_mem::required::missing(
-                "haproxy",
-                &format!("cannot run haproxy: {e}"),
-                "apt-get install haproxy",
-            );
-            return None;
-        }
-    };
-    // Up once its frontend answers.
-    let start = Instant::now();
-    while TcpStream::connect(&bind).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "haproxy never listened"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Some((child, bind))
-}
 
 /// What one client saw.
 #[derive(Debug, Default)]
@@ -214,7 +76,19 @@ async fn client(lb: String, seed: u64) -> Client {
 
 #[test]
 fn three_replicas_behind_haproxy_serve_every_client_and_one_drains_cleanly() {
-    let replicas: Vec<Replica> = (0..3).map(|_| Replica::start()).collect();
+    let args = [
+        "--model",
+        "tiny",
+        "--width",
+        "48",
+        "--height",
+        "32",
+        "--max-sessions",
+        "1",
+        "--drain-timeout",
+        "60",
+    ];
+    let replicas: Vec<Replica> = (0..3).map(|_| Replica::start(&args, Some(KEY))).collect();
     let Some((mut lb_child, lb)) = haproxy(&replicas) else {
         return;
     };
@@ -234,7 +108,8 @@ fn three_replicas_behind_haproxy_serve_every_client_and_one_drains_cleanly() {
         }
         out
     });
-    let served: Vec<u64> = replicas.iter().map(Replica::completed).collect();
+    let completed = |r: &Replica| r.metric("headroom_sessions_completed_total") as u64;
+    let served: Vec<u64> = replicas.iter().map(completed).collect();
     let queued = clients.iter().filter(|c| c.queued).count();
     eprintln!("sessions per replica {served:?}; {queued} of 6 clients waited in a queue");
     for (i, c) in clients.iter().enumerate() {
@@ -305,7 +180,7 @@ fn three_replicas_behind_haproxy_serve_every_client_and_one_drains_cleanly() {
     assert!(status.success(), "{status:?}");
     let others: u64 = (0..3)
         .filter(|&i| i != drained)
-        .map(|i| replicas[i].completed())
+        .map(|i| completed(&replicas[i]))
         .sum();
     let before: u64 = (0..3).filter(|&i| i != drained).map(|i| served[i]).sum();
     assert_eq!(

@@ -10,11 +10,12 @@
 //! Needs Debian's `haproxy`: skipped where it is missing, failed under `CI=true` (or
 //! `HEADROOM_REQUIRE_HAPROXY=1`).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "common/balancer.rs"]
+mod balancer;
+
 use std::time::{Duration, Instant};
+
+use balancer::{haproxy, Replica};
 
 use futures_util::{SinkExt, StreamExt};
 use headroom_engine::{Engine, EngineConfig, SessionRequest};
@@ -26,124 +27,6 @@ const WORLD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/world");
 const DRAIN_TIMEOUT_S: u64 = 120;
 /// Chunks each client plays in all (over its streams).
 const CHUNKS: usize = 5;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Replica {
-    child: Child,
-    addr: String,
-}
-
-impl Replica {
-    fn start(store: &Path) -> Self {
-        let port = free_port().to_string();
-        let drain = DRAIN_TIMEOUT_S.to_string();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_headroom"))
-            .args(["serve", "--model", "world", "--port", &port])
-            .args(["--max-sessions", "2", "--drain-timeout", &drain])
-            .args(["--stall-timeout", "600", "--snapshot-every", "1"])
-            .arg("--session-store")
-            .arg(store)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the headroom binary runs");
-        let mut stderr = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        while stderr.read_line(&mut line).unwrap() > 0 {
-            if line.contains("listening on http://") {
-                break;
-            }
-            line.clear();
-        }
-        std::thread::spawn(move || {
-            let mut rest = String::new();
-            let _ = stderr.read_to_string(&mut rest);
-        });
-        Self {
-            child,
-            addr: format!("127.0.0.1:{port}"),
-        }
-    }
-
-    fn request(&self, method: &str, path: &str) -> (u16, String) {
-        let Ok(mut stream) = TcpStream::connect(&self.addr) else {
-            return (0, String::new());
-        };
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        let addr = &self.addr;
-        let _ = write!(
-            stream,
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        );
-        let mut raw = String::new();
-        let _ = stream.read_to_string(&mut raw);
-        let status = raw.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
-        let body = raw
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        (status, body)
-    }
-
-    /// Sessions streaming on it now.
-    fn open_sessions(&self) -> u64 {
-        let (_, m) = self.request("GET", "/metrics");
-        m.lines()
-            .find_map(|l| l.strip_prefix("headroom_sessions_open "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn haproxy(replicas: &[Replica]) -> Option<(Child, String)> {
-    let bind = format!("127.0.0.1:{}", free_port());
-    let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/haproxy.cfg");
-    let mut command = Command::new("haproxy");
-    command
-        .args(["-db", "-f"])
-        .arg(&config)
-        .env("HEADROOM_LB_BIND", &bind)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    for (i, r) in replicas.iter().enumerate() {
-        command.env(format!("HEADROOM_R{}", i + 1), &r.addr);
-    }
-    let child = match command.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            headroom_mem::required::missing(
-                "haproxy",
-                &format!("cannot run haproxy: {e}"),
-                "apt-get install haproxy",
-            );
-            return None;
-        }
-    };
-    let start = Instant::now();
-    while TcpStream::connect(&bind).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "haproxy never listened"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Some((child, bind))
-}
 
 /// One stream a client played: where it started and its fragments.
 #[derive(Debug)]
@@ -282,7 +165,23 @@ fn fragments(chunks: &[Vec<u8>], from: usize, n: usize) -> Vec<Vec<u8>> {
 #[test]
 fn drained_and_killed_replicas_sessions_resume_elsewhere_byte_for_byte() {
     let store = tempfile::tempdir().unwrap();
-    let mut replicas: Vec<Replica> = (0..3).map(|_| Replica::start(store.path())).collect();
+    let drain = DRAIN_TIMEOUT_S.to_string();
+    let store_dir = store.path().to_str().unwrap();
+    let args = [
+        "--model",
+        "world",
+        "--max-sessions",
+        "2",
+        "--drain-timeout",
+        &drain,
+        "--stall-timeout",
+        "600",
+        "--snapshot-every",
+        "1",
+        "--session-store",
+        store_dir,
+    ];
+    let mut replicas: Vec<Replica> = (0..3).map(|_| Replica::start(&args, None)).collect();
     let Some((mut lb_child, lb)) = haproxy(&replicas) else {
         return;
     };
@@ -300,7 +199,7 @@ fn drained_and_killed_replicas_sessions_resume_elsewhere_byte_for_byte() {
             rx.recv().await.unwrap();
         }
         let busy: Vec<usize> = (0..3)
-            .filter(|&i| replicas[i].open_sessions() > 0)
+            .filter(|&i| replicas[i].metric("headroom_sessions_open") > 0.0)
             .collect();
         assert!(busy.len() >= 2, "sessions on {busy:?} only");
         let (drained, killed) = (busy[0], busy[1]);

@@ -56,6 +56,22 @@ fn reference(seed: u64, from: usize, to: usize) -> Vec<Vec<u8>> {
     out
 }
 
+/// Opens an open-ended session of `seed` on `ws` and plays `n` chunks: its token.
+async fn open_and_play(ws: &mut Ws, seed: u64, n: usize) -> String {
+    send(ws, open_ended(seed)).await;
+    let start = recv_json(ws).await;
+    assert_eq!(start["type"], "video.start", "{start}");
+    let token = start["resume_token"].as_str().unwrap().to_string();
+    chunks(ws, n).await;
+    token
+}
+
+/// Stops the session on `ws` and waits for its end.
+async fn stop(ws: &mut Ws) {
+    send(ws, json!({"type": "session.stop"})).await;
+    until(ws, "session.done").await;
+}
+
 /// Reads `n` chunks' binaries (skipping other messages).
 async fn chunks(ws: &mut Ws, n: usize) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
@@ -128,8 +144,7 @@ async fn a_hung_up_session_resumes_once_from_its_token_with_the_uninterrupted_by
     ts.assert_pool_free();
 
     let mut ws = resume_and_check(&ts, &token, 5, 2).await;
-    send(&mut ws, json!({"type": "session.stop"})).await;
-    until(&mut ws, "session.done").await;
+    stop(&mut ws).await;
     assert_eq!(ts.metric("headroom_sessions_parked").await, 0.0);
 
     // Used once: the same token again, and a guessed one, are refused by name.
@@ -230,12 +245,7 @@ async fn a_token_resumes_only_with_the_key_that_opened_its_session() {
         .connect_with(&[("authorization", "Bearer k1")])
         .await
         .unwrap();
-    send(&mut ws, open_ended(3)).await;
-    let token = recv_json(&mut ws).await["resume_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    chunks(&mut ws, 1).await;
+    let token = open_and_play(&mut ws, 3, 1).await;
     drop(ws);
     let mut other = ts
         .connect_with(&[("authorization", "Bearer k2")])
@@ -255,8 +265,7 @@ async fn a_token_resumes_only_with_the_key_that_opened_its_session() {
     send(&mut own, resume_msg(&token)).await;
     let start = until(&mut own, "video.start").await;
     assert!(start["resumed_from_chunk"].as_u64().unwrap() >= 1);
-    send(&mut own, json!({"type": "session.stop"})).await;
-    until(&mut own, "session.done").await;
+    stop(&mut own).await;
     ts.stop().await;
 }
 
@@ -271,12 +280,7 @@ async fn a_drain_moves_sessions_to_the_store_and_another_replica_resumes_them() 
     let a = TestServer::start(config(), None).await;
     let b = TestServer::start(config(), None).await;
     let mut ws = a.connect().await;
-    send(&mut ws, open_ended(7)).await;
-    let token = recv_json(&mut ws).await["resume_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    chunks(&mut ws, 1).await;
+    let token = open_and_play(&mut ws, 7, 1).await;
     let (status, _) = a.post("/drain").await;
     assert_eq!(status, 202);
     let moved = until(&mut ws, "session.moved").await;
@@ -290,8 +294,7 @@ async fn a_drain_moves_sessions_to_the_store_and_another_replica_resumes_them() 
         std::fs::read_dir(store.path()).unwrap().next().is_none(),
         "claimed: the store holds nothing"
     );
-    send(&mut ws, json!({"type": "session.stop"})).await;
-    until(&mut ws, "session.done").await;
+    stop(&mut ws).await;
     b.stop().await;
 }
 
@@ -306,19 +309,12 @@ async fn periodic_snapshots_let_another_replica_resume_and_a_corrupt_one_is_refu
     let a = TestServer::start(config(), None).await;
     let b = TestServer::start(config(), None).await;
     let mut ws = a.connect().await;
-    send(&mut ws, open_ended(9)).await;
-    let token = recv_json(&mut ws).await["resume_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    chunks(&mut ws, 2).await;
+    let token = open_and_play(&mut ws, 9, 2).await;
     // Replica A is lost to the client from here (a crash, as B sees it): B resumes from
     // A's last periodic snapshot.
     let mut ws_b = resume_and_check(&b, &token, 9, 1).await;
-    send(&mut ws_b, json!({"type": "session.stop"})).await;
-    until(&mut ws_b, "session.done").await;
-    send(&mut ws, json!({"type": "session.stop"})).await;
-    until(&mut ws, "session.done").await;
+    stop(&mut ws_b).await;
+    stop(&mut ws).await;
 
     a.idle().await;
     assert!(
@@ -329,12 +325,7 @@ async fn periodic_snapshots_let_another_replica_resume_and_a_corrupt_one_is_refu
     // A hang-up on a server with a store parks there; a corrupt snapshot is refused by
     // name and leaves nothing behind.
     let mut ws = a.connect().await;
-    send(&mut ws, open_ended(11)).await;
-    let token = recv_json(&mut ws).await["resume_token"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    chunks(&mut ws, 1).await;
+    let token = open_and_play(&mut ws, 11, 1).await;
     drop(ws);
     a.idle().await;
     let snap = std::fs::read_dir(store.path())
