@@ -116,6 +116,19 @@ struct Resumable {
     resumed_from: Option<usize>,
 }
 
+/// The refusal of a `kind` message (`session.start` or `control`) over its limit.
+fn too_large(text: &str, limits: &crate::Limits, kind: &'static str) -> Option<ServerError> {
+    let limit = match kind {
+        "session.start" => limits.start_message_bytes,
+        _ => limits.control_message_bytes,
+    };
+    (text.len() > limit).then_some(ServerError::MessageTooLarge {
+        kind,
+        bytes: text.len(),
+        limit,
+    })
+}
+
 /// How a worker's run ended for the socket task.
 enum Outcome {
     /// The client heard the end (done or an error).
@@ -259,12 +272,7 @@ impl Connection {
                     return None;
                 }
             };
-            if text.len() > limits.start_message_bytes {
-                let e = ServerError::MessageTooLarge {
-                    kind: "session.start",
-                    bytes: text.len(),
-                    limit: limits.start_message_bytes,
-                };
+            if let Some(e) = too_large(&text, &limits, "session.start") {
                 self.send_error(&e, None).await;
                 return None;
             }
@@ -618,12 +626,7 @@ impl Connection {
                 message = self.socket.recv(), if self.open => {
                     match message {
                         Some(Ok(Message::Text(text))) => {
-                            if text.len() > limits.control_message_bytes {
-                                let e = ServerError::MessageTooLarge {
-                                    kind: "control",
-                                    bytes: text.len(),
-                                    limit: limits.control_message_bytes,
-                                };
+                            if let Some(e) = too_large(&text, &limits, "control") {
                                 self.send_error(&e, None).await;
                                 continue;
                             }

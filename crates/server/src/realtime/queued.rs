@@ -7,7 +7,7 @@ use std::sync::Arc;
 use axum::extract::ws::Message;
 use tokio::time::{sleep_until, Instant as TokioInstant};
 
-use super::{Connection, Phase, QueuedInput, CLOSE_GOING_AWAY};
+use super::{too_large, Connection, Phase, QueuedInput, CLOSE_GOING_AWAY};
 use crate::admission::{Refusal, Slot};
 use crate::error::ServerError;
 use crate::protocol::ClientMessage;
@@ -117,12 +117,7 @@ impl Connection {
                 return QueuedInput::Leave;
             }
         };
-        if text.len() > limits.control_message_bytes {
-            let e = ServerError::MessageTooLarge {
-                kind: "control",
-                bytes: text.len(),
-                limit: limits.control_message_bytes,
-            };
+        if let Some(e) = too_large(&text, &limits, "control") {
             self.send_error(&e, None).await;
             return QueuedInput::Wait;
         }
