@@ -224,6 +224,56 @@ impl ResumeBook {
         before - records.len()
     }
 
+    /// Drops what is past its window: parked sessions in host memory, and hung-up
+    /// sessions in the store (by their record's `expires_unix`).
+    pub fn sweep(&self) {
+        self.expire();
+        let Some(store) = &self.store else { return };
+        let Ok(entries) = std::fs::read_dir(store) else {
+            return;
+        };
+        let now = unix_now();
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                continue;
+            }
+            let expired = std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|v| v["expires_unix"].as_u64())
+                .is_some_and(|t| t <= now);
+            if expired {
+                if let Some(id) = path.file_stem().and_then(|s| s.to_str()) {
+                    self.remove_stored(id);
+                }
+            }
+        }
+    }
+
+    /// Moves the session parked in host memory under `id` into the store (a draining
+    /// server's paused sessions); returns the chunk it resumes at, `None` when there is
+    /// no store or no such session.
+    pub fn move_to_store(&self, id: &str) -> Option<usize> {
+        let store = self.store.as_deref()?;
+        let mut records = self.lock();
+        let record = records.get(id)?;
+        let Entry::Parked { snapshot, .. } = &record.entry else {
+            return None;
+        };
+        let next = snapshot.progress.chunks_done;
+        match write_store(store, id, record, snapshot, None) {
+            Ok(()) => {
+                records.remove(id);
+                Some(next)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a paused session could not move to the store");
+                None
+            }
+        }
+    }
+
     /// Parked sessions in host memory and the bytes they hold (none of it on the device).
     pub fn parked(&self) -> (usize, u64) {
         self.expire();

@@ -198,6 +198,27 @@ impl Server {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<()> {
+        // Parked sessions past their window go, once a second, until the server stops.
+        let sweeper = {
+            let state = Arc::clone(&self.state);
+            let mut stop = state.shutdown_signal();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {
+                            let book = Arc::clone(&state.resume);
+                            let _ = tokio::task::spawn_blocking(move || book.sweep()).await;
+                        }
+                        changed = stop.changed() => {
+                            if changed.is_err() || *stop.borrow() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            })
+        };
         let state = Arc::clone(&self.state);
         let signal = async move {
             let mut drain = state.drain_signal();
@@ -222,6 +243,7 @@ impl Server {
         // Upgraded sockets outlive their HTTP connection: wait for them here.
         let mut sockets = self.state.sockets.subscribe();
         let _ = sockets.wait_for(|n| *n == 0).await;
+        sweeper.abort();
         Ok(())
     }
 }

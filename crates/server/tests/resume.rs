@@ -273,28 +273,38 @@ async fn a_token_resumes_only_with_the_key_that_opened_its_session() {
 async fn a_drain_moves_sessions_to_the_store_and_another_replica_resumes_them() {
     let store = tempfile::tempdir().unwrap();
     let config = || ServerConfig {
+        max_sessions: 2,
         session_store: Some(store.path().to_path_buf()),
         drain_timeout: Duration::from_secs(300),
         ..ServerConfig::default()
     };
     let a = TestServer::start(config(), None).await;
     let b = TestServer::start(config(), None).await;
+    // One session running, one paused, when the drain comes.
+    let mut paused = a.connect().await;
+    let paused_token = open_and_play(&mut paused, 8, 1).await;
+    send(&mut paused, json!({"type": "session.pause"})).await;
+    until(&mut paused, "session.paused").await;
     let mut ws = a.connect().await;
     let token = open_and_play(&mut ws, 7, 1).await;
     let (status, _) = a.post("/drain").await;
     assert_eq!(status, 202);
-    let moved = until(&mut ws, "session.moved").await;
-    assert_eq!(moved["resume_token"], json!(token));
-    // The drain ends with the session moved, long before --drain-timeout.
+    for (ws, token) in [(&mut ws, &token), (&mut paused, &paused_token)] {
+        let moved = until(ws, "session.moved").await;
+        assert_eq!(moved["resume_token"], json!(token));
+    }
+    // The drain ends with the sessions moved, long before --drain-timeout.
     a.served().await;
     let files: Vec<_> = std::fs::read_dir(store.path()).unwrap().collect();
-    assert_eq!(files.len(), 2, "the snapshot and its record");
+    assert_eq!(files.len(), 4, "two snapshots and their records");
     let mut ws = resume_and_check(&b, &token, 7, 2).await;
+    let mut paused = resume_and_check(&b, &paused_token, 8, 1).await;
     assert!(
         std::fs::read_dir(store.path()).unwrap().next().is_none(),
         "claimed: the store holds nothing"
     );
     stop(&mut ws).await;
+    stop(&mut paused).await;
     b.stop().await;
 }
 
@@ -344,4 +354,38 @@ async fn periodic_snapshots_let_another_replica_resume_and_a_corrupt_one_is_refu
     assert!(!snap.exists(), "the corrupt file is gone");
     a.stop().await;
     b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_up_session_is_dropped_after_its_resume_window() {
+    let store = tempfile::tempdir().unwrap();
+    for session_store in [None, Some(store.path().to_path_buf())] {
+        let with_store = session_store.is_some();
+        let ts = TestServer::start(
+            ServerConfig {
+                resume_window: Duration::from_millis(300),
+                session_store,
+                ..ServerConfig::default()
+            },
+            None,
+        )
+        .await;
+        let mut ws = ts.connect().await;
+        let token = open_and_play(&mut ws, 4, 1).await;
+        drop(ws);
+        ts.idle().await;
+        // The sweeper (every second) drops it once the window passed.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(ts.metric("headroom_sessions_parked").await, 0.0);
+        if with_store {
+            assert!(
+                std::fs::read_dir(store.path()).unwrap().next().is_none(),
+                "the store dropped it too"
+            );
+        }
+        let mut ws = ts.connect().await;
+        send(&mut ws, resume_msg(&token)).await;
+        expect_error(&mut ws, "resume_refused").await;
+        ts.stop().await;
+    }
 }

@@ -11,6 +11,7 @@ mod planned;
 mod planner;
 mod resume;
 mod round_plan;
+mod snapshot_size;
 
 pub use admission::Admitted;
 pub use load::{Placement, TINY_DECODER_FILE};

@@ -77,21 +77,48 @@ impl Connection {
 
     /// A paused session's socket: waits for `session.resume` (then claims the session
     /// again), answering pings; `session.stop` or a hang-up ends the wait (a hang-up
-    /// leaves the session parked for its resume window, a stop forgets it).
+    /// leaves the session parked for its resume window, a stop forgets it). A drain
+    /// moves the session to the store (`session.moved`, close 1001) when the server has
+    /// one; a drain without a store, or a shutdown, ends the wait with its error.
     pub(super) async fn await_resume(
         &mut self,
         token: &str,
         request_id: &str,
     ) -> Option<crate::resume::Claimed> {
         let id = crate::resume::digest(token.as_bytes());
+        let state = Arc::clone(&self.state);
+        let mut drain = state.drain_signal();
+        let mut shutdown = state.shutdown_signal();
         loop {
-            let message = self.socket.recv().await;
+            if state.is_draining() || state.is_shutting_down() {
+                let moved = state
+                    .is_draining()
+                    .then(|| state.resume.move_to_store(&id))
+                    .flatten();
+                self.close_with = (super::CLOSE_GOING_AWAY, "the server is draining");
+                match moved {
+                    Some(next) => {
+                        self.send_json(&wire::session_moved(request_id, token, next))
+                            .await;
+                    }
+                    None if state.is_shutting_down() => {
+                        self.send_error(&ServerError::ShuttingDown, None).await;
+                    }
+                    None => self.send_error(&ServerError::Draining, None).await,
+                }
+                return None;
+            }
+            let message = tokio::select! {
+                m = self.socket.recv() => m,
+                _ = drain.changed() => continue,
+                _ = shutdown.changed() => continue,
+            };
             let text = match message {
                 Some(Ok(Message::Text(text))) => text,
                 Some(Ok(_)) => continue,
                 Some(Err(_)) | None => {
                     self.open = false;
-                    self.state.resume.hung_up(&id);
+                    state.resume.hung_up(&id);
                     return None;
                 }
             };
@@ -101,7 +128,7 @@ impl Connection {
                     self.send_json(&wire::pong()).await;
                 }
                 Ok(ClientMessage::Stop) => {
-                    self.state.resume.forget(&id);
+                    state.resume.forget(&id);
                     self.send_json(&wire::session_done(request_id, 0, true))
                         .await;
                     return None;
