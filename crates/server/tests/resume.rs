@@ -18,10 +18,33 @@ use serde_json::{json, Value};
 
 use common::*;
 
+const WORLD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/world");
+
+/// A model the sessions run: its engine's `model`, the name it is served as, its size.
+#[derive(Debug, Clone, Copy)]
+struct Model {
+    path: &'static str,
+    name: &'static str,
+    w: usize,
+    h: usize,
+}
+
+const TINY: Model = Model {
+    path: "tiny",
+    name: "tiny",
+    w: W,
+    h: H,
+};
+
 /// An open-ended `session.start` (no `num_frames`).
 fn open_ended(seed: u64) -> Value {
-    json!({"type": "session.start", "model": "tiny", "format": "m4s",
-           "width": W, "height": H, "seed": seed, "fps": 16})
+    open_ended_of(TINY, seed)
+}
+
+/// An open-ended `session.start` of `model`.
+fn open_ended_of(model: Model, seed: u64) -> Value {
+    json!({"type": "session.start", "model": model.name, "format": "m4s",
+           "width": model.w, "height": model.h, "seed": seed, "fps": 16})
 }
 
 fn resume_msg(token: &str) -> Value {
@@ -31,8 +54,13 @@ fn resume_msg(token: &str) -> Value {
 /// The uninterrupted session's chunks `from..to` on a fresh engine, encoded as a
 /// resumed stream encodes them (a new fragmenter from chunk `from`).
 fn reference(seed: u64, from: usize, to: usize) -> Vec<Vec<u8>> {
+    reference_of(TINY, seed, from, to)
+}
+
+/// [`reference`] of `model`.
+fn reference_of(model: Model, seed: u64, from: usize, to: usize) -> Vec<Vec<u8>> {
     let engine = Engine::new(EngineConfig {
-        model: "tiny".to_string(),
+        model: model.path.to_string(),
         reclaim: ReclaimPolicy::BeforeDecode,
         ..EngineConfig::default()
     })
@@ -40,16 +68,16 @@ fn reference(seed: u64, from: usize, to: usize) -> Vec<Vec<u8>> {
     let mut session = engine
         .open_session(SessionRequest {
             seed,
-            ..SessionRequest::new(W, H, 0)
+            ..SessionRequest::new(model.w, model.h, 0)
         })
         .unwrap();
-    let mut mp4 = FragmentedMp4::new(W, H, 16).unwrap();
+    let mut mp4 = FragmentedMp4::new(model.w, model.h, 16).unwrap();
     let mut out = Vec::new();
     for i in 0..to {
         let chunk = session.next_chunk().unwrap();
         if i >= from {
             let bytes = chunk.frames.to_vec::<u8>().unwrap();
-            let frames: Vec<&[u8]> = bytes.chunks_exact(W * H * 3).collect();
+            let frames: Vec<&[u8]> = bytes.chunks_exact(model.w * model.h * 3).collect();
             out.push(mp4.fragment(&frames).unwrap());
         }
     }
@@ -165,13 +193,25 @@ async fn a_hung_up_session_resumes_once_from_its_token_with_the_uninterrupted_by
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_slots_hold_eight_sessions_six_parked_and_each_resumes_byte_identically() {
-    let ts = TestServer::start(
+async fn two_slots_of_world_hold_eight_sessions_six_parked_and_each_resumes_byte_identically() {
+    // `world`, the default model, at its own 128×96.
+    let world = Model {
+        path: WORLD,
+        name: "world",
+        w: 128,
+        h: 96,
+    };
+    let ts = TestServer::start_model(
+        WORLD,
+        "world",
+        EngineConfig {
+            reclaim: ReclaimPolicy::BeforeDecode,
+            ..EngineConfig::default()
+        },
         ServerConfig {
             max_sessions: 2,
             ..ServerConfig::default()
         },
-        None,
     )
     .await;
     // Eight sessions, two at a time: each makes a chunk, then pauses.
@@ -181,7 +221,7 @@ async fn two_slots_hold_eight_sessions_six_parked_and_each_resumes_byte_identica
         for k in 0..2 {
             let seed = 10 + 2 * pair + k;
             let mut ws = ts.connect().await;
-            send(&mut ws, open_ended(seed)).await;
+            send(&mut ws, open_ended_of(world, seed)).await;
             let start = recv_json(&mut ws).await;
             assert_eq!(start["type"], "video.start", "{start}");
             chunks(&mut ws, 1).await;
@@ -204,7 +244,7 @@ async fn two_slots_hold_eight_sessions_six_parked_and_each_resumes_byte_identica
         let start = until(&mut ws, "video.start").await;
         assert_eq!(start["resumed_from_chunk"], next);
         let got = chunks(&mut ws, 1).await;
-        assert_eq!(got, reference(seed, next, next + 1));
+        assert_eq!(got, reference_of(world, seed, next, next + 1));
         active.push(ws);
     }
     assert_eq!(ts.metric("headroom_sessions_parked").await, 6.0);
@@ -218,7 +258,10 @@ async fn two_slots_hold_eight_sessions_six_parked_and_each_resumes_byte_identica
         send(&mut ws, json!({"type": "session.resume"})).await;
         let start = until(&mut ws, "video.start").await;
         assert_eq!(start["resumed_from_chunk"], next);
-        assert_eq!(chunks(&mut ws, 1).await, reference(seed, next, next + 1));
+        assert_eq!(
+            chunks(&mut ws, 1).await,
+            reference_of(world, seed, next, next + 1)
+        );
         send(&mut ws, json!({"type": "session.stop"})).await;
         until(&mut ws, "session.done").await;
     }

@@ -47,12 +47,22 @@ impl TestServer {
 
     /// A server on `engine` (its model set to `tiny`).
     pub async fn start_with(engine: EngineConfig, config: ServerConfig) -> Self {
+        Self::start_model("tiny", "tiny", engine, config).await
+    }
+
+    /// A server of model `model` (a built-in name or a folder) served as `name`.
+    pub async fn start_model(
+        model: &str,
+        name: &str,
+        engine: EngineConfig,
+        config: ServerConfig,
+    ) -> Self {
         let engine = EngineConfig {
-            model: "tiny".to_string(),
+            model: model.to_string(),
             ..engine
         };
         let config = ServerConfig {
-            model_name: "tiny".to_string(),
+            model_name: name.to_string(),
             ..config
         };
         let server = Server::new(engine, config).unwrap();
