@@ -190,6 +190,41 @@ fn an_overlapped_block_and_an_open_ended_session_resume_byte_identically() {
 }
 
 #[test]
+fn a_file_trajectory_and_supplied_noise_resume_byte_identically() {
+    use headroom_model::camera::Trajectory;
+    // 33 frames: a camera sliding right and turning, one pose per pixel frame.
+    let poses = (0..33)
+        .map(|i| {
+            let (t, a) = (i as f64 * 0.03, i as f64 * 0.01);
+            [
+                [a.cos(), 0.0, a.sin(), t],
+                [0.0, 1.0, 0.0, 0.0],
+                [-a.sin(), 0.0, a.cos(), 0.0],
+                [0.0, 0.0, 0.0, 1.0],
+            ]
+        })
+        .collect();
+    let trajectory = Trajectory::new(poses, Vec::new()).unwrap();
+    let request = SessionRequest {
+        trajectory: Some(trajectory),
+        ..SessionRequest::new(48, 32, 33)
+    };
+    resumes_byte_identically(&config("tiny"), &request, 3, 0, nothing);
+    // Noise supplied for every draw: [blocks, steps, C, 3, h, w].
+    let n = 3 * 4 * 16 * 3 * 4 * 6;
+    let values: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    let noise = Tensor::from_slice(&values, &[3, 4, 16, 3, 4, 6], &Device::cpu().unwrap()).unwrap();
+    let request = SessionRequest {
+        noise: headroom_engine::NoiseSource::Supplied(noise),
+        ..SessionRequest::new(48, 32, 33)
+    };
+    let snap = resumes_byte_identically(&config("tiny"), &request, 3, 1, nothing);
+    assert!(snap.parts().iter().any(|p| p.0 == "noise"));
+}
+
+#[test]
 fn the_planned_allocator_resumes_byte_identically() {
     let config = EngineConfig {
         allocator: AllocatorConfig::with_policy(AllocatorPolicy::Planned),
