@@ -59,6 +59,8 @@ pub struct Defaults {
     pub num_inference_steps: usize,
     /// Timestep shift.
     pub flow_shift: f64,
+    /// Media-time pacing of sessions that do not say (`serve --pace`).
+    pub pacing: crate::pacer::Pacing,
 }
 
 impl Default for Defaults {
@@ -71,6 +73,7 @@ impl Default for Defaults {
             seed: 42,
             num_inference_steps: 4,
             flow_shift: 5.0,
+            pacing: crate::pacer::Pacing::default(),
         }
     }
 }

@@ -16,6 +16,7 @@ pub mod door;
 pub mod error;
 pub mod image_ref;
 pub mod metrics;
+pub mod pacer;
 pub mod prompt;
 pub mod protocol;
 pub mod realtime;

@@ -121,6 +121,9 @@ pub struct StartRequest {
     pub camera_guidance: Option<f64>,
     /// `extra_params.decoder`: `"full"` or `"tiny"` (`None`: the server's default).
     pub decoder: Option<DecoderKind>,
+    /// `extra_params.pace_to_media_time`, `pacing_lead_seconds`,
+    /// `pacing_max_lag_seconds` ([`crate::pacer`]), the server's defaults filling in.
+    pub pacing: crate::pacer::Pacing,
 }
 
 /// Largest width or height the H.264 encoder takes.
@@ -181,7 +184,9 @@ impl StartRequest {
                 (width, height) = (Some(w), Some(h));
             }
         }
+        let pacing = crate::pacer::Pacing::parse(&extra, defaults.pacing)?;
         let request = Self {
+            pacing,
             model: string(&msg, "model")?,
             prompt: string(&msg, "prompt")?,
             width: width.unwrap_or(defaults.width),
@@ -267,6 +272,9 @@ impl StartRequest {
             "camera_action_script": !self.actions.is_empty(),
             "camera_guidance": self.camera_guidance,
             "decoder": self.decoder.unwrap_or(default_decoder).as_str(),
+            "pace_to_media_time": self.pacing.enabled,
+            "pacing_lead_seconds": self.pacing.lead.as_secs_f64(),
+            "pacing_max_lag_seconds": self.pacing.max_lag.as_secs_f64(),
             "chunks": self.chunks(),
         })
     }

@@ -91,6 +91,7 @@ pub fn chunk_metadata(request_id: &str, transport_index: u64, chunk: &EncodedChu
         "reserved_bytes": chunk.reserved_bytes,
         "denoise_end_allocated_bytes": chunk.denoise_end_bytes[0],
         "denoise_end_reserved_bytes": chunk.denoise_end_bytes[1],
+        "paced_wait_ms": chunk.paced_wait.as_secs_f64() * 1e3,
     })
 }
 

@@ -29,6 +29,7 @@ use crate::admission::Slot;
 use crate::error::{Result, ServerError};
 use crate::image_ref::decode_image_url;
 use crate::metrics::Metrics;
+use crate::pacer::MediaTimePacer;
 use crate::prompt::prompt_of;
 use crate::protocol::{Interaction, StartRequest};
 use crate::resume::{ParkReason, ResumeBook};
@@ -62,6 +63,8 @@ pub struct EncodedChunk {
     /// Allocator `allocated_bytes` and `reserved_bytes` (`.all.current`) at the end of
     /// the denoise phase.
     pub denoise_end_bytes: [i64; 2],
+    /// How long the chunk waited, ready, for its media time (zero when unpaced or late).
+    pub paced_wait: Duration,
 }
 
 /// How a worker ended.
@@ -411,6 +414,27 @@ impl Stream<'_> {
         parked.unwrap_or_else(Ending::Failed)
     }
 
+    /// Waits, off the device, until `at` (a paced chunk's release): how long it waited,
+    /// or `None` when the session was stopped meanwhile. A request to park ends the
+    /// wait early: the chunk goes now and the session parks at this boundary.
+    fn wait_until(&self, at: Instant) -> Option<Duration> {
+        let start = Instant::now();
+        loop {
+            if self.cancel.is_cancelled() {
+                return None;
+            }
+            let now = Instant::now();
+            if now >= at {
+                // Zero for a chunk that was due when it was ready.
+                return Some(at.saturating_duration_since(start));
+            }
+            if self.parking.is_some_and(|p| p.request.asked().is_some()) {
+                return Some(now.saturating_duration_since(start));
+            }
+            std::thread::sleep((at - now).min(Duration::from_millis(10)));
+        }
+    }
+
     /// Writes the periodic snapshot after chunk `index` when one is due.
     fn checkpoint(&self, index: usize) {
         let Some(p) = self.parking else { return };
@@ -442,6 +466,7 @@ impl Stream<'_> {
         };
         // The playback clock: when the first chunk was ready, and the frames before
         // the coming chunk.
+        let mut pacer = MediaTimePacer::new(request.pacing, request.fps);
         let mut playback: Option<Instant> = None;
         let mut played_frames = 0usize;
         let playing_at = |start: Instant, frames: usize| {
@@ -535,12 +560,19 @@ impl Stream<'_> {
                     chunk.stats_denoise_end.allocated_bytes.all().current,
                     chunk.stats_denoise_end.reserved_bytes.all().current,
                 ],
+                paced_wait: Duration::ZERO,
             };
             drop(chunk);
             // A stop that came in during the chunk: the chunk is not sent.
             if self.cancel.is_cancelled() {
                 return Ending::Cancelled;
             }
+            let mut out = out;
+            let release = pacer.schedule(Instant::now(), out.num_frames);
+            out.paced_wait = match self.wait_until(release) {
+                Some(waited) => waited,
+                None => return Ending::Cancelled,
+            };
             self.checkpoint(out.index);
             if self
                 .events

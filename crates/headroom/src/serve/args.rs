@@ -45,6 +45,18 @@ pub struct ServeArgs {
     /// stops them at their next chunk boundary and exits (0: stop them at once).
     #[arg(long, default_value_t = 300.0)]
     pub drain_timeout: f64,
+    /// Pace sessions to media time unless their session.start says otherwise
+    /// (extra_params.pace_to_media_time): each chunk leaves when its first frame is due
+    /// to play, minus the lead. The viewer's sessions are always paced.
+    #[arg(long)]
+    pub pace: bool,
+    /// Seconds ahead of its play time a paced chunk leaves (default half a 12-frame
+    /// chunk at 16 fps).
+    #[arg(long, default_value_t = 0.375)]
+    pub pacing_lead: f64,
+    /// Seconds a paced session may fall behind before its schedule re-bases.
+    #[arg(long, default_value_t = 2.0)]
+    pub pacing_max_lag: f64,
     /// Seconds a session whose client hung up stays parked (in host memory) for its
     /// resume token.
     #[arg(long, default_value_t = 60.0)]
@@ -106,7 +118,7 @@ pub struct ServeArgs {
 }
 
 /// `serve --help`'s flags in order, the engine's among the server's own.
-pub const HELP_ORDER: [&str; 39] = [
+pub const HELP_ORDER: [&str; 42] = [
     "host",
     "port",
     "model",
@@ -125,6 +137,9 @@ pub const HELP_ORDER: [&str; 39] = [
     "queue_timeout",
     "ready_when_queueing",
     "drain_timeout",
+    "pace",
+    "pacing_lead",
+    "pacing_max_lag",
     "resume_window",
     "session_store",
     "snapshot_every",

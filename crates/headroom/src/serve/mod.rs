@@ -91,6 +91,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
             width,
             height,
             num_frames: args.frames,
+            pacing: headroom_server::pacer::Pacing {
+                enabled: args.pace,
+                lead: if args.pacing_lead == 0.0 {
+                    Duration::ZERO
+                } else {
+                    seconds(args.pacing_lead, "pacing-lead")?
+                },
+                max_lag: seconds(args.pacing_max_lag, "pacing-max-lag")?,
+            },
             ..Defaults::default()
         },
         door: DoorConfig {
