@@ -187,12 +187,19 @@ impl SessionDriver {
 
     /// Queues a camera update for the next chunk (see [`Session::interact`]).
     pub fn interact(&mut self, update: CameraUpdate) -> Result<()> {
+        self.interact_at(update, 0)
+    }
+
+    /// Queues a camera update starting at video frame `frame` of the next chunk (see
+    /// [`Session::interact_at`]).
+    pub fn interact_at(&mut self, update: CameraUpdate, frame: usize) -> Result<()> {
         match &mut self.how {
-            Driven::Alone(s) => s.interact(update),
-            Driven::Stepped { session, .. } => {
-                session.as_mut().ok_or_else(released)?.interact(update)
-            }
-            Driven::Led(s) => s.interact(update),
+            Driven::Alone(s) => s.interact_at(update, frame),
+            Driven::Stepped { session, .. } => session
+                .as_mut()
+                .ok_or_else(released)?
+                .interact_at(update, frame),
+            Driven::Led(s) => s.interact_at(update, frame),
         }
     }
 

@@ -67,8 +67,8 @@ enum Command {
     Open(Box<OpenSpec>),
     /// Produce the next chunk.
     Chunk,
-    /// Queue a camera update.
-    Interact(CameraUpdate),
+    /// Queue a camera update starting at a video frame of the next chunk.
+    Interact(CameraUpdate, usize),
     /// Change the prompt.
     Prompt(String),
     /// Change the text embeddings (blob 0).
@@ -419,8 +419,14 @@ impl LeadSession {
 
     /// Queues a camera update on every rank (refused on rank 0 first, sent nowhere).
     pub fn interact(&mut self, update: CameraUpdate) -> Result<()> {
-        self.live()?.interact(update)?;
-        broadcast(self.world.as_ref(), &Command::Interact(update), &[])
+        self.interact_at(update, 0)
+    }
+
+    /// Queues a camera update starting at video frame `frame` of the next chunk on
+    /// every rank.
+    pub fn interact_at(&mut self, update: CameraUpdate, frame: usize) -> Result<()> {
+        self.live()?.interact_at(update, frame)?;
+        broadcast(self.world.as_ref(), &Command::Interact(update, frame), &[])
     }
 
     /// Changes the prompt on every rank (encoded on rank 0 first: an error there sends
@@ -523,7 +529,9 @@ fn follow_inner(engine: &Engine, world: &dyn Communicator) -> Result<()> {
             Command::Chunk => {
                 live(&mut session)?.next_chunk()?;
             }
-            Command::Interact(update) => live(&mut session)?.interact(update)?,
+            Command::Interact(update, frame) => {
+                live(&mut session)?.interact_at(update, frame)?
+            }
             Command::Prompt(prompt) => live(&mut session)?.set_prompt(&prompt)?,
             Command::TextEmbeds(w) => {
                 let t = from_wire(&w, &blobs, &device)?;

@@ -482,3 +482,37 @@ fn a_sessions_chunks_iterate_to_none_with_the_bytes_of_next_chunk() {
         2
     );
 }
+
+#[test]
+fn a_camera_update_starts_at_the_frame_it_is_queued_for() {
+    use headroom_model::camera::{CameraUpdate, UpdateMode};
+    let engine = engine(ReclaimPolicy::Never);
+    let velocity = CameraUpdate {
+        mode: UpdateMode::Velocity,
+        translation: [0.0, 0.0, 0.2],
+        rotation: [0.0, 0.1, 0.0, 1.0],
+        transition_chunks: 1.0,
+    };
+    let second_chunk = |frame: Option<usize>| {
+        let mut session = engine.open_session(request(9)).unwrap();
+        session.next_chunk().unwrap();
+        if let Some(frame) = frame {
+            session.interact_at(velocity, frame).unwrap();
+        }
+        session.next_chunk().unwrap().frames.to_vec::<u8>().unwrap()
+    };
+    let none = second_chunk(None);
+    let at_0 = second_chunk(Some(0));
+    let at_3 = second_chunk(Some(3));
+    let at_8 = second_chunk(Some(8));
+    let at_11 = second_chunk(Some(11));
+    // Frames 0–3 decode from latent frame 0: an update at frame 3 starts with it.
+    assert_eq!(at_0, at_3);
+    assert_ne!(at_8, at_0, "frame 8 is latent frame 2");
+    assert_eq!(at_8, at_11, "frames 8–11 are latent frame 2");
+    assert_ne!(at_8, none, "the update still steers the chunk");
+    let mut plain = engine.open_session(request(9)).unwrap();
+    plain.next_chunk().unwrap();
+    plain.interact(velocity).unwrap();
+    assert_eq!(plain.next_chunk().unwrap().frames.to_vec::<u8>().unwrap(), at_0);
+}

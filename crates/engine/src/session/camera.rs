@@ -79,6 +79,24 @@ impl Session {
     /// Queues a camera update (`target` or `velocity`); it takes effect at the next chunk
     /// boundary. A session driven by an action script refuses updates, as vllm-omni does.
     pub fn interact(&mut self, update: CameraUpdate) -> Result<()> {
+        self.interact_at(update, 0)
+    }
+
+    /// Queues a camera update that starts at video frame `frame` of the next chunk (0
+    /// to 8 of the first chunk, 0 to 11 of the others; past the end, its last frame):
+    /// from the latent frame that frame decodes from, since a block's camera is one
+    /// pose per latent frame (the first chunk's frame 0 alone is latent frame 0, then
+    /// four frames a latent frame).
+    pub fn interact_at(&mut self, update: CameraUpdate, frame: usize) -> Result<()> {
+        let latent = if self.next_block == 0 {
+            frame.div_ceil(4)
+        } else {
+            frame / 4
+        };
+        self.queue_update(update, latent.min(BLOCK_FRAMES - 1))
+    }
+
+    fn queue_update(&mut self, update: CameraUpdate, latent: usize) -> Result<()> {
         if !self.actions.is_empty() || self.trajectory.is_some() {
             return Err(EngineError::request(
                 "interaction",
@@ -87,7 +105,7 @@ impl Session {
         }
         self.interaction
             .get_or_insert_with(InteractionHandler::default)
-            .queue(update)?;
+            .queue_at(update, latent)?;
         Ok(())
     }
 }

@@ -67,7 +67,8 @@ struct ActiveUpdate {
 pub struct InteractionHandler {
     pose: Pose,
     active: Option<ActiveUpdate>,
-    pending: Vec<CameraUpdate>,
+    /// Updates for the next chunk, each with the latent frame of it it starts at.
+    pending: Vec<(CameraUpdate, usize)>,
 }
 
 impl Default for InteractionHandler {
@@ -83,7 +84,13 @@ impl Default for InteractionHandler {
 impl InteractionHandler {
     /// Queues an update for the next chunk boundary.
     pub fn queue(&mut self, update: CameraUpdate) -> Result<()> {
-        self.pending.push(update.validated()?);
+        self.queue_at(update, 0)
+    }
+
+    /// Queues an update that starts at latent frame `frame` of the next chunk (past its
+    /// end: at its last frame).
+    pub fn queue_at(&mut self, update: CameraUpdate, frame: usize) -> Result<()> {
+        self.pending.push((update.validated()?, frame));
         Ok(())
     }
 
@@ -92,17 +99,25 @@ impl InteractionHandler {
         self.pose
     }
 
-    /// The next chunk's `frames` poses: queued updates activate at its first frame (a
-    /// newer one replaces an older), then every frame steps the active update.
+    /// The next chunk's `frames` poses: each queued update activates at its frame (a
+    /// newer one replaces an older, from where the camera is then), and every frame
+    /// steps the active update.
     pub fn step_chunk(&mut self, frames: usize) -> Vec<Pose> {
-        for update in std::mem::take(&mut self.pending) {
-            self.active = Some(ActiveUpdate {
-                update,
-                source: self.pose,
-                steps: 0,
-            });
-        }
-        (0..frames).map(|_| self.step()).collect()
+        let mut pending = std::mem::take(&mut self.pending);
+        let last = frames.saturating_sub(1);
+        (0..frames)
+            .map(|j| {
+                for (update, _) in pending.iter().filter(|(_, f)| (*f).min(last) == j) {
+                    self.active = Some(ActiveUpdate {
+                        update: *update,
+                        source: self.pose,
+                        steps: 0,
+                    });
+                }
+                pending.retain(|(_, f)| (*f).min(last) != j);
+                self.step()
+            })
+            .collect()
     }
 
     fn step(&mut self) -> Pose {
@@ -207,6 +222,20 @@ mod tests {
                 0.0
             ))
             .is_err());
+    }
+
+    #[test]
+    fn an_update_queued_at_a_frame_starts_there() {
+        let velocity = update(UpdateMode::Velocity, [0.0, 0.0, 0.05], [0.0, 0.0, 0.0, 1.0], 1.0);
+        let mut h = InteractionHandler::default();
+        h.queue_at(velocity, 2).unwrap();
+        let z: Vec<f64> = h.step_chunk(3).iter().map(|p| p[2][3]).collect();
+        assert!(z[0].abs() < 1e-12 && z[1].abs() < 1e-12 && (z[2] - 0.05).abs() < 1e-12);
+        // Past the chunk's end: its last frame.
+        let mut h = InteractionHandler::default();
+        h.queue_at(velocity, 9).unwrap();
+        let z: Vec<f64> = h.step_chunk(3).iter().map(|p| p[2][3]).collect();
+        assert!(z[1].abs() < 1e-12 && (z[2] - 0.05).abs() < 1e-12);
     }
 
     #[test]
