@@ -529,9 +529,7 @@ fn follow_inner(engine: &Engine, world: &dyn Communicator) -> Result<()> {
             Command::Chunk => {
                 live(&mut session)?.next_chunk()?;
             }
-            Command::Interact(update, frame) => {
-                live(&mut session)?.interact_at(update, frame)?
-            }
+            Command::Interact(update, frame) => live(&mut session)?.interact_at(update, frame)?,
             Command::Prompt(prompt) => live(&mut session)?.set_prompt(&prompt)?,
             Command::TextEmbeds(w) => {
                 let t = from_wire(&w, &blobs, &device)?;

@@ -514,5 +514,8 @@ fn a_camera_update_starts_at_the_frame_it_is_queued_for() {
     let mut plain = engine.open_session(request(9)).unwrap();
     plain.next_chunk().unwrap();
     plain.interact(velocity).unwrap();
-    assert_eq!(plain.next_chunk().unwrap().frames.to_vec::<u8>().unwrap(), at_0);
+    assert_eq!(
+        plain.next_chunk().unwrap().frames.to_vec::<u8>().unwrap(),
+        at_0
+    );
 }

@@ -136,6 +136,9 @@ pub struct Metrics {
     pub door_refusals: [AtomicU64; DoorRefusal::ALL.len()],
     /// Time to generate and encode one chunk.
     pub chunk_latency: Histogram,
+    /// Key to display: from an interaction's arrival to the sending of the chunk that
+    /// holds its first frame, plus that frame's offset in the chunk's media time.
+    pub action_latency: Histogram,
     /// Time from `session.start` to the first chunk being ready.
     pub time_to_first_chunk: Histogram,
 }
@@ -491,6 +494,11 @@ impl Metrics {
             o,
             "headroom_chunk_latency_seconds",
             "Time to generate and encode one chunk.",
+        );
+        self.action_latency.render(
+            o,
+            "headroom_action_latency_seconds",
+            "From an interaction's arrival to the sending of the chunk holding its first frame, plus that frame's offset in the chunk.",
         );
         self.time_to_first_chunk.render(
             o,

@@ -8,9 +8,14 @@
 //! `origin + released_media_seconds − lead`, `released_media_seconds` being the media
 //! time of the chunks released before it; a chunk that is late is released at once,
 //! never delayed further; and a chunk later than `max_lag` re-bases the origin, so the
-//! debt is written off instead of being repaid in a burst of chunks. A paced chunk
-//! waits on the session's worker thread, off the device: the session holds its state
-//! (what a session between chunks holds) and takes no device time.
+//! debt is written off instead of being repaid in a burst of chunks.
+//!
+//! A paced session waits before it makes a chunk, not only after: it starts chunk k at
+//! its due time less the time its recent chunks took ([`MediaTimePacer::next_due`]), so
+//! an interaction that arrives while the previous chunk plays is in it, and an
+//! interaction waits at most one chunk's media time for its boundary, then one chunk's
+//! generation. Waiting is on the session's worker thread, off the device: the session
+//! holds its state (what a session between chunks holds) and takes no device time.
 
 use std::time::{Duration, Instant};
 
@@ -142,6 +147,20 @@ impl MediaTimePacer {
         };
         self.released += media;
         at
+    }
+
+    /// When the next chunk is due to leave (`None`: unpaced, or the first chunk, which
+    /// leaves when ready): a paced session starts making it this long before, by its
+    /// recent chunks' times, so that it is ready just in time and an interaction that
+    /// came meanwhile is in it.
+    pub fn next_due(&self) -> Option<Instant> {
+        match (self.pacing.enabled, self.origin) {
+            (true, Some(origin)) => Some(shifted(
+                origin,
+                self.released - self.pacing.lead.as_secs_f64(),
+            )),
+            _ => None,
+        }
     }
 
     /// Times the schedule re-based since the session began.

@@ -306,6 +306,8 @@ pub struct Interaction {
     pub prompt: Option<String>,
     /// `event.multi_modal_data.camera`, if present.
     pub camera: Option<CameraUpdate>,
+    /// When the server read it: where in the coming chunk it starts, and its latency.
+    pub received_at: std::time::Instant,
 }
 
 impl Interaction {
@@ -381,6 +383,7 @@ impl Interaction {
             event_id,
             prompt,
             camera,
+            received_at: std::time::Instant::now(),
         })
     }
 }

@@ -80,6 +80,11 @@ pub fn chunk_metadata(request_id: &str, transport_index: u64, chunk: &EncodedChu
         "num_frames": chunk.num_frames,
         "byte_length": chunk.bytes.len(),
         "started_event_ids": chunk.started,
+        "started_event_frames": chunk
+            .started_frames
+            .iter()
+            .map(|(id, f)| (id.clone(), json!(f)))
+            .collect::<serde_json::Map<_, _>>(),
         "active_event_ids": chunk.active,
         "completed_event_ids": chunk.completed,
         "latency_ms": chunk.latency.as_secs_f64() * 1e3,

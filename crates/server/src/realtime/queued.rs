@@ -159,6 +159,8 @@ impl Connection {
                     return QueuedInput::Wait;
                 }
                 self.event_ids.insert(interaction.event_id.clone());
+                self.received
+                    .insert(interaction.event_id.clone(), interaction.received_at);
                 self.send_json(&wire::interaction_queued(request_id, &interaction.event_id))
                     .await;
                 self.held.push(interaction);
