@@ -2,6 +2,7 @@
 //! absolute times drift on shared machines.
 #![warn(missing_docs, missing_debug_implementations)]
 
+pub mod actions;
 pub mod alloc;
 pub mod batch;
 pub mod decoders;

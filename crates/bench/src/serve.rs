@@ -235,7 +235,7 @@ pub struct ServeBenchSummary {
     pub unserved: Vec<Unserved>,
 }
 
-fn ws_err(e: impl std::fmt::Display) -> BenchError {
+pub(crate) fn ws_err(e: impl std::fmt::Display) -> BenchError {
     BenchError::InvalidConfig {
         field: "url",
         rule: format!("the realtime session failed: {e}"),
@@ -243,8 +243,20 @@ fn ws_err(e: impl std::fmt::Display) -> BenchError {
 }
 
 /// A socket to the server of `config`, with its API key when it has one.
-async fn connect(
-    config: &ServeBenchConfig,
+async fn connect(config: &ServeBenchConfig) -> std::result::Result<Socket, String> {
+    connect_to(&config.url, config.api_key.as_deref()).await
+}
+
+/// A realtime socket and the server's handshake response.
+pub(crate) type Socket = (
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    tokio_tungstenite::tungstenite::handshake::client::Response,
+);
+
+/// A socket to `url`, sending `key` as `Authorization: Bearer` when given.
+pub(crate) async fn connect_to(
+    url: &str,
+    key: Option<&str>,
 ) -> std::result::Result<
     (
         tokio_tungstenite::WebSocketStream<
@@ -255,12 +267,8 @@ async fn connect(
     String,
 > {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let mut request = config
-        .url
-        .as_str()
-        .into_client_request()
-        .map_err(|e| e.to_string())?;
-    if let Some(key) = &config.api_key {
+    let mut request = url.into_client_request().map_err(|e| e.to_string())?;
+    if let Some(key) = key {
         let value = format!("Bearer {key}")
             .parse()
             .map_err(|_| "the API key is not a valid header value".to_string())?;

@@ -34,6 +34,11 @@ use crate::prompt::prompt_of;
 use crate::protocol::{Interaction, StartRequest};
 use crate::resume::{ParkReason, ResumeBook};
 
+/// What a paced session adds to its chunks' average making time when it decides when
+/// to start the next: room for the run-to-run spread of a chunk's time, little enough
+/// that an interaction waits hardly more than a chunk's generation.
+const MAKE_MARGIN: Duration = Duration::from_millis(30);
+
 /// One encoded chunk on its way to the socket.
 #[derive(Debug)]
 pub struct EncodedChunk {
@@ -483,9 +488,9 @@ impl Stream<'_> {
         // before the first). An interaction starts at the frame of the coming chunk its
         // arrival since then gives.
         let mut boundary = Instant::now();
-        // How long the last chunks took to make: a paced session starts a chunk this
-        // long (and a tenth more) before it is due.
-        let mut recent = [Duration::ZERO; 2];
+        // How long chunks take to make (a moving average): a paced session starts a
+        // chunk that long (and MAKE_MARGIN) before it is due.
+        let mut making: Option<f64> = None;
         for index in first.. {
             if let Some(parked) = self.park_if_asked() {
                 return parked;
@@ -510,12 +515,7 @@ impl Stream<'_> {
                 return Ending::Cancelled;
             }
             if let Some(due) = pacer.next_due() {
-                let make = recent
-                    .iter()
-                    .max()
-                    .copied()
-                    .unwrap_or_default()
-                    .mul_f64(1.1);
+                let make = Duration::from_secs_f64(making.unwrap_or(0.0)) + MAKE_MARGIN;
                 if self
                     .wait_until(due.checked_sub(make).unwrap_or(due))
                     .is_none()
@@ -598,7 +598,9 @@ impl Stream<'_> {
                 return Ending::Cancelled;
             }
             let mut out = out;
-            recent = [recent[1], boundary.elapsed()];
+            // A moving average: one slow chunk does not move the next start much.
+            let took = boundary.elapsed().as_secs_f64();
+            making = Some(making.map_or(took, |m| 0.7 * m + 0.3 * took));
             let release = pacer.schedule(Instant::now(), out.num_frames);
             out.paced_wait = match self.wait_until(release) {
                 Some(waited) => waited,

@@ -55,10 +55,43 @@ pub struct ServeArgs {
     /// read from HEADROOM_API_KEY.
     #[arg(long)]
     api_key: Option<String>,
+    /// Measure key-to-display instead: one paced open-ended session per `--leads`
+    /// value, a key change every `--every` chunks, until this many changes were seen.
+    #[arg(long)]
+    actions: Option<usize>,
+    /// Pacing leads (seconds) `--actions` measures, comma-separated: 0, half a chunk
+    /// and a chunk at 16 fps by default.
+    #[arg(long, value_delimiter = ',', default_value = "0,0.375,0.75")]
+    leads: Vec<f64>,
+    /// Chunks between `--actions`' key changes.
+    #[arg(long, default_value_t = 1)]
+    every: usize,
 }
 
 /// Runs `headroom bench serve`: each concurrency in turn, then their comparison.
 pub fn run(args: ServeArgs) -> Result<()> {
+    if let Some(changes) = args.actions {
+        let config = headroom_bench::actions::ActionsBenchConfig {
+            url: args.url.clone(),
+            api_key: args
+                .api_key
+                .clone()
+                .or_else(|| std::env::var("HEADROOM_API_KEY").ok()),
+            width: args.width,
+            height: args.height,
+            fps: args.fps.round().max(1.0) as u32,
+            changes,
+            every: args.every,
+            leads: args.leads.clone(),
+        };
+        let rows = headroom_bench::actions::run_actions_bench(&config)?;
+        println!(
+            "# bench serve --actions: {changes} key changes per lead, every {} chunks, {}x{} at {} fps\n",
+            args.every, args.width, args.height, config.fps
+        );
+        print!("{}", headroom_bench::actions::markdown(&rows));
+        return Ok(());
+    }
     if let [one] = args.concurrency[..] {
         serve_one(&args, one, args.out.clone())?;
         return Ok(());
