@@ -113,7 +113,7 @@ async fn one_lead(cfg: &ActionsBenchConfig, lead: f64) -> Result<ActionsRow> {
                     // Time to change keys.
                     changes += 1;
                     let id = format!("key-{changes}");
-                    let z = if changes % 2 == 0 { 0.05 } else { -0.05 };
+                    let z = if changes.is_multiple_of(2) { 0.05 } else { -0.05 };
                     let change = json!({"type": "session.interaction", "interaction": {
                         "event_id": id, "event": {"multi_modal_data": {"camera": {
                         "mode": "velocity", "data": {"translation": [0.0, 0.0, z],
@@ -134,7 +134,7 @@ async fn one_lead(cfg: &ActionsBenchConfig, lead: f64) -> Result<ActionsRow> {
                 let now = Instant::now();
                 origin.get_or_insert(now);
                 chunks += 1;
-                if chunks % cfg.every.max(1) == 0 && next_send.is_none() {
+                if chunks.is_multiple_of(cfg.every.max(1)) && next_send.is_none() {
                     next_send = Some(now + Duration::from_secs_f64(rng.unit() * chunk_media));
                 }
             }
