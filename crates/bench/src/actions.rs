@@ -113,7 +113,11 @@ async fn one_lead(cfg: &ActionsBenchConfig, lead: f64) -> Result<ActionsRow> {
                     // Time to change keys.
                     changes += 1;
                     let id = format!("key-{changes}");
-                    let z = if changes.is_multiple_of(2) { 0.05 } else { -0.05 };
+                    let z = if changes.is_multiple_of(2) {
+                        0.05
+                    } else {
+                        -0.05
+                    };
                     let change = json!({"type": "session.interaction", "interaction": {
                         "event_id": id, "event": {"multi_modal_data": {"camera": {
                         "mode": "velocity", "data": {"translation": [0.0, 0.0, z],
