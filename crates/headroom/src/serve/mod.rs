@@ -21,6 +21,14 @@ fn seconds(value: f64, flag: &str) -> Result<Duration> {
     Ok(Duration::from_secs_f64(value))
 }
 
+/// `--flag S` where 0 is allowed (it turns something off or makes it immediate).
+fn seconds_or_zero(value: f64, flag: &str) -> Result<Duration> {
+    if value == 0.0 {
+        return Ok(Duration::ZERO);
+    }
+    seconds(value, flag)
+}
+
 fn size(value: &str, flag: &str) -> Result<usize> {
     let bytes = parse_size(value).with_context(|| format!("--{flag}"))?;
     usize::try_from(bytes).with_context(|| format!("--{flag} {value} does not fit this machine"))
@@ -71,11 +79,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_batch: args.max_batch,
         queue_timeout: seconds(args.queue_timeout, "queue-timeout")?,
         ready_when_queueing: args.ready_when_queueing,
-        drain_timeout: if args.drain_timeout == 0.0 {
-            Duration::ZERO
-        } else {
-            seconds(args.drain_timeout, "drain-timeout")?
-        },
+        drain_timeout: seconds_or_zero(args.drain_timeout, "drain-timeout")?,
         resume_window: seconds(args.resume_window, "resume-window")?,
         session_store: args.session_store.clone(),
         snapshot_every: args.snapshot_every.map(|n| n as usize),
@@ -93,11 +97,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             num_frames: args.frames,
             pacing: headroom_server::pacer::Pacing {
                 enabled: args.pace,
-                lead: if args.pacing_lead == 0.0 {
-                    Duration::ZERO
-                } else {
-                    seconds(args.pacing_lead, "pacing-lead")?
-                },
+                lead: seconds_or_zero(args.pacing_lead, "pacing-lead")?,
                 max_lag: seconds(args.pacing_max_lag, "pacing-max-lag")?,
             },
             ..Defaults::default()
