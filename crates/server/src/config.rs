@@ -120,6 +120,9 @@ pub struct ServerConfig {
     /// Write each running session's snapshot to the store every this many chunks, so a
     /// crashed replica's sessions resume elsewhere.
     pub snapshot_every: Option<usize>,
+    /// Most bytes parked sessions hold in host memory (`None`: a quarter of the
+    /// machine's memory); past it a session parks in the store, or is not parked.
+    pub max_parked_bytes: Option<u64>,
 }
 
 impl Default for ServerConfig {
@@ -140,6 +143,7 @@ impl Default for ServerConfig {
             resume_window: Duration::from_secs(60),
             session_store: None,
             snapshot_every: None,
+            max_parked_bytes: None,
         }
     }
 }

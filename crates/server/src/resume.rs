@@ -95,6 +95,8 @@ pub struct ResumeBook {
     store: Option<PathBuf>,
     /// How long a hung-up session stays parked in memory.
     window: Duration,
+    /// Most bytes parked sessions may hold in host memory.
+    max_parked: u64,
 }
 
 /// The store file of a session (by its token's digest), and its sidecar.
@@ -112,10 +114,17 @@ fn refused(reason: impl Into<String>) -> ServerError {
 impl ResumeBook {
     /// A book keeping hung-up sessions for `window`, with the store `store`.
     pub fn new(store: Option<PathBuf>, window: Duration) -> Self {
+        Self::bounded(store, window, u64::MAX)
+    }
+
+    /// A book whose sessions parked in host memory hold at most `max_parked` bytes: past
+    /// it a session parks in the store, or (without one) is not parked.
+    pub fn bounded(store: Option<PathBuf>, window: Duration, max_parked: u64) -> Self {
         Self {
             records: Mutex::new(HashMap::new()),
             store,
             window,
+            max_parked,
         }
     }
 
@@ -149,14 +158,25 @@ impl ResumeBook {
         reason: ParkReason,
     ) -> Result<u64> {
         let mut records = self.lock();
+        if !records.contains_key(id) {
+            return Err(ServerError::Internal("parking an unknown session".into()));
+        }
+        let bytes = snapshot.state_bytes();
+        let in_memory: u64 = records
+            .values()
+            .filter_map(|r| match &r.entry {
+                Entry::Parked { snapshot, .. } => Some(snapshot.state_bytes()),
+                Entry::Running => None,
+            })
+            .sum();
+        let over = in_memory.saturating_add(bytes) > self.max_parked;
         let Some(record) = records.get_mut(id) else {
             return Err(ServerError::Internal("parking an unknown session".into()));
         };
-        let bytes = snapshot.state_bytes();
         // A drain, and a hang-up on a server with a store, park in the store: the client
         // may come back through another replica, and the store's rename-claim is the
-        // one place a token is used up.
-        let to_store = reason == ParkReason::Drain || reason == ParkReason::HangUp;
+        // one place a token is used up. So does a session past the host memory cap.
+        let to_store = reason == ParkReason::Drain || reason == ParkReason::HangUp || over;
         if let (true, Some(store)) = (to_store, self.store.as_deref()) {
             let expires =
                 (reason == ParkReason::HangUp).then(|| unix_now() + self.window.as_secs());
@@ -167,6 +187,16 @@ impl ResumeBook {
         if reason == ParkReason::Drain {
             return Err(ServerError::Internal(
                 "a drain parks only into a store".into(),
+            ));
+        }
+        if over {
+            records.remove(id);
+            return Err(ServerError::capacity(
+                crate::refusal::Refusal::Memory,
+                format!(
+                    "parked sessions hold {in_memory} B of host memory and this one needs {bytes} B more, past --max-parked-bytes {}; give the server a --session-store to park past it",
+                    self.max_parked
+                ),
             ));
         }
         record.entry = Entry::Parked {

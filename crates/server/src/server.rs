@@ -112,9 +112,12 @@ impl Server {
                 ServerError::Setup(format!("--session-store {}: {e}", store.display()))
             })?;
         }
-        let resume = Arc::new(crate::resume::ResumeBook::new(
+        let resume = Arc::new(crate::resume::ResumeBook::bounded(
             config.session_store.clone(),
             config.resume_window,
+            config
+                .max_parked_bytes
+                .unwrap_or_else(|| headroom_mem::HostMemory::physical_memory() / 4),
         ));
         let room = Arc::new(crate::sockets::Sockets::new(
             config

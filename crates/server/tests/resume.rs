@@ -432,3 +432,54 @@ async fn a_hung_up_session_is_dropped_after_its_resume_window() {
         ts.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_parked_memory_cap_a_session_parks_in_the_store_or_is_refused() {
+    let store = tempfile::tempdir().unwrap();
+    for session_store in [None, Some(store.path().to_path_buf())] {
+        let with_store = session_store.is_some();
+        let ts = TestServer::start(
+            ServerConfig {
+                max_parked_bytes: Some(1),
+                session_store,
+                ..ServerConfig::default()
+            },
+            None,
+        )
+        .await;
+        let mut ws = ts.connect().await;
+        let token = open_and_play(&mut ws, 6, 1).await;
+        send(&mut ws, json!({"type": "session.pause"})).await;
+        if with_store {
+            // Parked on disk instead: host memory holds nothing, and it resumes.
+            let p = until(&mut ws, "session.paused").await;
+            assert_eq!(p["resume_token"], json!(token));
+            assert_eq!(ts.metric("headroom_parked_bytes").await, 0.0);
+            send(&mut ws, json!({"type": "session.resume"})).await;
+            let start = until(&mut ws, "video.start").await;
+            let next = start["resumed_from_chunk"].as_u64().unwrap() as usize;
+            assert_eq!(chunks(&mut ws, 1).await, reference(6, next, next + 1));
+            stop(&mut ws).await;
+        } else {
+            // Chunks made before the boundary may come first.
+            let e = loop {
+                match recv(&mut ws).await {
+                    In::Json(v) if v["type"] == "error" => break v,
+                    In::Closed => panic!("closed without an error"),
+                    _ => {}
+                }
+            };
+            assert_eq!(e["code"], "capacity", "{e}");
+            assert!(
+                e["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("--max-parked-bytes"),
+                "{e}"
+            );
+        }
+        ts.idle().await;
+        ts.assert_pool_free();
+        ts.stop().await;
+    }
+}

@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// session there (session.moved) and ends within about one chunk time.
     #[arg(long)]
     pub session_store: Option<std::path::PathBuf>,
+    /// Most host memory parked sessions hold (B, KiB, MiB, GiB; default a quarter of
+    /// the machine's): past it a session parks in --session-store, or is not parked.
+    #[arg(long)]
+    pub max_parked_bytes: Option<String>,
     /// Write each running session's snapshot to --session-store every N chunks, so the
     /// sessions of a replica that dies resume elsewhere, losing at most N chunks.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), requires = "session_store")]
@@ -118,7 +122,7 @@ pub struct ServeArgs {
 }
 
 /// `serve --help`'s flags in order, the engine's among the server's own.
-pub const HELP_ORDER: [&str; 42] = [
+pub const HELP_ORDER: [&str; 43] = [
     "host",
     "port",
     "model",
@@ -142,6 +146,7 @@ pub const HELP_ORDER: [&str; 42] = [
     "pacing_max_lag",
     "resume_window",
     "session_store",
+    "max_parked_bytes",
     "snapshot_every",
     "kv_budget",
     "capacity",

@@ -83,6 +83,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         resume_window: seconds(args.resume_window, "resume-window")?,
         session_store: args.session_store.clone(),
         snapshot_every: args.snapshot_every.map(|n| n as usize),
+        max_parked_bytes: args
+            .max_parked_bytes
+            .as_deref()
+            .map(|v| parse_size(v).context("--max-parked-bytes"))
+            .transpose()?,
         limits: Limits {
             start_message_bytes: size(&args.max_start_message, "max-start-message")?,
             control_message_bytes: size(&args.max_control_message, "max-control-message")?,
