@@ -64,17 +64,24 @@ impl SessionDriver {
     /// Admits and opens `request` on `engine`, driven as `how` says: a refused or
     /// failed open leaves the engine (and every rank) as it was.
     pub fn open(engine: &Engine, request: SessionRequest, how: Drive<'_>) -> Result<Self> {
-        let led = |world: &Arc<dyn Communicator>| lead_open(engine, world, request.clone());
-        Self::drive(how, || engine.open_session(request.clone()), led)
+        Self::drive(
+            how,
+            request,
+            |request| engine.open_session(request),
+            |world, request| lead_open(engine, world, request),
+        )
     }
 
     /// Resumes `snapshot` on `engine` ([`Engine::resume`]), driven as `how` says. A
     /// session led over a mesh resumes on every rank, each from its own shard: rank
     /// `r` > 0 reads `snapshot`'s path with `.rank-r` before its extension.
     pub fn resume(engine: &Engine, snapshot: &std::path::Path, how: Drive<'_>) -> Result<Self> {
-        let led =
-            |world: &Arc<dyn Communicator>| crate::replicated::lead_resume(engine, world, snapshot);
-        Self::drive(how, || engine.resume(snapshot), led)
+        Self::drive(
+            how,
+            snapshot,
+            |snapshot| engine.resume(snapshot),
+            |world, snapshot| crate::replicated::lead_resume(engine, world, snapshot),
+        )
     }
 
     /// Resumes a snapshot held in memory (a parked session) on `engine`, alone or
@@ -84,30 +91,31 @@ impl SessionDriver {
         snapshot: Arc<crate::SessionSnapshot>,
         how: Drive<'_>,
     ) -> Result<Self> {
-        let led = |_: &Arc<dyn Communicator>| {
+        let led = |_: &Arc<dyn Communicator>, _| {
             Err(EngineError::snapshot(
                 crate::SnapshotFault::Unsupported,
                 "a session led over a mesh resumes from its ranks' shard files, not from memory",
             ))
         };
-        Self::drive(how, || engine.resume(Arc::clone(&snapshot)), led)
+        Self::drive(how, snapshot, |snapshot| engine.resume(snapshot), led)
     }
 
-    /// A session this engine opens with `open` (alone, or joining the step queue), or
-    /// one `led` opens on every rank.
-    fn drive(
+    /// A session this engine opens from `what` with `open` (alone, or joining the step
+    /// queue), or one `led` opens from it on every rank.
+    fn drive<T>(
         how: Drive<'_>,
-        open: impl FnOnce() -> Result<Session>,
-        led: impl FnOnce(&Arc<dyn Communicator>) -> Result<LeadSession>,
+        what: T,
+        open: impl FnOnce(T) -> Result<Session>,
+        led: impl FnOnce(&Arc<dyn Communicator>, T) -> Result<LeadSession>,
     ) -> Result<Self> {
         let how = match how {
-            Drive::Alone => Driven::Alone(open()?),
+            Drive::Alone => Driven::Alone(open(what)?),
             Drive::Stepped(queue) => Driven::Stepped {
-                session: Some(open()?),
+                session: Some(open(what)?),
                 _member: queue.join(),
                 queue: Arc::clone(queue),
             },
-            Drive::Led(world) => Driven::Led(led(world)?),
+            Drive::Led(world) => Driven::Led(led(world, what)?),
         };
         Ok(Self { how })
     }

@@ -218,33 +218,35 @@ impl SessionKv {
         if self.frames.is_empty() {
             return Ok(None);
         }
-        let per = self.pool.layout.tokens;
-        let layers = self.pool.layout.layers;
-        let used = |t: &Tensor, i: usize| -> Result<Tensor> {
-            let rows = self.rows(i);
-            Ok(if rows == per {
-                t.clone()
-            } else {
-                t.narrow(1, 0, rows)?
-            })
-        };
-        (0..layers)
+        (0..self.pool.layout.layers)
             .map(|l| {
-                let mut ks = Vec::new();
-                let mut vs = Vec::new();
-                for (_, pages) in &self.frames {
-                    for (i, p) in pages.iter().enumerate() {
-                        ks.push(used(&p.k[l], i)?);
-                        vs.push(used(&p.v[l], i)?);
-                    }
-                }
                 Ok(KeyValues {
-                    k: Tensor::cat(&ks.iter().collect::<Vec<_>>(), 1)?.to_dtype(DType::F32)?,
-                    v: Tensor::cat(&vs.iter().collect::<Vec<_>>(), 1)?.to_dtype(DType::F32)?,
+                    k: self.layer_history(|p| &p.k[l])?.to_dtype(DType::F32)?,
+                    v: self.layer_history(|p| &p.v[l])?.to_dtype(DType::F32)?,
                 })
             })
             .collect::<Result<Vec<_>>>()
             .map(Some)
+    }
+
+    /// One side of one layer (`side` picks it from a page) over the whole history, as
+    /// one `[1, frames·tokens, H, D]` tensor in the pages' dtype: the rows each page
+    /// holds, frame after frame.
+    fn layer_history(&self, side: impl Fn(&Page) -> &Tensor) -> Result<Tensor> {
+        let per = self.pool.layout.tokens;
+        let mut parts = Vec::new();
+        for (_, pages) in &self.frames {
+            for (i, p) in pages.iter().enumerate() {
+                let rows = self.rows(i);
+                let t = side(p);
+                parts.push(if rows == per {
+                    t.clone()
+                } else {
+                    t.narrow(1, 0, rows)?
+                });
+            }
+        }
+        Ok(Tensor::cat(&parts.iter().collect::<Vec<_>>(), 1)?)
     }
 
     /// Stores a block's keys/values (`own[layer]`, `[1, block·tokens, H, D]`) for frames
@@ -311,32 +313,10 @@ impl SessionKv {
         if self.frames.is_empty() {
             return Ok(());
         }
-        let per = self.pool.layout.tokens;
         for l in 0..self.pool.layout.layers {
-            let mut ks = Vec::new();
-            let mut vs = Vec::new();
-            for (_, pages) in &self.frames {
-                for (i, p) in pages.iter().enumerate() {
-                    let rows = self.rows(i);
-                    let used = |t: &Tensor| -> Result<Tensor> {
-                        Ok(if rows == per {
-                            t.clone()
-                        } else {
-                            t.narrow(1, 0, rows)?
-                        })
-                    };
-                    ks.push(used(&p.k[l])?);
-                    vs.push(used(&p.v[l])?);
-                }
-            }
-            w.tensor(
-                &format!("k.{l}"),
-                &Tensor::cat(&ks.iter().collect::<Vec<_>>(), 1)?,
-            )?;
-            w.tensor(
-                &format!("v.{l}"),
-                &Tensor::cat(&vs.iter().collect::<Vec<_>>(), 1)?,
-            )?;
+            // One side at a time: the staging is one layer's keys (or values).
+            w.tensor(&format!("k.{l}"), &self.layer_history(|p| &p.k[l])?)?;
+            w.tensor(&format!("v.{l}"), &self.layer_history(|p| &p.v[l])?)?;
         }
         Ok(())
     }

@@ -11,8 +11,9 @@
 //! carrying the token claims it. A claim takes the entry away (a token is used once):
 //! in memory under the book's lock, in the store by renaming the file to a name only
 //! the claimer knows (a rename is atomic, so of two replicas racing one wins).
-//! Entries parked in memory expire after their window; the store keeps its files until
-//! claimed (a store is an operator's to prune).
+//! A hung-up session's entry expires after its window, in memory and in the store (the
+//! server's sweep); a drained one stays in the store until claimed; a session that ends
+//! for good leaves nothing. Files are written without the book's lock held.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -132,11 +133,6 @@ impl ResumeBook {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The shared store, if the server has one.
-    pub fn store(&self) -> Option<&Path> {
-        self.store.as_deref()
-    }
-
     /// Registers a running session under `token`, opened by `key` with `start`.
     pub fn running(&self, token: &str, key: Option<String>, start: Map<String, Value>) {
         self.lock().insert(
@@ -149,30 +145,27 @@ impl ResumeBook {
         );
     }
 
-    /// Parks the session of token digest `id` in host memory (`reason` says for how
-    /// long); a drain writes it to the store instead. Returns the bytes held.
+    /// Parks the session of token digest `id`: in host memory (`reason` says for how
+    /// long), or in the store for a drain, a hang-up on a server with a store, or past
+    /// the host memory cap. Returns the bytes held.
     pub fn park(
         &self,
         id: &str,
         snapshot: Arc<SessionSnapshot>,
         reason: ParkReason,
     ) -> Result<u64> {
-        let mut records = self.lock();
-        if !records.contains_key(id) {
-            return Err(ServerError::Internal("parking an unknown session".into()));
-        }
         let bytes = snapshot.state_bytes();
-        let in_memory: u64 = records
-            .values()
-            .filter_map(|r| match &r.entry {
-                Entry::Parked { snapshot, .. } => Some(snapshot.state_bytes()),
-                Entry::Running => None,
-            })
-            .sum();
-        let over = in_memory.saturating_add(bytes) > self.max_parked;
-        let Some(record) = records.get_mut(id) else {
-            return Err(ServerError::Internal("parking an unknown session".into()));
+        let (in_memory, owner) = {
+            let records = self.lock();
+            let Some(record) = records.get(id) else {
+                return Err(ServerError::Internal("parking an unknown session".into()));
+            };
+            (
+                parked_in(&records).1,
+                (record.key.clone(), record.start.clone()),
+            )
         };
+        let over = in_memory.saturating_add(bytes) > self.max_parked;
         // A drain, and a hang-up on a server with a store, park in the store: the client
         // may come back through another replica, and the store's rename-claim is the
         // one place a token is used up. So does a session past the host memory cap.
@@ -180,10 +173,13 @@ impl ResumeBook {
         if let (true, Some(store)) = (to_store, self.store.as_deref()) {
             let expires =
                 (reason == ParkReason::HangUp).then(|| unix_now() + self.window.as_secs());
-            write_store(store, id, record, &snapshot, expires)?;
-            records.remove(id);
+            // Written without the book's lock (a claim meanwhile sees the session still
+            // running and waits for it).
+            write_store(store, id, &owner, &snapshot, expires)?;
+            self.lock().remove(id);
             return Ok(bytes);
         }
+        let mut records = self.lock();
         if reason == ParkReason::Drain {
             return Err(ServerError::Internal(
                 "a drain parks only into a store".into(),
@@ -199,6 +195,9 @@ impl ResumeBook {
                 ),
             ));
         }
+        let Some(record) = records.get_mut(id) else {
+            return Err(ServerError::Internal("parking an unknown session".into()));
+        };
         record.entry = Entry::Parked {
             snapshot,
             expires: (reason == ParkReason::HangUp).then(|| Instant::now() + self.window),
@@ -212,11 +211,12 @@ impl ResumeBook {
         let Some(store) = self.store.as_deref() else {
             return Ok(());
         };
-        let records = self.lock();
-        match records.get(id) {
-            Some(record) => write_store(store, id, record, snapshot, None),
-            None => Ok(()),
-        }
+        let owner = match self.lock().get(id) {
+            Some(record) => (record.key.clone(), record.start.clone()),
+            None => return Ok(()),
+        };
+        // Written without the book's lock: a large snapshot takes a while.
+        write_store(store, id, &owner, snapshot, None)
     }
 
     /// Starts the resume window of a paused session `id` whose client hung up.
@@ -286,19 +286,33 @@ impl ResumeBook {
     /// no store or no such session.
     pub fn move_to_store(&self, id: &str) -> Option<usize> {
         let store = self.store.as_deref()?;
-        let mut records = self.lock();
-        let record = records.get(id)?;
-        let Entry::Parked { snapshot, .. } = &record.entry else {
-            return None;
+        // Taken out of reach (running, as claims see it) while it is written without
+        // the book's lock; put back parked when the write fails.
+        let (owner, parked) = {
+            let mut records = self.lock();
+            let record = records.get_mut(id)?;
+            if !matches!(record.entry, Entry::Parked { .. }) {
+                return None;
+            }
+            let parked = std::mem::replace(&mut record.entry, Entry::Running);
+            ((record.key.clone(), record.start.clone()), parked)
+        };
+        let Entry::Parked { snapshot, .. } = &parked else {
+            unreachable!("taken as parked")
         };
         let next = snapshot.progress.chunks_done;
-        match write_store(store, id, record, snapshot, None) {
+        let written = write_store(store, id, &owner, snapshot, None);
+        let mut records = self.lock();
+        match written {
             Ok(()) => {
                 records.remove(id);
                 Some(next)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "a paused session could not move to the store");
+                if let Some(record) = records.get_mut(id) {
+                    record.entry = parked;
+                }
                 None
             }
         }
@@ -307,13 +321,7 @@ impl ResumeBook {
     /// Parked sessions in host memory and the bytes they hold (none of it on the device).
     pub fn parked(&self) -> (usize, u64) {
         self.expire();
-        self.lock()
-            .values()
-            .filter_map(|r| match &r.entry {
-                Entry::Parked { snapshot, .. } => Some(snapshot.state_bytes()),
-                Entry::Running => None,
-            })
-            .fold((0, 0), |(n, b), x| (n + 1, b + x))
+        parked_in(&self.lock())
     }
 
     /// Claims the session of `token` for a client offering key digest `key`: from host
@@ -375,21 +383,35 @@ fn unix_now() -> u64 {
 
 /// The sidecar beside a stored snapshot: who may claim it, how it was started, and
 /// when a hung-up session's window ends (Unix seconds; none for a drain).
-fn sidecar(record: &Record, expires: Option<u64>) -> Value {
-    serde_json::json!({ "key": record.key, "start": record.start, "expires_unix": expires })
+fn sidecar((key, start): &Owner, expires: Option<u64>) -> Value {
+    serde_json::json!({ "key": key, "start": start, "expires_unix": expires })
+}
+
+/// Who may claim a session (its key's digest) and the `session.start` it came with.
+type Owner = (Option<String>, Map<String, Value>);
+
+/// Sessions parked in host memory among `records`, and the bytes they hold.
+fn parked_in(records: &HashMap<String, Record>) -> (usize, u64) {
+    records
+        .values()
+        .filter_map(|r| match &r.entry {
+            Entry::Parked { snapshot, .. } => Some(snapshot.state_bytes()),
+            Entry::Running => None,
+        })
+        .fold((0, 0), |(n, b), x| (n + 1, b + x))
 }
 
 fn write_store(
     store: &Path,
     id: &str,
-    record: &Record,
+    owner: &Owner,
     snapshot: &SessionSnapshot,
     expires: Option<u64>,
 ) -> Result<()> {
     let (snap, side) = store_paths(store, id);
     let io = |e: headroom_engine::EngineError| ServerError::Internal(e.to_string());
     // The sidecar first: a snapshot file is never without its owner's key.
-    let side_bytes = serde_json::to_vec(&sidecar(record, expires))
+    let side_bytes = serde_json::to_vec(&sidecar(owner, expires))
         .map_err(|e| ServerError::Internal(e.to_string()))?;
     headroom_engine::snapshot::format::write_atomic(&side, &side_bytes).map_err(io)?;
     if let Err(e) = snapshot.write(&snap) {

@@ -491,6 +491,12 @@ impl Stream<'_> {
         // How long chunks take to make (a moving average): a paced session starts a
         // chunk that long (and MAKE_MARGIN) before it is due.
         let mut making: Option<f64> = None;
+        // Frames a resumed session made before this stream (for --max-session-frames).
+        let before = if first > 0 {
+            headroom_engine::blocks::frames_for_blocks(first)
+        } else {
+            0
+        };
         for index in first.. {
             if let Some(parked) = self.park_if_asked() {
                 return parked;
@@ -500,11 +506,6 @@ impl Stream<'_> {
             }
             // The first chunk has 9 frames, every later one 12.
             let next = if index == 0 { 9 } else { 12 };
-            let before = if first > 0 {
-                headroom_engine::blocks::frames_for_blocks(first)
-            } else {
-                0
-            };
             if self
                 .max_frames
                 .is_some_and(|m| before + played_frames + next > m)
@@ -569,7 +570,7 @@ impl Stream<'_> {
             }
             played_frames += chunk.frames.shape().first().copied().unwrap_or(0);
             let (active, completed) = self.tracker.after_chunk();
-            let out = EncodedChunk {
+            let mut out = EncodedChunk {
                 index: chunk.index,
                 num_frames: chunk.frames.shape().first().copied().unwrap_or(0),
                 bytes: encoded,
@@ -597,7 +598,6 @@ impl Stream<'_> {
             if self.cancel.is_cancelled() {
                 return Ending::Cancelled;
             }
-            let mut out = out;
             // A moving average: one slow chunk does not move the next start much.
             let took = boundary.elapsed().as_secs_f64();
             making = Some(making.map_or(took, |m| 0.7 * m + 0.3 * took));

@@ -107,8 +107,8 @@ impl Engine {
         snapshot: &SessionSnapshot,
         decoder: DecoderKind,
     ) -> Result<SessionRequest> {
-        let cpu = headroom_tensor::Device::cpu()?;
-        let saved = SavedRequest::read(&snapshot.state.reader(&cpu))
+        // Fields only: nothing is loaded onto the device here.
+        let saved = SavedRequest::read(&snapshot.state.reader(&self.device))
             .map_err(|e| EngineError::snapshot(SnapshotFault::Corrupt, e.to_string()))?;
         let id = &snapshot.identity;
         let mut request = SessionRequest::new(

@@ -134,7 +134,7 @@ impl Session {
         self.decode_state =
             StreamingDecodeState::restore(&self.id, self.decoder.id(), &r.scope("decoder"))?;
         let pending_text = r.scope("pending_text");
-        if pending_text.field::<usize>("layers").is_ok() {
+        if pending_text.has_tensor("k.0") {
             self.pending_text = Some(load_text(&pending_text)?);
         }
         let pending = r.scope("pending");
