@@ -184,12 +184,19 @@ impl SessionDriver {
 
     /// Changes the prompt from the next chunk on (see [`Session::set_prompt`]).
     pub fn set_prompt(&mut self, prompt: &str) -> Result<()> {
+        self.set_prompt_over(prompt, 0.0)
+    }
+
+    /// Changes the prompt over `transition_chunks` chunks (see
+    /// [`Session::set_prompt_over`]).
+    pub fn set_prompt_over(&mut self, prompt: &str, transition_chunks: f64) -> Result<()> {
         match &mut self.how {
-            Driven::Alone(s) => s.set_prompt(prompt),
-            Driven::Stepped { session, .. } => {
-                session.as_mut().ok_or_else(released)?.set_prompt(prompt)
-            }
-            Driven::Led(s) => s.set_prompt(prompt),
+            Driven::Alone(s) => s.set_prompt_over(prompt, transition_chunks),
+            Driven::Stepped { session, .. } => session
+                .as_mut()
+                .ok_or_else(released)?
+                .set_prompt_over(prompt, transition_chunks),
+            Driven::Led(s) => s.set_prompt_over(prompt, transition_chunks),
         }
     }
 

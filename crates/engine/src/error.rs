@@ -61,6 +61,10 @@ pub enum EngineError {
         kind: AdmissionKind,
         /// The figures, for people.
         reason: String,
+        /// `(needed_bytes, free_bytes)` where the refusal weighed bytes: what the session
+        /// needed and what was free for it (its planned peak against the capacity left
+        /// uncommitted, or its pages and state against free memory).
+        bytes: Option<(u64, u64)>,
     },
     /// The engine itself failed (a thread panicked, an invariant broke): not the
     /// request's fault; the session is over.
@@ -170,6 +174,31 @@ impl EngineError {
         EngineError::Admission {
             kind,
             reason: reason.into(),
+            bytes: None,
+        }
+    }
+
+    /// A refusal for want of `kind` where the session needed `needed_bytes` and
+    /// `free_bytes` were free for it.
+    pub fn admission_bytes(
+        kind: AdmissionKind,
+        needed_bytes: u64,
+        free_bytes: u64,
+        reason: impl Into<String>,
+    ) -> Self {
+        EngineError::Admission {
+            kind,
+            reason: reason.into(),
+            bytes: Some((needed_bytes, free_bytes)),
+        }
+    }
+
+    /// `(needed_bytes, free_bytes)` of a refusal that weighed bytes.
+    pub fn admission_bytes_of(&self) -> Option<(u64, u64)> {
+        match self {
+            EngineError::Rank { cause: Some(e), .. } => e.admission_bytes_of(),
+            EngineError::Admission { bytes, .. } => *bytes,
+            _ => None,
         }
     }
 

@@ -31,6 +31,7 @@
 #![warn(missing_docs, missing_debug_implementations)]
 
 pub mod blocks;
+pub mod builtin_world;
 pub mod cancel;
 mod condition;
 pub mod config;

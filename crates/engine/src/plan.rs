@@ -280,3 +280,76 @@ fn meta_plans(config: &PlanConfig, engine_config: &EngineConfig) -> Result<Vec<P
         Ok(engine.platform().allocator().plans())
     })
 }
+
+/// The capacity a session that does not fit is planned on, to say what it needs (1 PiB).
+pub const UNBOUNDED: u64 = 1 << 50;
+
+/// The weight dtype `plan --dtype` names for `model`: `bf16`, `f32`, or `auto` (the real
+/// model shapes are deployed in bf16; everything `generate` runs here, the small
+/// built-ins and pipeline folders, runs in f32).
+pub fn plan_dtype(model: &str, dtype: &str) -> Result<DType> {
+    match dtype {
+        "bf16" => Ok(DType::BF16),
+        "f32" => Ok(DType::F32),
+        "auto" if matches!(model, "wan2.1-t2v-1.3b" | "lingbot-world-v2-14b") => Ok(DType::BF16),
+        "auto" => Ok(DType::F32),
+        other => Err(EngineError::request(
+            "dtype",
+            format!("must be auto, bf16 or f32, got {other:?}"),
+        )),
+    }
+}
+
+/// [`run_plan`], and when the session does not fit `config.capacity` (out of memory, or
+/// refused for want of room) on a predicted plan without a KV fraction, the same plan on
+/// an [`UNBOUNDED`] card to say what it needs, each row's headroom against the real
+/// capacity. The flag says whether that happened.
+pub fn run_plan_sized(config: &PlanConfig) -> Result<(Vec<RankPlan>, bool)> {
+    match run_plan(config) {
+        Ok(rows) => Ok((rows, false)),
+        Err(e)
+            if (e.is_out_of_memory() || e.is_admission())
+                && config.platform == PlanPlatform::Sim
+                && config.kv_fraction.is_none() =>
+        {
+            let unbounded = PlanConfig {
+                capacity: UNBOUNDED,
+                ..config.clone()
+            };
+            let mut rows = run_plan(&unbounded)?;
+            for r in &mut rows {
+                r.headroom_bytes = config.capacity as i64 - r.peak_reserved_bytes as i64;
+            }
+            Ok((rows, true))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The plan of every rank under every policy: what `plan --json` prints (and
+/// `headroom.plan()` returns).
+#[derive(Debug, Serialize)]
+pub struct PlanReport<'a> {
+    /// Whether every rank fits the card under every policy.
+    pub fits: bool,
+    /// One row per rank and policy.
+    pub ranks: &'a [RankPlan],
+}
+
+impl<'a> PlanReport<'a> {
+    /// The report of `rows`.
+    pub fn new(rows: &'a [RankPlan]) -> Self {
+        Self {
+            fits: rows.iter().all(|r| r.headroom_bytes >= 0),
+            ranks: rows,
+        }
+    }
+
+    /// The JSON `plan --json` prints: through a `Value`, whose maps keep their keys
+    /// sorted, the order it has always printed.
+    pub fn to_json(&self) -> Result<String> {
+        serde_json::to_value(self)
+            .and_then(|v| serde_json::to_string_pretty(&v))
+            .map_err(|e| EngineError::Internal(format!("the plan's JSON: {e}")))
+    }
+}

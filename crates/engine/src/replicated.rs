@@ -69,8 +69,8 @@ enum Command {
     Chunk,
     /// Queue a camera update starting at a video frame of the next chunk.
     Interact(CameraUpdate, usize),
-    /// Change the prompt.
-    Prompt(String),
+    /// Change the prompt over a transition of this many chunks (0: at once).
+    Prompt(String, f64),
     /// Change the text embeddings (blob 0).
     TextEmbeds(WireTensor),
     /// Snapshot the session: each rank writes its shard of the path given.
@@ -429,13 +429,13 @@ impl LeadSession {
         broadcast(self.world.as_ref(), &Command::Interact(update, frame), &[])
     }
 
-    /// Changes the prompt on every rank (encoded on rank 0 first: an error there sends
-    /// nothing).
-    pub fn set_prompt(&mut self, prompt: &str) -> Result<()> {
-        self.live()?.set_prompt(prompt)?;
+    /// Changes the prompt on every rank over `transition_chunks` (encoded on rank 0
+    /// first: an error there sends nothing).
+    pub fn set_prompt_over(&mut self, prompt: &str, transition_chunks: f64) -> Result<()> {
+        self.live()?.set_prompt_over(prompt, transition_chunks)?;
         broadcast(
             self.world.as_ref(),
-            &Command::Prompt(prompt.to_string()),
+            &Command::Prompt(prompt.to_string(), transition_chunks),
             &[],
         )
     }
@@ -530,7 +530,9 @@ fn follow_inner(engine: &Engine, world: &dyn Communicator) -> Result<()> {
                 live(&mut session)?.next_chunk()?;
             }
             Command::Interact(update, frame) => live(&mut session)?.interact_at(update, frame)?,
-            Command::Prompt(prompt) => live(&mut session)?.set_prompt(&prompt)?,
+            Command::Prompt(prompt, chunks) => {
+                live(&mut session)?.set_prompt_over(&prompt, chunks)?
+            }
             Command::TextEmbeds(w) => {
                 let t = from_wire(&w, &blobs, &device)?;
                 live(&mut session)?.set_text_embeds(&t)?;

@@ -519,3 +519,73 @@ fn a_camera_update_starts_at_the_frame_it_is_queued_for() {
         at_0
     );
 }
+
+#[test]
+fn a_blended_text_change_conditions_each_chunk_of_its_transition_on_the_lerp_and_then_on_the_new_text(
+) {
+    use headroom_tensor::{DType, Device, Tensor};
+    let engine = engine(ReclaimPolicy::Never);
+    let cpu = Device::cpu().unwrap();
+    let dim = engine.transformer().config().text_dim;
+    // Two texts, padded to the 512 rows a session conditions on.
+    let text = |k: f32| -> Vec<f32> {
+        (0..512 * dim)
+            .map(|i| ((i as f32 * 0.37 + k).sin()) * 0.5)
+            .collect()
+    };
+    let (from, to) = (text(0.0), text(1.7));
+    let tensor = |v: &[f32]| Tensor::from_f32(v, &[512, dim], DType::F32, &cpu).unwrap();
+    let open = || {
+        engine
+            .open_session(SessionRequest {
+                text_embeds: Some(tensor(&from)),
+                seed: 21,
+                ..SessionRequest::new(48, 32, 57)
+            })
+            .unwrap()
+    };
+    let frames =
+        |s: &mut headroom_engine::Session| s.next_chunk().unwrap().frames.to_vec::<u8>().unwrap();
+    // Blended over 3 chunks after the first.
+    let mut blended = open();
+    let mut got = vec![frames(&mut blended)];
+    blended.set_text_embeds_over(&tensor(&to), 3.0).unwrap();
+    let mut blending = Vec::new();
+    for _ in 0..4 {
+        blending.push(blended.prompt_blending());
+        got.push(frames(&mut blended));
+    }
+    assert_eq!(
+        blending,
+        [true, true, true, false],
+        "the blend covers 3 chunks"
+    );
+    // The same by hand: a third, two thirds, then the new text, each at once.
+    let mut by_hand = open();
+    let mut want = vec![frames(&mut by_hand)];
+    for a in [1.0f32 / 3.0, 2.0 / 3.0, 1.0, 1.0] {
+        let mix: Vec<f32> = if a >= 1.0 {
+            to.clone()
+        } else {
+            from.iter()
+                .zip(&to)
+                .map(|(&x, &y)| (1.0 - a) * x + a * y)
+                .collect()
+        };
+        by_hand.set_text_embeds(&tensor(&mix)).unwrap();
+        want.push(frames(&mut by_hand));
+    }
+    assert_eq!(got, want);
+    // At once differs from blended in the transition.
+    let mut snapped = open();
+    let first = frames(&mut snapped);
+    snapped.set_text_embeds(&tensor(&to)).unwrap();
+    assert_eq!(first, got[0]);
+    assert_ne!(frames(&mut snapped), got[1]);
+    // A bad transition is refused by name.
+    let err = blended
+        .set_text_embeds_over(&tensor(&to), f64::NAN)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("transition_chunks"), "{err}");
+}

@@ -486,3 +486,34 @@ fn the_estimate_is_the_bytes_of_a_steady_state_snapshot() {
         assert_eq!(snap.state_bytes(), want.total_bytes);
     }
 }
+
+fn text_blend_over_three_chunks(s: &mut Session, i: usize) {
+    if i == 1 {
+        let text = Tensor::from_slice(
+            &(0..5 * 16)
+                .map(|v| (v as f32 * 0.61).cos())
+                .collect::<Vec<_>>(),
+            &[5, 16],
+            &Device::cpu().unwrap(),
+        )
+        .unwrap();
+        s.set_text_embeds_over(&text, 3.0).unwrap();
+    }
+}
+
+#[test]
+fn a_prompt_blend_resumes_byte_identically_before_and_inside_its_transition() {
+    let request = SessionRequest::new(48, 32, 69);
+    for after in [1, 2, 3] {
+        let snap = resumes_byte_identically(
+            &config("tiny"),
+            &request,
+            6,
+            after,
+            text_blend_over_three_chunks,
+        );
+        // Inside the transition after chunks 1 and 2; done after chunk 3.
+        let blending = snap.contents().0.contains_key("text.blend_from");
+        assert_eq!(blending, after < 3, "after chunk {after}");
+    }
+}

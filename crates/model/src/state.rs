@@ -134,6 +134,11 @@ impl StateWriter<'_> {
         Ok(())
     }
 
+    /// Saves host bytes already in saved form as `name`.
+    pub fn saved(&mut self, name: &str, t: SavedTensor) {
+        self.state.tensors.insert(join(&self.scope, name), t);
+    }
+
     /// Saves an optional tensor: present under `name`, absent when `None`.
     pub fn maybe_tensor(&mut self, name: &str, t: Option<&Tensor>) -> Result<()> {
         match t {

@@ -147,8 +147,10 @@ impl Engine {
         let pages = budget / page;
         let free = self.free_bytes();
         if pages * page > free {
-            return Err(EngineError::admission(
+            return Err(EngineError::admission_bytes(
                 AdmissionKind::Memory,
+                pages * page,
+                free,
                 format!(
                     "the KV pool's {} B ({pages} pages of {page} B) do not fit in {free} B free",
                     pages * page
@@ -218,8 +220,10 @@ impl Engine {
             (20 * BLOCK_FRAMES * (request.height / s) * (request.width / s) * 4) as u64;
         let free = self.free_bytes();
         if state + cond_bytes > free {
-            return Err(EngineError::admission(
+            return Err(EngineError::admission_bytes(
                 AdmissionKind::Memory,
+                state + cond_bytes,
+                free,
                 format!(
                 "decoder state {state} B + conditioning {cond_bytes} B do not fit in {free} B free"
             ),
@@ -238,16 +242,18 @@ impl Engine {
         span: Option<SpanId>,
     ) -> Result<Session> {
         let c = self.dit.config();
-        let text = self
-            .dit
-            .text_key_values(self.padded_text(embeds.as_ref())?.as_ref())?;
+        let padded = self.padded_text(embeds.as_ref())?;
+        let text = self.dit.text_key_values(padded.as_ref())?;
         drop(embeds);
         let cond = if c.takes_image_condition() {
             Some(self.image_condition(&request)?)
         } else {
             None
         };
-        let session = self.new_session(kv, text, cond, &request, blocks)?;
+        let session = self
+            .new_session(kv, text, cond, &request, blocks)?
+            .with_text_embeds(padded.as_ref())?;
+        drop(padded);
         let round_member = self.planner.round_member(self, &request, span);
         Ok(session.with_span(span).with_round_member(round_member))
     }
@@ -355,7 +361,7 @@ impl Engine {
         let (_, capacity) = self.platform().mem_info();
         let committed = self.committed_bytes();
         if committed.saturating_add(peak) > capacity {
-            return Err(EngineError::admission(AdmissionKind::PlannedPeak, format!(
+            return Err(EngineError::admission_bytes(AdmissionKind::PlannedPeak, peak, capacity.saturating_sub(committed), format!(
                 "the session's planned peak of {} does not fit: {} of the {} capacity is committed to the weights, the KV pool and the live sessions' planned peaks; lower the resolution or frames, wait for a session to end, or raise --capacity",
                 headroom_mem::format_bytes(peak),
                 headroom_mem::format_bytes(committed),

@@ -31,7 +31,10 @@ impl Engine {
         let history = self.config().window_frames.saturating_sub(BLOCK_FRAMES);
         let layer_side = (history * tokens * heads * d * self.config().weight_dtype.size()) as u64;
         let kv_bytes = 2 * c.num_layers as u64 * layer_side;
-        let text_bytes = (2 * c.num_layers * TEXT_TOKENS * heads * d * 4) as u64;
+        // Each layer's keys/values, and the embeddings they came from (kept on the
+        // host so that a prompt change can blend from them).
+        let text_bytes =
+            (2 * c.num_layers * TEXT_TOKENS * heads * d * 4 + TEXT_TOKENS * c.text_dim * 4) as u64;
         let cell = (BLOCK_FRAMES * h * w * 4) as u64;
         let condition_bytes = if c.takes_image_condition() {
             (headroom_model::dit::config::IMAGE_MASK_CHANNELS + vae.z_dim) as u64 * cell

@@ -9,6 +9,7 @@
 
 mod camera;
 mod decode;
+mod prompt;
 mod state;
 mod step;
 
@@ -115,6 +116,8 @@ pub struct Session {
     prompts: Option<Arc<Prompts>>,
     /// Text keys/values of a new prompt, used from the next block denoised on.
     pending_text: Option<TextKeyValues>,
+    /// The embeddings in effect, a change's, a blend in progress.
+    prompt: prompt::PromptState,
     /// Checked at every safe point of a chunk.
     cancel: CancelToken,
     /// The planned span the session's allocations go to, if admission opened one.
@@ -205,6 +208,7 @@ impl Session {
             pending: None,
             prompts: None,
             pending_text: None,
+            prompt: prompt::PromptState::default(),
             cancel: CancelToken::new(),
             span: None,
             round: None,
@@ -287,31 +291,6 @@ impl Session {
         }
     }
 
-    /// Changes the prompt: it is encoded now (errors surface here) and conditions every
-    /// block from the next chunk boundary on. With `overlap`, the block already denoised
-    /// ahead keeps the old prompt, so the change shows one chunk later.
-    pub fn set_prompt(&mut self, prompt: &str) -> Result<()> {
-        let embeds = match &self.prompts {
-            Some(prompts) => prompts.encode(prompt)?,
-            None => {
-                return Err(EngineError::request(
-                    "prompt",
-                    "this session was not opened by an engine with a text encoder",
-                ))
-            }
-        };
-        self.pending_text = Some(self.dit.text_key_values(embeds.as_ref())?);
-        Ok(())
-    }
-
-    /// Changes the text to embeddings `[L, text_dim]` (zero-padded to 512 tokens, as
-    /// at the start): like [`Session::set_prompt`], from the next block denoised on.
-    pub fn set_text_embeds(&mut self, embeds: &Tensor) -> Result<()> {
-        let text = crate::text::pad_text(Some(embeds), self.dit.config().text_dim, &self.device)?;
-        self.pending_text = Some(self.dit.text_key_values(text.as_ref())?);
-        Ok(())
-    }
-
     /// The session id.
     pub fn id(&self) -> &str {
         &self.id
@@ -392,6 +371,7 @@ impl Session {
         self.cond = None;
         self.text = TextKeyValues(Vec::new());
         self.pending_text = None;
+        self.prompt = prompt::PromptState::default();
         self.decode_state.release();
     }
 

@@ -81,6 +81,7 @@ impl Session {
         let mut top = state.writer();
         kv.save(&mut top.scope("kv"))?;
         save_text(&mut top.scope("text"), &self.text)?;
+        self.save_prompt(&mut top.scope("text"))?;
         if let Some(text) = &self.pending_text {
             save_text(&mut top.scope("pending_text"), text)?;
         }
@@ -133,6 +134,7 @@ impl Session {
         }
         self.decode_state =
             StreamingDecodeState::restore(&self.id, self.decoder.id(), &r.scope("decoder"))?;
+        self.restore_prompt(&r.scope("text"))?;
         let pending_text = r.scope("pending_text");
         if pending_text.has_tensor("k.0") {
             self.pending_text = Some(load_text(&pending_text)?);

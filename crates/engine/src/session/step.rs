@@ -86,10 +86,7 @@ impl Session {
     /// noise drawn.
     pub(crate) fn begin_block(&mut self, n: usize) -> Result<BlockRun> {
         self.mid_block = true;
-        if let Some(text) = self.pending_text.take() {
-            // A prompt change takes effect at the first block denoised after it.
-            self.text = text;
-        }
+        self.advance_text()?;
         let first = BLOCK_FRAMES * n;
         let [h, w] = self.latent_hw;
         let out_c = self.dit.config().out_channels();
