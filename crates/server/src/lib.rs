@@ -14,6 +14,7 @@ pub mod admission;
 pub mod config;
 pub mod door;
 pub mod error;
+pub mod events;
 pub mod image_ref;
 pub mod metrics;
 pub mod pacer;

@@ -306,6 +306,8 @@ pub struct Interaction {
     pub prompt: Option<String>,
     /// `event.multi_modal_data.camera`, if present.
     pub camera: Option<CameraUpdate>,
+    /// Chunks the prompt blends over: `transition_chunks`, 3 when absent.
+    pub prompt_transition: f64,
     /// When the server read it: where in the coming chunk it starts, and its latency.
     pub received_at: std::time::Instant,
 }
@@ -345,10 +347,11 @@ impl Interaction {
                 "must be an object {prompt?, multi_modal_data?}",
             ));
         };
-        let transition_chunks = match field(interaction, "transition_chunks") {
-            None => 1.0,
+        // Absent: a camera moves over one chunk and a prompt blends over three.
+        let given = match field(interaction, "transition_chunks") {
+            None => None,
             Some(v) => match integral(v) {
-                Some(n) if n >= 0.0 => n,
+                Some(n) if n >= 0.0 => Some(n),
                 _ => {
                     return Err(ServerError::request(
                         "interaction.transition_chunks",
@@ -364,7 +367,7 @@ impl Interaction {
             None => None,
             Some(Value::Object(mm)) => match field(mm, "camera") {
                 None => None,
-                Some(camera) => Some(camera_update(camera, transition_chunks)?),
+                Some(camera) => Some(camera_update(camera, given.unwrap_or(1.0))?),
             },
             Some(other) => {
                 return Err(ServerError::request(
@@ -383,6 +386,7 @@ impl Interaction {
             event_id,
             prompt,
             camera,
+            prompt_transition: given.unwrap_or(3.0),
             received_at: std::time::Instant::now(),
         })
     }

@@ -9,7 +9,6 @@
 //! conditioning) and then its session slot *before* it reports the end, so a client that
 //! reads `session.done` finds the memory already given back.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
@@ -20,13 +19,13 @@ use headroom_engine::{
     StepQueue,
 };
 use headroom_media::FragmentedMp4;
-use headroom_model::camera::UpdateMode;
 use headroom_tensor::comm::Communicator;
 use headroom_tensor::Device;
 use tokio::sync::mpsc;
 
 use crate::admission::Slot;
 use crate::error::{Result, ServerError};
+use crate::events::EventTracker;
 use crate::image_ref::decode_image_url;
 use crate::metrics::Metrics;
 use crate::pacer::MediaTimePacer;
@@ -273,7 +272,7 @@ fn run(
             metrics.sessions_admitted.fetch_add(1, Ordering::Relaxed);
             let mut stream = Stream {
                 session,
-                tracker: Tracker::default(),
+                tracker: EventTracker::default(),
                 events,
                 control,
                 cancel,
@@ -385,7 +384,7 @@ fn resume_session(
 /// A running session and its plumbing.
 struct Stream<'a> {
     session: SessionDriver,
-    tracker: Tracker,
+    tracker: EventTracker,
     events: &'a mpsc::Sender<WorkerEvent>,
     control: &'a Receiver<Interaction>,
     cancel: &'a CancelToken,
@@ -620,25 +619,42 @@ impl Stream<'_> {
     }
 
     /// Applies every interaction queued since the last boundary; returns the ids that
-    /// start with the coming chunk. A new prompt is encoded here and takes effect with
-    /// the coming chunk; a failure is reported for that event only.
+    /// start with the coming chunk and the frame each starts at. Camera updates apply
+    /// in arrival order; of the prompt updates only the last applies (it is encoded
+    /// here and blends over its transition), and the ones it replaced complete at this
+    /// boundary. A failure is reported for that event only.
     fn apply_interactions(
         &mut self,
         boundary: Instant,
         fps: u32,
         chunk_frames: usize,
     ) -> std::result::Result<Vec<(String, usize)>, Ending> {
-        let mut started = Vec::new();
         // Empty or disconnected: nothing more is queued for this boundary.
-        while let Ok(interaction) = self.control.try_recv() {
+        let queued: Vec<Interaction> =
+            std::iter::from_fn(|| self.control.try_recv().ok()).collect();
+        let last_prompt = queued.iter().rposition(|i| i.prompt.is_some());
+        let mut started = Vec::new();
+        for (k, interaction) in queued.into_iter().enumerate() {
             // floor((received − previous boundary) · fps), clamped to the chunk.
             let since = interaction.received_at.saturating_duration_since(boundary);
             let frame = ((since.as_secs_f64() * f64::from(fps)).floor() as usize)
                 .min(chunk_frames.saturating_sub(1));
-            let applied = match prompt_of(interaction.prompt.as_deref()) {
+            let prompt = match prompt_of(interaction.prompt.as_deref()) {
+                Some(_) if Some(k) != last_prompt => {
+                    // Replaced before its boundary by a later prompt update.
+                    if interaction.camera.is_none() {
+                        self.tracker.replaced(&interaction.event_id);
+                        continue;
+                    }
+                    None
+                }
+                prompt => prompt,
+            };
+            // The prompt first: its encoding is what can fail.
+            let applied = match &prompt {
                 Some(prompt) => self
                     .session
-                    .set_prompt(&prompt)
+                    .set_prompt_over(prompt, interaction.prompt_transition)
                     .map_err(|e| ServerError::request("interaction.event.prompt", e.to_string())),
                 None => Ok(()),
             }
@@ -652,11 +668,17 @@ impl Stream<'_> {
             match applied {
                 Ok(()) => {
                     if let Some(update) = interaction.camera {
-                        self.tracker.start(
+                        self.tracker.camera(
                             &interaction.event_id,
                             update.mode,
                             update.transition_chunks,
+                            frame,
+                            chunk_frames,
                         );
+                    }
+                    if prompt.is_some() {
+                        self.tracker
+                            .prompt(&interaction.event_id, interaction.prompt_transition);
                     }
                     started.push((interaction.event_id, frame));
                 }
@@ -690,75 +712,4 @@ fn encode(mp4: &mut FragmentedMp4, chunk: &Chunk) -> Result<Vec<u8>> {
         .map_err(|e| fail(e.to_string()))?;
     let frames: Vec<&[u8]> = pixels.chunks_exact(h * w * 3).collect();
     mp4.fragment(&frames).map_err(|e| fail(e.to_string()))
-}
-
-/// Which interactions are moving the camera, for the chunk metadata's
-/// `started/active/completed_event_ids`.
-///
-/// A newer camera event replaces the active one (it completes at that boundary). A
-/// velocity stays active until replaced; a target completes after its transition:
-/// `max(1, round(3·transition_chunks))` latent frames, 3 per chunk (at once when
-/// `transition_chunks ≤ 0`).
-#[derive(Debug, Default)]
-struct Tracker {
-    /// (event id, chunks left; `None` until replaced).
-    active: VecDeque<(String, Option<usize>)>,
-    completed: Vec<String>,
-}
-
-impl Tracker {
-    fn start(&mut self, id: &str, mode: UpdateMode, transition_chunks: f64) {
-        self.completed
-            .extend(self.active.drain(..).map(|(id, _)| id));
-        let chunks = match mode {
-            UpdateMode::Velocity => None,
-            UpdateMode::Target if transition_chunks <= 0.0 => Some(1),
-            UpdateMode::Target => {
-                let frames = (transition_chunks * 3.0).round().max(1.0) as usize;
-                Some(frames.div_ceil(3))
-            }
-        };
-        self.active.push_back((id.to_string(), chunks));
-    }
-
-    /// Advances one chunk: (still active, completed during this chunk).
-    fn after_chunk(&mut self) -> (Vec<String>, Vec<String>) {
-        let mut completed = std::mem::take(&mut self.completed);
-        let mut active = Vec::new();
-        for (id, left) in std::mem::take(&mut self.active) {
-            match left {
-                Some(1) => completed.push(id),
-                Some(n) => {
-                    active.push(id.clone());
-                    self.active.push_back((id, Some(n - 1)));
-                }
-                None => {
-                    active.push(id.clone());
-                    self.active.push_back((id, None));
-                }
-            }
-        }
-        (active, completed)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_new_event_replaces_the_active_one_and_targets_complete_after_their_transition() {
-        let mut t = Tracker::default();
-        t.start("v", UpdateMode::Velocity, 1.0);
-        assert_eq!(t.after_chunk(), (vec!["v".to_string()], vec![]));
-        assert_eq!(t.after_chunk(), (vec!["v".to_string()], vec![]));
-        t.start("t", UpdateMode::Target, 2.0);
-        assert_eq!(
-            t.after_chunk(),
-            (vec!["t".to_string()], vec!["v".to_string()])
-        );
-        assert_eq!(t.after_chunk(), (vec![], vec!["t".to_string()]));
-        t.start("snap", UpdateMode::Target, 0.0);
-        assert_eq!(t.after_chunk(), (vec![], vec!["snap".to_string()]));
-    }
 }

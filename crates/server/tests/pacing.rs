@@ -140,3 +140,61 @@ async fn an_interaction_sent_mid_chunk_starts_on_the_frame_its_arrival_gives() {
     send(&mut ws, json!({"type": "session.stop"})).await;
     ts.stop().await;
 }
+
+/// The metadata of the next chunk (its fragment read too).
+async fn next_chunk_meta(ws: &mut Ws) -> Value {
+    loop {
+        match recv(ws).await {
+            In::Json(v) if v["type"] == "video.chunk_metadata" => {
+                assert!(matches!(recv(ws).await, In::Bin(_)));
+                return v;
+            }
+            In::Json(v) => assert_ne!(v["type"], "error", "{v}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_prompt_before_a_boundary_wins_and_blends_over_its_transition_chunks() {
+    let ts = TestServer::default().await;
+    let mut ws = ts.connect().await;
+    let mut start = start_msg(0, 5);
+    // Paced: between two chunks there is time to queue events for one boundary.
+    start["extra_params"] = json!({"pace_to_media_time": true, "pacing_lead_seconds": 0});
+    send(&mut ws, start).await;
+    assert_eq!(recv_json(&mut ws).await["type"], "video.start");
+    let ids = |v: &Value, k: &str| v[k].clone();
+    let m0 = next_chunk_meta(&mut ws).await;
+    assert_eq!(m0["generation_chunk_index"], 0);
+    let prompt = |id: &str, text: &str, chunks: Option<u32>| {
+        let mut i = json!({"event_id": id, "event": {"prompt": text}});
+        if let Some(n) = chunks {
+            i["transition_chunks"] = json!(n);
+        }
+        json!({"type": "session.interaction", "interaction": i})
+    };
+    send(&mut ws, prompt("p1", "a red barn", Some(2))).await;
+    send(&mut ws, prompt("p2", "snow on the hills", Some(2))).await;
+    // p2 wins; p1 completes at the boundary without starting; p2 blends over 2 chunks.
+    let m1 = next_chunk_meta(&mut ws).await;
+    assert_eq!(ids(&m1, "started_event_ids"), json!(["p2"]), "{m1}");
+    assert_eq!(ids(&m1, "completed_event_ids"), json!(["p1"]), "{m1}");
+    assert_eq!(ids(&m1, "active_event_ids"), json!(["p2"]), "{m1}");
+    let m2 = next_chunk_meta(&mut ws).await;
+    assert_eq!(ids(&m2, "active_event_ids"), json!([]), "{m2}");
+    assert_eq!(ids(&m2, "completed_event_ids"), json!(["p2"]), "{m2}");
+    // The default transition is 3 chunks; a newer prompt replaces it at its boundary.
+    send(&mut ws, prompt("p3", "a quiet street", None)).await;
+    let m3 = next_chunk_meta(&mut ws).await;
+    assert_eq!(ids(&m3, "started_event_ids"), json!(["p3"]), "{m3}");
+    let m4 = next_chunk_meta(&mut ws).await;
+    assert_eq!(ids(&m4, "active_event_ids"), json!(["p3"]), "{m4}");
+    send(&mut ws, prompt("p4", "night falls", Some(0))).await;
+    let m5 = next_chunk_meta(&mut ws).await;
+    assert_eq!(ids(&m5, "started_event_ids"), json!(["p4"]), "{m5}");
+    assert_eq!(ids(&m5, "completed_event_ids"), json!(["p3", "p4"]), "{m5}");
+    assert_eq!(ids(&m5, "active_event_ids"), json!([]), "{m5}");
+    send(&mut ws, json!({"type": "session.stop"})).await;
+    ts.stop().await;
+}

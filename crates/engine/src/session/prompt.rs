@@ -58,7 +58,7 @@ impl HostText {
     }
 
     fn from_saved(t: &SavedTensor) -> Result<Self> {
-        if t.dtype != DType::F32 || t.bytes.len() % 4 != 0 {
+        if t.dtype != DType::F32 || !t.bytes.len().is_multiple_of(4) {
             return Err(EngineError::request(
                 "text.embeds",
                 "must be f32 embeddings",
