@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use headroom_mem::{
-    format_bytes, parse_size, parse_trace, replay, replay_planned, AllocatorConfig,
-    AllocatorPolicy, CachingPlatform, MemoryStats, Platform, ReclaimPolicy,
+    format_bytes, parse_size, parse_trace, replay_on_sim, AllocatorPolicy, MemoryStats, Platform,
+    ReclaimPolicy, ReplayOptions,
 };
 
 /// Arguments of `headroom mem`.
@@ -75,36 +75,21 @@ fn replay_cmd(args: ReplayArgs) -> Result<()> {
     let bytes = std::fs::read(&args.trace)
         .with_context(|| format!("cannot read trace {}", args.trace.display()))?;
     let ops = parse_trace(&bytes).with_context(|| format!("in {}", args.trace.display()))?;
-    let config = AllocatorConfig {
-        policy: args.allocator,
+    let options = ReplayOptions {
+        allocator: args.allocator,
+        capacity: args.capacity,
         max_split_size: args.max_split_size,
+        policy: args.policy,
         history: if args.snapshot.is_some() {
             SNAPSHOT_HISTORY
         } else {
             0
         },
     };
-    let platform = CachingPlatform::sim(args.capacity, config.clone(), args.policy)?;
-    let report = if args.allocator == AllocatorPolicy::Planned {
-        let recorder = CachingPlatform::sim(
-            args.capacity,
-            AllocatorConfig {
-                history: 0,
-                ..config
-            },
-            args.policy,
-        )?;
-        replay_planned(&recorder, &platform, &ops)
-    } else {
-        replay(&platform, &ops)
-    };
+    let (report, platform) = replay_on_sim(&ops, &options)?;
     let allocated_peak = report.stats.allocated_bytes.all().peak.max(0) as u64;
     let reserved_peak = report.stats.reserved_bytes.all().peak.max(0) as u64;
-    let over_bound = if allocated_peak > 0 {
-        reserved_peak as f64 / allocated_peak as f64
-    } else {
-        1.0
-    };
+    let over_bound = report.reserved_over_allocated_peak();
     if let Some(path) = &args.snapshot {
         let snapshot = platform.allocator().snapshot();
         let out = if crate::outputs::has_extension(path, "json") {
@@ -116,19 +101,8 @@ fn replay_cmd(args: ReplayArgs) -> Result<()> {
             .with_context(|| format!("cannot write snapshot {}", path.display()))?;
     }
     if args.json {
-        let mut object = serde_json::Map::new();
-        for (key, value) in report.stats.to_map() {
-            object.insert(key, value.into());
-        }
-        object.insert("trace".into(), args.trace.display().to_string().into());
-        object.insert("ops".into(), report.ops.into());
-        object.insert("failed_allocs".into(), report.failed_allocs.into());
-        object.insert("ignored_frees".into(), report.ignored_frees.into());
-        object.insert("allocator".into(), args.allocator.name().into());
-        object.insert("policy".into(), args.policy.to_string().into());
-        object.insert("reserved_over_allocated_peak".into(), over_bound.into());
-        object.insert("capacity".into(), args.capacity.into());
-        println!("{}", serde_json::Value::Object(object));
+        let trace = args.trace.display().to_string();
+        println!("{}", report.to_json(&trace, &options));
     } else {
         println!(
             "replayed {} ops from {} on a {} device · allocator {} · policy {}",

@@ -39,7 +39,8 @@ pub use platform::reclaim_at;
 pub use platform::{CachingPlatform, Platform, PlatformCall, PlatformKind, RecordingPlatform};
 pub use reclaim::{Phase, Pressure, Reclaim, ReclaimPolicy};
 pub use replay::{
-    parse_jsonl, parse_pytorch_snapshot, parse_trace, replay, replay_planned, ReplayReport, TraceOp,
+    parse_jsonl, parse_pytorch_snapshot, parse_trace, replay, replay_on_sim, replay_planned,
+    ReplayOptions, ReplayReport, TraceOp,
 };
 pub use rss::{process_minor_faults, process_peak_rss_bytes, process_rss_bytes};
 pub use size::{format_bytes, parse_size, GIB, KIB, MIB};

@@ -274,3 +274,85 @@ pub fn replay_planned(
         .install_plans(&recorder.allocator().plans());
     replay(platform, ops)
 }
+
+/// How `headroom mem replay` replays a trace: the allocator, the modelled device and the
+/// reclaim policy at phase lines.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    /// Allocator policy (`planned`: each stretch recorded once, planned, then replayed).
+    pub allocator: crate::allocator::AllocatorPolicy,
+    /// Bytes of the modelled device.
+    pub capacity: u64,
+    /// PyTorch's `max_split_size`; unlimited when `None`.
+    pub max_split_size: Option<u64>,
+    /// Reclaim policy at phase lines.
+    pub policy: crate::reclaim::ReclaimPolicy,
+    /// Allocator events kept for the final snapshot (0: none).
+    pub history: usize,
+}
+
+/// Replays `ops` as `headroom mem replay` does, on a `sim` device of
+/// `options.capacity`: under `planned`, first recorded on a twin and planned
+/// ([`replay_planned`]). Returns the report and the platform, whose allocator holds the
+/// final snapshot.
+pub fn replay_on_sim(
+    ops: &[TraceOp],
+    options: &ReplayOptions,
+) -> Result<(ReplayReport, crate::platform::CachingPlatform)> {
+    use crate::allocator::{AllocatorConfig, AllocatorPolicy};
+    use crate::platform::CachingPlatform;
+    let config = AllocatorConfig {
+        policy: options.allocator,
+        max_split_size: options.max_split_size,
+        history: options.history,
+    };
+    let platform = CachingPlatform::sim(options.capacity, config.clone(), options.policy)?;
+    let report = if options.allocator == AllocatorPolicy::Planned {
+        let recorder = CachingPlatform::sim(
+            options.capacity,
+            AllocatorConfig {
+                history: 0,
+                ..config
+            },
+            options.policy,
+        )?;
+        replay_planned(&recorder, &platform, ops)
+    } else {
+        replay(&platform, ops)
+    };
+    Ok((report, platform))
+}
+
+impl ReplayReport {
+    /// The reserved peak over the allocated peak (1 when nothing was allocated).
+    pub fn reserved_over_allocated_peak(&self) -> f64 {
+        let allocated = self.stats.allocated_bytes.all().peak.max(0) as u64;
+        let reserved = self.stats.reserved_bytes.all().peak.max(0) as u64;
+        if allocated > 0 {
+            reserved as f64 / allocated as f64
+        } else {
+            1.0
+        }
+    }
+
+    /// The object `headroom mem replay --json` prints for a replay of `trace` under
+    /// `options`: the statistics under PyTorch's keys, then what was replayed and how.
+    pub fn to_json(&self, trace: &str, options: &ReplayOptions) -> serde_json::Value {
+        let mut object = serde_json::Map::new();
+        for (key, value) in self.stats.to_map() {
+            object.insert(key, value.into());
+        }
+        object.insert("trace".into(), trace.into());
+        object.insert("ops".into(), self.ops.into());
+        object.insert("failed_allocs".into(), self.failed_allocs.into());
+        object.insert("ignored_frees".into(), self.ignored_frees.into());
+        object.insert("allocator".into(), options.allocator.name().into());
+        object.insert("policy".into(), options.policy.to_string().into());
+        object.insert(
+            "reserved_over_allocated_peak".into(),
+            self.reserved_over_allocated_peak().into(),
+        );
+        object.insert("capacity".into(), options.capacity.into());
+        serde_json::Value::Object(object)
+    }
+}

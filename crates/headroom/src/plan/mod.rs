@@ -7,17 +7,14 @@ mod args;
 mod report;
 
 use anyhow::{Context, Result};
-use headroom_bench::plan::{run_plan, timeline, PlanConfig, PlanPlatform};
+use headroom_bench::plan::{timeline, PlanConfig, PlanPlatform};
 use headroom_bench::plot::{write_memory_png, Panel, XAxis};
+use headroom_engine::plan::{plan_dtype, run_plan_sized, PlanReport};
 use headroom_engine::Mesh;
 use headroom_mem::{format_bytes, parse_size, AllocatorConfig, ReclaimPolicy};
-use headroom_tensor::DType;
 
 pub use args::PlanArgs;
-use report::{table, Heading, PlanReport};
-
-/// The capacity a session that does not fit is planned on, to say what it needs (1 PiB).
-const UNBOUNDED: u64 = 1 << 50;
+use report::{table, Heading};
 
 /// Allocator events kept per rank when a plot or snapshots are asked for.
 const HISTORY_EVENTS: usize = 400_000;
@@ -29,22 +26,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         .iter()
         .map(|p| p.parse::<ReclaimPolicy>())
         .collect::<std::result::Result<Vec<_>, _>>()?;
-    let weight_dtype = match args.dtype.as_str() {
-        "bf16" => DType::BF16,
-        "f32" => DType::F32,
-        // The real model shapes are deployed in bf16; everything `generate` runs here
-        // (the small built-ins, pipeline folders) runs in f32.
-        "auto"
-            if matches!(
-                args.model.as_str(),
-                "wan2.1-t2v-1.3b" | "lingbot-world-v2-14b"
-            ) =>
-        {
-            DType::BF16
-        }
-        "auto" => DType::F32,
-        other => anyhow::bail!("--dtype must be auto, bf16 or f32, got {other:?}"),
-    };
+    let weight_dtype = plan_dtype(&args.model, &args.dtype).context("--dtype")?;
     if args.measure {
         args.device.require_host("plan --measure")?;
     }
@@ -82,23 +64,9 @@ pub fn run(args: PlanArgs) -> Result<()> {
         tiny_decoder: args.decoders.tiny_decoder.clone(),
     };
     let start = std::time::Instant::now();
-    let (rows, overflow) = match run_plan(&config) {
-        Ok(rows) => (rows, false),
-        // The session does not fit: plan it on an unbounded card to say by how much,
-        // instead of stopping at the first allocation that failed.
-        Err(e) if e.does_not_fit() && !args.measure && args.kv_fraction.is_none() => {
-            let unbounded = PlanConfig {
-                capacity: UNBOUNDED,
-                ..config.clone()
-            };
-            let mut rows = run_plan(&unbounded).with_context(|| format!("{e}"))?;
-            for r in &mut rows {
-                r.headroom_bytes = capacity as i64 - r.peak_reserved_bytes as i64;
-            }
-            (rows, true)
-        }
-        Err(e) => return Err(e.into()),
-    };
+    // A session that does not fit is planned on an unbounded card to say by how much,
+    // instead of stopping at the first allocation that failed.
+    let (rows, overflow) = run_plan_sized(&config)?;
     let elapsed = start.elapsed().as_secs_f64();
     if let Some(dir) = &args.trace {
         std::fs::create_dir_all(dir).with_context(|| format!("--trace {}", dir.display()))?;
@@ -130,10 +98,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         )?;
     }
     if args.json {
-        // Through a `Value`, whose maps keep their keys sorted: the order `--json` has
-        // always printed.
-        let report = serde_json::to_value(PlanReport::new(&rows))?;
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", PlanReport::new(&rows).to_json()?);
         return Ok(());
     }
     let heading = Heading {

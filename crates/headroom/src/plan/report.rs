@@ -1,28 +1,9 @@
-//! What `headroom plan` prints: [`PlanReport`] is the `--json` schema; [`table`] the
-//! text form, one row per rank and policy, then the worst rank of each policy.
+//! What `headroom plan` prints as text: [`table`], one row per rank and policy, then the
+//! worst rank of each policy. The `--json` schema is the engine's
+//! [`headroom_engine::plan::PlanReport`] (the Python `headroom.plan()` returns it too).
 
 use headroom_bench::plan::{PlanConfig, RankPlan};
 use headroom_mem::format_bytes;
-use serde::Serialize;
-
-/// The plan of every rank under every policy: `plan --json` prints it.
-#[derive(Debug, Serialize)]
-pub struct PlanReport<'a> {
-    /// Whether every rank fits the card under every policy.
-    pub fits: bool,
-    /// One row per rank and policy.
-    pub ranks: &'a [RankPlan],
-}
-
-impl<'a> PlanReport<'a> {
-    /// The report of `rows`.
-    pub fn new(rows: &'a [RankPlan]) -> Self {
-        Self {
-            fits: rows.iter().all(|r| r.headroom_bytes >= 0),
-            ranks: rows,
-        }
-    }
-}
 
 /// The words of the table's heading that `config` does not hold as given.
 #[derive(Debug)]

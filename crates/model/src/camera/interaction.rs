@@ -29,6 +29,30 @@ pub struct CameraUpdate {
 }
 
 impl CameraUpdate {
+    /// The velocity a held key set means, as vLLM-Omni's client helper (and headroom's
+    /// web viewer) sends it: translation `(STEP·(d−a), 0, STEP·(w−s))` and rotation
+    /// `Rx(PITCH_STEP·(i−k)) ⊗ Ry(YAW_STEP·(l−j))`, every latent frame until replaced
+    /// (no key: the camera stands still).
+    pub fn from_keys(keys: super::Keys) -> Self {
+        let axis = |a: bool, b: bool| f64::from(u8::from(a)) - f64::from(u8::from(b));
+        let pitch = super::PITCH_STEP_DEG.to_radians() * axis(keys.i, keys.k);
+        let yaw = super::YAW_STEP_DEG.to_radians() * axis(keys.l, keys.j);
+        let [x1, w1] = [(pitch / 2.0).sin(), (pitch / 2.0).cos()];
+        let [y2, w2] = [(yaw / 2.0).sin(), (yaw / 2.0).cos()];
+        // (x1, 0, 0, w1) ⊗ (0, y2, 0, w2), written out.
+        let rotation = [x1 * w2, w1 * y2, x1 * y2, w1 * w2];
+        Self {
+            mode: UpdateMode::Velocity,
+            translation: [
+                super::STEP * axis(keys.d, keys.a),
+                0.0,
+                super::STEP * axis(keys.w, keys.s),
+            ],
+            rotation,
+            transition_chunks: 0.0,
+        }
+    }
+
     /// Checks finiteness and normalises the quaternion.
     pub fn validated(mut self) -> Result<Self> {
         let finite = self
