@@ -15,7 +15,7 @@ use crate::error::{EngineError, Result};
 use crate::replicated::{lead_open, LeadSession, RankMemory};
 use crate::request::SessionRequest;
 use crate::session::{Chunk, Session};
-use crate::step_queue::{Member, StepQueue};
+use crate::step_queue::{Member, Pace, StepQueue, Turn};
 
 /// How a session is driven.
 #[derive(Clone, Copy)]
@@ -54,6 +54,8 @@ enum Driven {
     Stepped {
         session: Option<Session>,
         queue: Arc<StepQueue>,
+        /// The turn the queue called up, until the chunk runs in it.
+        turn: Option<Turn>,
         _member: Member,
     },
     /// Rank 0's side of a session every rank runs.
@@ -112,6 +114,7 @@ impl SessionDriver {
             Drive::Alone => Driven::Alone(open(what)?),
             Drive::Stepped(queue) => Driven::Stepped {
                 session: Some(open(what)?),
+                turn: None,
                 _member: queue.join(),
                 queue: Arc::clone(queue),
             },
@@ -170,15 +173,46 @@ impl SessionDriver {
     pub fn next_chunk_due(&mut self, due: Instant) -> Result<Chunk> {
         match &mut self.how {
             Driven::Alone(s) => s.next_chunk(),
-            Driven::Stepped { session, queue, .. } => {
+            Driven::Stepped {
+                session,
+                queue,
+                turn,
+                ..
+            } => {
                 let Some(s) = session.take() else {
                     return Err(released());
                 };
-                let (back, chunk) = queue.next_chunk_due(s, due);
+                let (back, chunk) = match turn.take() {
+                    Some(turn) => turn.run(s),
+                    None => queue.next_chunk_due(s, due),
+                };
                 *session = Some(back);
                 chunk
             }
             Driven::Led(s) => s.next_chunk(),
+        }
+    }
+
+    /// Whether the session's chunks are timed by a step queue ([`SessionDriver::await_turn`]
+    /// waits for its round); otherwise a paced caller waits itself.
+    pub fn stepped(&self) -> bool {
+        matches!(self.how, Driven::Stepped { .. })
+    }
+
+    /// Waits, off the device, for the turn of the chunk due at `due`, timed by `pace`:
+    /// a stepped session until its step queue calls it up (the next
+    /// [`SessionDriver::next_chunk_due`] runs in that round); any other at once. `false`
+    /// when `cancel` fired first.
+    pub fn await_turn(&mut self, due: Instant, pace: Pace, cancel: &CancelToken) -> bool {
+        match &mut self.how {
+            Driven::Stepped { queue, turn, .. } => match queue.turn(due, pace, cancel) {
+                Some(t) => {
+                    *turn = Some(t);
+                    true
+                }
+                None => false,
+            },
+            _ => !cancel.is_cancelled(),
         }
     }
 

@@ -68,4 +68,4 @@ pub use model_source::ModelSource;
 pub use preset::{ModelPreset, PRESETS};
 pub use session::{Chunk, ChunkTimings, Chunks, Session, SessionRequest, BLOCK_FRAMES};
 pub use snapshot::SessionSnapshot;
-pub use step_queue::{Member, StepQueue};
+pub use step_queue::{Member, Pace, StepQueue, Turn, ROUND_MARGIN};
