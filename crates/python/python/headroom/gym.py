@@ -138,7 +138,7 @@ class WorldEnv(gymnasium.Env):
         obs = np.array(chunk.frames[-1])
         self._last = obs
         truncated = self.max_episode_steps is not None and self._world.steps >= self.max_episode_steps
-        info = {"frames": chunk.frames, "chunk": chunk.index, "timings": chunk.timings}
+        info = {"frames": chunk.frames, "chunk": chunk.index}
         return obs, 0.0, False, bool(truncated), info
 
     def render(self) -> Optional[np.ndarray]:
