@@ -139,6 +139,11 @@ impl ImageCondition {
         for (&j, latent) in encoded.iter().zip(latents) {
             latent_of[j] = Some(latent);
         }
+        // Every copy takes its encoder's state before any condition settles: settling
+        // drops the encoder's cache, and a copy of a dropped cache would start the next
+        // block's zeros as a stream's first chunk (a batch of one origin failed at the
+        // block its conditions settle, block 9 on `world`).
+        let mut settling = Vec::with_capacity(pending.len());
         for j in 0..pending.len() {
             let (k, from) = (pending[j].0, copy_of[j]);
             let latent = match from {
@@ -149,6 +154,9 @@ impl ImageCondition {
                 None => latent_of[j].clone(),
             };
             let latent = latent.unwrap_or_else(|| unreachable!("every group was encoded"));
+            settling.push((k, latent));
+        }
+        for (k, latent) in settling {
             conds[k].settle(n, vae.normalize(&latent)?)?;
         }
         Ok(())

@@ -168,3 +168,18 @@ def test_ctrl_c_stops_a_chunk_at_its_next_safe_point(world):
     # The engine goes on serving.
     with world.session(frames=9) as s:
         assert next(s).frames.shape[0] == 9
+
+
+def test_batched_rounds_equal_sessions_alone_past_the_condition_settling(world):
+    # The image condition settles (stops being encoded) at block 9 on `world`; sessions
+    # of one first frame stepped together share its encode until then.
+    engine = headroom.Engine("world", max_sessions=2)
+    args = dict(frames="until-stop", width=64, height=48)
+    sessions = [engine.session(seed=s, **args) for s in (1, 2)]
+    rounds = [headroom.next_chunks(sessions) for _ in range(11)]
+    for s in sessions:
+        s.close()
+    for k, seed in enumerate((1, 2)):
+        with engine.session(seed=seed, **args) as alone:
+            for r in rounds:
+                assert np.array_equal(next(alone).frames, r[k].frames)
