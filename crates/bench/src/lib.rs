@@ -10,6 +10,7 @@ pub mod kernels;
 pub mod models;
 pub mod plan;
 pub mod plot;
+pub mod realtime;
 pub mod serve;
 pub mod session;
 pub mod snapshot;

@@ -96,14 +96,16 @@ pub struct MemorySamples {
 
 /// The `/metrics` text of the server of `config`.
 async fn metrics_text(config: &ServeBenchConfig) -> Option<String> {
+    metrics_at(&config.url, config.api_key.as_deref()).await
+}
+
+/// The `/metrics` text of the server whose realtime endpoint is `url`.
+pub(crate) async fn metrics_at(url: &str, api_key: Option<&str>) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let rest = config.url.strip_prefix("ws://")?;
+    let rest = url.strip_prefix("ws://")?;
     let host = rest.split('/').next()?;
     let mut stream = tokio::net::TcpStream::connect(host).await.ok()?;
-    let key = config
-        .api_key
-        .as_ref()
-        .map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    let key = api_key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
     let request = format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n{key}\r\n");
     stream.write_all(request.as_bytes()).await.ok()?;
     let mut body = String::new();
@@ -112,7 +114,7 @@ async fn metrics_text(config: &ServeBenchConfig) -> Option<String> {
 }
 
 /// The sum of the values of metric `name` (every label set) in `/metrics` text.
-fn metric(body: &str, name: &str) -> Option<i64> {
+pub(crate) fn metric(body: &str, name: &str) -> Option<i64> {
     let values: Vec<f64> = body
         .lines()
         .filter(|l| {

@@ -216,6 +216,14 @@ impl SessionDriver {
         }
     }
 
+    /// Gives up a turn called up and not run (the session parks or ends at this
+    /// boundary instead): its round goes without it.
+    pub fn give_up_turn(&mut self) {
+        if let Driven::Stepped { turn, .. } = &mut self.how {
+            *turn = None;
+        }
+    }
+
     /// Changes the prompt from the next chunk on (see [`Session::set_prompt`]).
     pub fn set_prompt(&mut self, prompt: &str) -> Result<()> {
         self.set_prompt_over(prompt, 0.0)

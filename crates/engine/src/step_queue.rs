@@ -226,9 +226,13 @@ impl StepQueue {
 
     /// Whether one more session, needing a chunk every `period`, keeps every round on
     /// time: a round of all live sessions and it, with [`ROUND_MARGIN`], fits in the
-    /// period. Before any round was measured, yes.
+    /// period. Before any round was measured, or with no session live (there is no
+    /// other to make late), yes.
     pub fn admits_another(&self, period: Duration) -> bool {
         let s = self.lock();
+        if s.live == 0 {
+            return true;
+        }
         let n = s.live + 1;
         let n = self.max_batch.map_or(n, |m| m.min(n));
         let rounds = (s.live + 1).div_ceil(n) as u32;
@@ -369,10 +373,7 @@ impl StepQueue {
             let mut nap = Duration::from_millis(5);
             if !s.running {
                 if s.entries.iter().any(|e| e.called) {
-                    let missing = s
-                        .entries
-                        .iter()
-                        .any(|e| e.called && e.session.is_none());
+                    let missing = s.entries.iter().any(|e| e.called && e.session.is_none());
                     let late = s.called_at.is_none_or(|at| at.elapsed() >= HAND_IN);
                     if !missing || late {
                         s = self.lead(s);
@@ -448,7 +449,12 @@ mod tests {
     }
 
     fn called(s: &State) -> Vec<u64> {
-        let mut c: Vec<u64> = s.entries.iter().filter(|e| e.called).map(|e| e.ticket).collect();
+        let mut c: Vec<u64> = s
+            .entries
+            .iter()
+            .filter(|e| e.called)
+            .map(|e| e.ticket)
+            .collect();
         c.sort_unstable();
         c
     }
@@ -458,12 +464,12 @@ mod tests {
         let queue = StepQueue::new();
         let now = Instant::now();
         let ms = |m: u64| now + Duration::from_millis(m);
+        // Rounds of 1 take 100 ms, of 2 140 ms, of 3 170 ms.
         let mut s = State {
             live: 4,
+            round_secs: [(1, 0.1), (2, 0.14), (3, 0.17)].into_iter().collect(),
             ..State::default()
         };
-        // Rounds of 1 take 100 ms, of 2 140 ms, of 3 170 ms.
-        s.round_secs = [(1, 0.1), (2, 0.14), (3, 0.17)].into_iter().collect();
         // Ready at due − 100 ms − margin: ticket 0 is ready now; 1 (due in 200 ms) is
         // ready in 70 ms, before a round of 2 would end (140 ms): it joins; 2 (due in
         // 350 ms, next in deadline order) would be ready in 220 ms, after a round of 3
@@ -477,9 +483,11 @@ mod tests {
         assert_eq!(queue.call_up(&mut s), None);
         assert_eq!(called(&s), [0, 1]);
         // Nothing is ready: the next look is at the first ready time.
-        let mut s = State::default();
-        s.round_secs = [(1, 0.1)].into_iter().collect();
-        s.entries = vec![entry(7, ms(1000), Pace::Deadline)];
+        let mut s = State {
+            round_secs: [(1, 0.1)].into_iter().collect(),
+            entries: vec![entry(7, ms(1000), Pace::Deadline)],
+            ..State::default()
+        };
         let wake = queue.call_up(&mut s).unwrap();
         assert!(wake > ms(800) && wake <= ms(870), "{:?}", wake - now);
         assert!(called(&s).is_empty());
@@ -514,6 +522,11 @@ mod tests {
         let queue = Arc::new(StepQueue::new());
         let period = Duration::from_millis(750);
         assert!(queue.admits_another(period), "nothing measured: yes");
+        queue.lock().round_secs = [(1, 9.0)].into_iter().collect();
+        assert!(
+            queue.admits_another(period),
+            "nobody else to make late: yes"
+        );
         let _a = queue.join();
         let _b = queue.join();
         queue.lock().round_secs = [(2, 0.5)].into_iter().collect();

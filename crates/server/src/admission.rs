@@ -15,7 +15,9 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use headroom_engine::Engine;
+use std::time::Duration;
+
+use headroom_engine::{Engine, StepQueue};
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
@@ -41,6 +43,8 @@ pub struct Admission {
     max_sessions: usize,
     max_queue: usize,
     pages_per_session: usize,
+    /// The step queue whose rounds must stay on time, and a chunk's playing time.
+    realtime: Option<(Arc<StepQueue>, Duration)>,
     inner: Mutex<Inner>,
     generation: watch::Sender<u64>,
 }
@@ -71,6 +75,7 @@ impl Admission {
         max_sessions: usize,
         max_queue: usize,
         pages_per_session: usize,
+        realtime: Option<(Arc<StepQueue>, Duration)>,
     ) -> Arc<Self> {
         Arc::new(Self {
             engine,
@@ -78,6 +83,7 @@ impl Admission {
             max_sessions,
             max_queue,
             pages_per_session,
+            realtime,
             inner: Mutex::new(Inner::default()),
             generation: watch::channel(0).0,
         })
@@ -137,6 +143,17 @@ impl Admission {
                 return Err(format!(
                     "the KV pool has {free} of {} pages free; this session needs {pages}",
                     pool.total_pages(),
+                ));
+            }
+        }
+        if let Some((steps, period)) = &self.realtime {
+            if !steps.admits_another(*period) {
+                let n = steps.live() + 1;
+                let round = steps.round_time(n).unwrap_or_default();
+                return Err(format!(
+                    "one more session would make the others late: a round of {n} sessions takes {:.0} ms, and a chunk plays for {:.0} ms (real-time capacity, --scheduler deadline)",
+                    round.as_secs_f64() * 1e3,
+                    period.as_secs_f64() * 1e3,
                 ));
             }
         }
@@ -290,6 +307,7 @@ mod tests {
             max_sessions,
             max_queue,
             18,
+            None,
         )
     }
 

@@ -99,6 +99,8 @@ pub struct ServerConfig {
     /// Most sessions in one batched step (`None`: every session ready); beyond it the
     /// chunks due soonest on their playback clocks go first.
     pub max_batch: Option<usize>,
+    /// How stepped sessions are ordered and admitted (`serve --scheduler`).
+    pub scheduler: Scheduler,
     /// Protocol limits.
     pub limits: Limits,
     /// Defaults of `session.start`.
@@ -125,6 +127,20 @@ pub struct ServerConfig {
     pub max_parked_bytes: Option<u64>,
 }
 
+/// How a server's stepped sessions are scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheduler {
+    /// Rounds by playback deadline: a paced chunk's round is called up so that it is
+    /// ready when due, sessions whose deadlines are near join one round, and on a
+    /// server that paces by default (`serve --pace`) a new session is admitted only
+    /// while a round of every session fits in a chunk's playing time (real-time
+    /// capacity).
+    Deadline,
+    /// Each paced session waits on its own clock and steps with whoever arrives at the
+    /// same time; admission by slots and memory only.
+    Arrival,
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
@@ -135,6 +151,7 @@ impl Default for ServerConfig {
             chunks_ahead: 1,
             batch_steps: true,
             max_batch: None,
+            scheduler: Scheduler::Deadline,
             limits: Limits::default(),
             defaults: Defaults::default(),
             door: DoorConfig::default(),

@@ -30,7 +30,7 @@ pub mod wire;
 pub mod worker;
 
 pub use admission::{Admission, Refusal, Slot, Ticket};
-pub use config::{Defaults, Limits, ServerConfig};
+pub use config::{Defaults, Limits, Scheduler, ServerConfig};
 pub use door::DoorConfig;
 pub use error::{Result, ServerError};
 pub use image_ref::decode_image_url;

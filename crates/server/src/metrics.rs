@@ -119,6 +119,11 @@ pub struct Metrics {
     /// Chunks that were ready after their playback deadline (the session fell behind
     /// its client's clock at `fps`, playback starting with the first chunk).
     pub chunks_behind_playback: AtomicU64,
+    /// Chunks ready after they were due to leave: a paced chunk after its play time
+    /// less the lead, an unpaced one after its play time.
+    pub deadline_misses: AtomicU64,
+    /// Paced sessions streaming now (held to their viewers' clocks).
+    pub realtime_sessions: AtomicU64,
     /// Sessions ended early by `session.stop`, disconnect, stall or shutdown.
     pub sessions_stopped: AtomicU64,
     /// Chunks sent to clients.
@@ -465,6 +470,18 @@ impl Metrics {
             "headroom_chunks_behind_playback_total",
             "Chunks ready after their playback deadline (playback from the first chunk at the session's fps).",
             load(&self.chunks_behind_playback),
+        );
+        counter(
+            o,
+            "headroom_deadline_misses_total",
+            "Chunks ready after they were due to leave (a paced chunk: its play time less the lead; an unpaced one: its play time).",
+            load(&self.deadline_misses),
+        );
+        gauge(
+            o,
+            "headroom_realtime_sessions",
+            "Paced sessions streaming now, held to their viewers' clocks.",
+            load(&self.realtime_sessions),
         );
         counter(
             o,

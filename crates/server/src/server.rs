@@ -16,6 +16,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::State;
@@ -29,7 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admission::Admission;
-use crate::config::ServerConfig;
+use crate::config::{Scheduler, ServerConfig};
 use crate::error::{Result, ServerError};
 use crate::metrics::Metrics;
 use crate::realtime::handle_socket;
@@ -87,13 +88,6 @@ impl Server {
         let (sockets, _) = watch::channel(0);
         let engine = Arc::new(engine);
         let metrics = Arc::new(Metrics::default());
-        let admission = Admission::new(
-            Arc::clone(&engine),
-            Arc::clone(&metrics),
-            config.max_sessions,
-            config.max_queue,
-            pages_per_session,
-        );
         engine.set_batched_steps(config.batch_steps && world.is_none() && config.max_sessions > 1);
         let steps = (config.batch_steps && world.is_none()).then(|| {
             Arc::new(match config.max_batch {
@@ -101,6 +95,24 @@ impl Server {
                 None => StepQueue::new(),
             })
         });
+        // A real-time server (sessions paced by default, `serve --pace`) under the
+        // deadline scheduler admits a new session only while the rounds stay on time:
+        // a chunk (12 frames) plays for 12 / fps seconds at the default fps.
+        let realtime = match (&steps, config.scheduler) {
+            (Some(q), Scheduler::Deadline) if config.defaults.pacing.enabled => Some((
+                Arc::clone(q),
+                Duration::from_secs_f64(12.0 / f64::from(config.defaults.fps.max(1))),
+            )),
+            _ => None,
+        };
+        let admission = Admission::new(
+            Arc::clone(&engine),
+            Arc::clone(&metrics),
+            config.max_sessions,
+            config.max_queue,
+            pages_per_session,
+            realtime,
+        );
         if config.snapshot_every.is_some() && config.session_store.is_none() {
             return Err(ServerError::request(
                 "snapshot_every",

@@ -9,14 +9,14 @@
 //! conditioning) and then its session slot *before* it reports the end, so a client that
 //! reads `session.done` finds the memory already given back.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use headroom_engine::{
-    CancelToken, Chunk, Drive, Engine, EngineError, SessionDriver, SessionRequest, SessionSnapshot,
-    StepQueue,
+    CancelToken, Chunk, Drive, Engine, EngineError, Pace, SessionDriver, SessionRequest,
+    SessionSnapshot, StepQueue,
 };
 use headroom_media::FragmentedMp4;
 use headroom_tensor::comm::Communicator;
@@ -24,6 +24,7 @@ use headroom_tensor::Device;
 use tokio::sync::mpsc;
 
 use crate::admission::Slot;
+use crate::config::Scheduler;
 use crate::error::{Result, ServerError};
 use crate::events::EventTracker;
 use crate::image_ref::decode_image_url;
@@ -190,6 +191,8 @@ pub struct Job {
     pub world: Option<Arc<dyn Communicator>>,
     /// Where the session steps together with the others (batched steps).
     pub steps: Option<Arc<StepQueue>>,
+    /// How the step queue times a paced session's chunks.
+    pub scheduler: Scheduler,
     /// The checked request.
     pub request: StartRequest,
     /// When `session.start` arrived (time to first chunk counts from here).
@@ -247,6 +250,7 @@ fn run(
         engine,
         world,
         steps,
+        scheduler,
         request,
         started_at,
         mut slot,
@@ -280,6 +284,7 @@ fn run(
                 started_at,
                 max_frames,
                 parking: parking.as_ref(),
+                deadline: scheduler == Scheduler::Deadline,
             };
             let ending = stream.run(&request);
             // Release the session (KV pages, decoder state, conditioning) before the
@@ -392,6 +397,8 @@ struct Stream<'a> {
     started_at: Instant,
     max_frames: Option<usize>,
     parking: Option<&'a Parking>,
+    /// Whether a stepped session's paced chunks are timed by the queue's rounds.
+    deadline: bool,
 }
 
 impl Stream<'_> {
@@ -405,6 +412,7 @@ impl Stream<'_> {
     /// Snapshots the session into the book for `reason` (its device state is released
     /// when the worker drops it right after).
     fn park(&mut self, parking: &Parking, reason: ParkReason) -> Ending {
+        self.session.give_up_turn();
         let parked = self
             .session
             .snapshot()
@@ -467,6 +475,10 @@ impl Stream<'_> {
         {
             return Ending::Cancelled;
         }
+        let _realtime = request
+            .pacing
+            .enabled
+            .then(|| Gauge::up(&self.metrics.realtime_sessions));
         let mut mp4 = match FragmentedMp4::new(request.width, request.height, request.fps) {
             Ok(m) => m,
             Err(e) => return Ending::Failed(ServerError::Generation(format!("encoder: {e}"))),
@@ -514,17 +526,38 @@ impl Stream<'_> {
             if self.cancel.is_cancelled() {
                 return Ending::Cancelled;
             }
-            if let Some(due) = pacer.next_due() {
-                let make = Duration::from_secs_f64(making.unwrap_or(0.0)) + MAKE_MARGIN;
-                if self
-                    .wait_until(due.checked_sub(make).unwrap_or(due))
-                    .is_none()
-                {
-                    return Ending::Cancelled;
+            // Due when its first frame should play; the first chunk is due at once.
+            let due = playback.map_or(self.started_at, |start| playing_at(start, played_frames));
+            // When it should leave: a paced chunk at its play time less the lead.
+            let release = pacer.next_due();
+            match release {
+                // The step queue calls the session up when its round should start.
+                Some(at) if self.deadline && self.session.stepped() => {
+                    if !self.session.await_turn(at, Pace::Deadline, self.cancel) {
+                        return Ending::Cancelled;
+                    }
                 }
-                if let Some(parked) = self.park_if_asked() {
-                    return parked;
+                // On its own clock: start the chunk its making time before it is due.
+                Some(at) => {
+                    let make = Duration::from_secs_f64(making.unwrap_or(0.0)) + MAKE_MARGIN;
+                    if self
+                        .wait_until(at.checked_sub(make).unwrap_or(at))
+                        .is_none()
+                    {
+                        return Ending::Cancelled;
+                    }
+                    if !self.session.await_turn(due, Pace::Asap, self.cancel) {
+                        return Ending::Cancelled;
+                    }
                 }
+                None => {
+                    if !self.session.await_turn(due, Pace::Asap, self.cancel) {
+                        return Ending::Cancelled;
+                    }
+                }
+            }
+            if let Some(parked) = self.park_if_asked() {
+                return parked;
             }
             let started_frames = match self.apply_interactions(boundary, request.fps, next) {
                 Ok(started) => started,
@@ -533,8 +566,6 @@ impl Stream<'_> {
             boundary = Instant::now();
             let started = started_frames.iter().map(|(id, _)| id.clone()).collect();
             let t = Instant::now();
-            // Due when its first frame should play; the first chunk is due at once.
-            let due = playback.map_or(self.started_at, |start| playing_at(start, played_frames));
             let chunk = match self.session.next_chunk_due(due) {
                 Ok(chunk) => chunk,
                 // Stopped inside the chunk: the session has already let go of its pages.
@@ -566,6 +597,9 @@ impl Stream<'_> {
                 self.metrics
                     .chunks_behind_playback
                     .fetch_add(1, Ordering::Relaxed);
+            }
+            if ready > release.unwrap_or(deadline) {
+                self.metrics.deadline_misses.fetch_add(1, Ordering::Relaxed);
             }
             played_frames += chunk.frames.shape().first().copied().unwrap_or(0);
             let (active, completed) = self.tracker.after_chunk();
@@ -712,4 +746,20 @@ fn encode(mp4: &mut FragmentedMp4, chunk: &Chunk) -> Result<Vec<u8>> {
         .map_err(|e| fail(e.to_string()))?;
     let frames: Vec<&[u8]> = pixels.chunks_exact(h * w * 3).collect();
     mp4.fragment(&frames).map_err(|e| fail(e.to_string()))
+}
+
+/// One count on a gauge, taken back on drop.
+struct Gauge<'a>(&'a AtomicU64);
+
+impl<'a> Gauge<'a> {
+    fn up(gauge: &'a AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Self(gauge)
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }

@@ -66,6 +66,17 @@ pub struct ServeArgs {
     /// Chunks between `--actions`' key changes.
     #[arg(long, default_value_t = 1)]
     every: usize,
+    /// Measure real-time capacity instead: for each count, that many paced open-ended
+    /// sessions (staggered over a chunk), each measured for `--seconds`; reports the
+    /// share of chunks that arrive by the time they play, and the allocator's peaks.
+    #[arg(long, value_delimiter = ',')]
+    realtime: Vec<usize>,
+    /// Seconds `--realtime` measures each session for.
+    #[arg(long, default_value_t = 60.0)]
+    seconds: f64,
+    /// The pacing lead `--realtime`'s sessions ask for, seconds.
+    #[arg(long, default_value_t = 0.375)]
+    lead: f64,
 }
 
 /// Runs `headroom bench serve`: each concurrency in turn, then their comparison.
@@ -90,6 +101,28 @@ pub fn run(args: ServeArgs) -> Result<()> {
             args.every, args.width, args.height, config.fps
         );
         print!("{}", headroom_bench::actions::markdown(&rows));
+        return Ok(());
+    }
+    if !args.realtime.is_empty() {
+        let config = headroom_bench::realtime::RealtimeBenchConfig {
+            url: args.url.clone(),
+            api_key: args
+                .api_key
+                .clone()
+                .or_else(|| std::env::var("HEADROOM_API_KEY").ok()),
+            width: args.width,
+            height: args.height,
+            fps: args.fps.round().max(1.0) as u32,
+            counts: args.realtime.clone(),
+            seconds: args.seconds,
+            lead: args.lead,
+        };
+        let rows = headroom_bench::realtime::run_realtime_bench(&config)?;
+        println!(
+            "# bench serve --realtime: paced open-ended sessions, {} s each, lead {} s, {}x{} at {} fps\n",
+            args.seconds, args.lead, args.width, args.height, config.fps
+        );
+        print!("{}", headroom_bench::realtime::markdown(&rows));
         return Ok(());
     }
     if let [one] = args.concurrency[..] {

@@ -30,6 +30,12 @@ pub struct ServeArgs {
     /// chunks due soonest on their playback clocks go first.
     #[arg(long)]
     pub max_batch: Option<usize>,
+    /// How stepped sessions are scheduled: `deadline` calls each paced chunk's round up
+    /// to be ready when due, batches the sessions whose deadlines are near and admits a
+    /// new session only while a round of all fits in a chunk's playing time; `arrival`
+    /// lets each paced session wait on its own clock (admission by slots and memory).
+    #[arg(long, value_enum, default_value_t = SchedulerArg::Deadline)]
+    pub scheduler: SchedulerArg,
     /// Clients that may wait for a slot at once, first come first served (0: refuse at
     /// once when full).
     #[arg(long, default_value_t = 16)]
@@ -122,7 +128,7 @@ pub struct ServeArgs {
 }
 
 /// `serve --help`'s flags in order, the engine's among the server's own.
-pub const HELP_ORDER: [&str; 43] = [
+pub const HELP_ORDER: [&str; 44] = [
     "host",
     "port",
     "model",
@@ -137,6 +143,7 @@ pub const HELP_ORDER: [&str; 43] = [
     "max_sessions",
     "batch_steps",
     "max_batch",
+    "scheduler",
     "max_queue",
     "queue_timeout",
     "ready_when_queueing",
@@ -167,6 +174,15 @@ pub const HELP_ORDER: [&str; 43] = [
     "sp",
     "comm",
 ];
+
+/// `serve --scheduler`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchedulerArg {
+    /// Rounds by playback deadline, admission by real-time capacity.
+    Deadline,
+    /// Each paced session on its own clock.
+    Arrival,
+}
 
 /// A shared engine flag as `serve` says it (a server loads `world` unless told, and its
 /// sessions share the KV budget), placed in [`HELP_ORDER`].

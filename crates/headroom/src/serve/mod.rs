@@ -77,6 +77,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_queue: args.max_queue,
         batch_steps: args.batch_steps,
         max_batch: args.max_batch,
+        scheduler: match args.scheduler {
+            args::SchedulerArg::Deadline => headroom_server::Scheduler::Deadline,
+            args::SchedulerArg::Arrival => headroom_server::Scheduler::Arrival,
+        },
         queue_timeout: seconds(args.queue_timeout, "queue-timeout")?,
         ready_when_queueing: args.ready_when_queueing,
         drain_timeout: seconds_or_zero(args.drain_timeout, "drain-timeout")?,

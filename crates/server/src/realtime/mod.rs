@@ -401,6 +401,7 @@ impl Connection {
                 engine: Arc::clone(&state.engine),
                 world: state.world.clone(),
                 steps: state.steps.clone(),
+                scheduler: state.config.scheduler,
                 request: request.clone(),
                 started_at,
                 slot,
