@@ -18,6 +18,9 @@ import headroom
 import headroom.gym as hg
 
 
+GAPS = {"cli": [], "python": []}
+
+
 def cli_chunk_times(cli: str, frames: int, seed: int) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
@@ -25,7 +28,10 @@ def cli_chunk_times(cli: str, frames: int, seed: int) -> list:
              "--out", f"{tmp}/x.y4m"],
             capture_output=True, text=True, check=True,
         )
-    return [c["total_s"] for c in json.loads(out.stdout)["chunks"]]
+    chunks = json.loads(out.stdout)["chunks"]
+    # What a chunk's call takes beyond its phases' own time.
+    GAPS["cli"] += [c["total_s"] - c["denoise_s"] - c["commit_s"] - c["decode_s"] for c in chunks[1:]]
+    return [c["total_s"] for c in chunks]
 
 
 def python_chunk_times(engine: headroom.Engine, frames: int, seed: int) -> list:
@@ -34,10 +40,12 @@ def python_chunk_times(engine: headroom.Engine, frames: int, seed: int) -> list:
         while True:
             start = time.perf_counter()
             try:
-                next(session)
+                chunk = next(session)
             except StopIteration:
                 break
             times.append(time.perf_counter() - start)
+            t = chunk.timings
+            GAPS["python"].append(times[-1] - t["denoise"] - t["commit"] - t["decode"])
     return times
 
 
@@ -59,6 +67,7 @@ def main() -> None:
     a = p.parse_args()
     engine = headroom.Engine("world")
     python_chunk_times(engine, 21, 0)  # plans the shape once, as the CLI's run does
+    GAPS["python"].clear()
     cli_runs, py_runs = [], []
     for rep in range(a.reps):
         # Later chunks only: the first carries the session's planning in both.
@@ -78,6 +87,9 @@ def main() -> None:
         "overhead": py_s / cli_s - 1,
         "cli_runs": cli_runs,
         "python_runs": py_runs,
+        "cli_gap_s": statistics.mean(GAPS["cli"]),
+        "python_gap_s": statistics.mean(GAPS["python"]),
+        "gap_overhead": (statistics.mean(GAPS["python"]) - statistics.mean(GAPS["cli"])) / cli_s,
         "env_steps_per_s": one,
         "vector4_rounds_per_s": four,
         "vector4_env_steps_per_s": 4 * four,
