@@ -8,7 +8,8 @@
 //! Each session is measured for `seconds` from its first chunk, then stopped. A client
 //! the server queues (real-time capacity, slots or memory) and does not admit within
 //! the run counts as queued, not as late: admission is what keeps the others on time.
-//! While the sessions run, `/metrics` is sampled every 200 ms for the allocator's
+//! With `churn`, sessions arrive and leave at random instead (3–15 s each, 0–2 s
+//! apart, for `seconds` in all). While the sessions run, `/metrics` is sampled every 200 ms for the allocator's
 //! allocated and reserved bytes (their peaks' ratio is what churn costs in memory).
 
 use std::time::{Duration, Instant};
@@ -41,6 +42,10 @@ pub struct RealtimeBenchConfig {
     pub seconds: f64,
     /// The pacing lead the sessions ask for, seconds.
     pub lead: f64,
+    /// Sessions arrive and leave at random: each of the `N` clients runs sessions of
+    /// 3–15 s one after another, 0–2 s apart, for `seconds` in all (round compositions
+    /// change all the time).
+    pub churn: bool,
 }
 
 /// One count's figures.
@@ -78,12 +83,50 @@ fn media_before(k: usize, fps: f64) -> f64 {
     }
 }
 
+/// A small deterministic generator for churn's durations.
+struct Lcg(u64);
+
+impl Lcg {
+    fn unit(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// One client slot under churn: sessions of random length one after another until
+/// `end_by`; the lateness of every chunk of every admitted session.
+async fn churning(
+    cfg: &RealtimeBenchConfig,
+    slot: usize,
+    delay: Duration,
+    end_by: Instant,
+) -> Result<Option<Vec<f64>>> {
+    tokio::time::sleep(delay).await;
+    let mut rng = Lcg(0xc4u64 ^ (slot as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut late: Option<Vec<f64>> = None;
+    let mut k = 0;
+    while Instant::now() + Duration::from_secs(3) < end_by {
+        let seconds = 3.0 + 12.0 * rng.unit();
+        let got = one_client(cfg, 1000 * slot + k, Duration::ZERO, end_by, seconds).await?;
+        if let Some(l) = got {
+            late.get_or_insert_with(Vec::new).extend(l);
+        }
+        k += 1;
+        tokio::time::sleep(Duration::from_secs_f64(2.0 * rng.unit())).await;
+    }
+    Ok(late)
+}
+
 /// One client: its lateness per chunk after the first (`None`: never admitted).
 async fn one_client(
     cfg: &RealtimeBenchConfig,
     seed: usize,
     delay: Duration,
     end_by: Instant,
+    seconds: f64,
 ) -> Result<Option<Vec<f64>>> {
     tokio::time::sleep(delay).await;
     let (mut ws, _) = connect_to(&cfg.url, cfg.api_key.as_deref())
@@ -101,7 +144,7 @@ async fn one_client(
     let mut index = 0usize;
     loop {
         let until = match origin {
-            Some(o) => o + Duration::from_secs_f64(cfg.seconds),
+            Some(o) => (o + Duration::from_secs_f64(seconds)).min(end_by),
             None => end_by,
         };
         let left = until.saturating_duration_since(Instant::now());
@@ -159,7 +202,13 @@ async fn one_count(cfg: &RealtimeBenchConfig, n: usize) -> Result<RealtimeRow> {
     let end_by = Instant::now() + Duration::from_secs_f64(chunk + cfg.seconds + 5.0);
     let clients = (0..n).map(|i| {
         let delay = Duration::from_secs_f64(chunk * i as f64 / n as f64);
-        one_client(cfg, 100 + i, delay, end_by)
+        async move {
+            if cfg.churn {
+                churning(cfg, i, delay, end_by).await
+            } else {
+                one_client(cfg, 100 + i, delay, end_by, cfg.seconds).await
+            }
+        }
     });
     let sampler = async {
         let (mut alloc, mut reserved) = (0i64, 0i64);

@@ -492,3 +492,98 @@ async fn the_viewer_plays_with_an_api_key_typed_into_it() {
     let _ = stop.send(());
     serving.await.unwrap().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_viewer_plays_at_the_live_edge_and_shows_key_to_display() {
+    let Some(browser) = chromium() else {
+        return;
+    };
+    let Serving {
+        addr,
+        stop,
+        serving,
+        ..
+    } = serve(ServerConfig::default()).await;
+    // Open-ended and paced (the viewer's sessions are): chunks leave their lead
+    // (0.375 s) before they play, 12 frames (0.75 s) each.
+    let url = format!("http://{addr}/?autostart=1&seed=4&width=96&height=64&fps=16");
+    let (mut child, devtools, _profile) = launch(browser, &url).await;
+    let probe = "JSON.stringify({state: document.getElementById('state')?.textContent ?? '', \
+                 chunks: parseInt(document.getElementById('chunks')?.textContent ?? '0'), \
+                 duration: String(window.live ? live.duration : ''), \
+                 delays: window.live ? live.delays : [], \
+                 k2d: window.live ? live.keyToDisplay : [], \
+                 seeks: window.live ? live.seeks : -1, \
+                 shown: document.getElementById('k2d')?.textContent ?? ''})";
+    let result = tokio::time::timeout(GUARD, async {
+        let mut page = page(&devtools).await;
+        let (mut pressed, mut released) = (false, false);
+        loop {
+            let v: Value = page
+                .eval(probe)
+                .await
+                .as_str()
+                .map(|s| serde_json::from_str(s).unwrap())
+                .unwrap_or(Value::Null);
+            let state = v["state"].as_str().unwrap_or_default();
+            assert!(!state.starts_with("error"), "{v}");
+            let chunks = v["chunks"].as_u64().unwrap_or(0);
+            if !pressed && chunks >= 3 {
+                pressed = true;
+                page.key("keyDown", "d").await;
+            }
+            if pressed && !released && chunks >= 5 {
+                released = true;
+                page.key("keyUp", "d").await;
+            }
+            let keys = v["k2d"].as_array().map_or(0, Vec::len);
+            if released && chunks >= 12 && keys >= 2 {
+                page.eval("document.getElementById('stop').click()").await;
+                break v;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let v = result.expect("the page never played 12 chunks with two keys shown");
+    assert_eq!(v["duration"], "Infinity", "live mode: no duration");
+    // Behind the newest appended frame, once playing: at most the lead and the chunk
+    // that just arrived (the page corrects anything past a second more).
+    let delays: Vec<f64> = v["delays"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    let steady = &delays[delays.len() / 3..];
+    let mut sorted = steady.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let pick = |p: f64| sorted[((sorted.len() - 1) as f64 * p).round() as usize];
+    eprintln!(
+        "behind the live edge: p50 {:.3} s, p95 {:.3} s, max {:.3} s over {} samples; key to display {:?}",
+        pick(0.5),
+        pick(0.95),
+        pick(1.0),
+        sorted.len(),
+        v["k2d"]
+    );
+    assert!(!sorted.is_empty(), "{v}");
+    assert!(pick(1.0) <= 0.375 + 0.75 + 1.0, "{sorted:?}");
+    assert!(
+        pick(0.5) >= 0.375 - 0.1,
+        "the page keeps the lead: {sorted:?}"
+    );
+    assert_eq!(v["seeks"], 0, "a paced stream never falls a second behind");
+    let k2d: Vec<f64> = v["k2d"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_f64)
+        .collect();
+    assert!(k2d.iter().all(|&s| s > 0.0), "{k2d:?}");
+    assert!(v["shown"].as_str().unwrap().contains(" s (key-"), "{v}");
+    let _ = stop.send(());
+    serving.await.unwrap().unwrap();
+}

@@ -77,6 +77,10 @@ pub struct ServeArgs {
     /// The pacing lead `--realtime`'s sessions ask for, seconds.
     #[arg(long, default_value_t = 0.375)]
     lead: f64,
+    /// With `--realtime`: sessions arrive and leave at random (3–15 s each, 0–2 s apart,
+    /// for `--seconds` in all), so round compositions keep changing.
+    #[arg(long)]
+    churn: bool,
 }
 
 /// Runs `headroom bench serve`: each concurrency in turn, then their comparison.
@@ -116,11 +120,17 @@ pub fn run(args: ServeArgs) -> Result<()> {
             counts: args.realtime.clone(),
             seconds: args.seconds,
             lead: args.lead,
+            churn: args.churn,
         };
         let rows = headroom_bench::realtime::run_realtime_bench(&config)?;
         println!(
-            "# bench serve --realtime: paced open-ended sessions, {} s each, lead {} s, {}x{} at {} fps\n",
-            args.seconds, args.lead, args.width, args.height, config.fps
+            "# bench serve --realtime: paced open-ended sessions, {} s {}, lead {} s, {}x{} at {} fps\n",
+            args.seconds,
+            if args.churn { "of churn (3-15 s sessions)" } else { "each" },
+            args.lead,
+            args.width,
+            args.height,
+            config.fps
         );
         print!("{}", headroom_bench::realtime::markdown(&rows));
         return Ok(());
