@@ -14,7 +14,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{request, IntoPy};
-use crate::session::{run_interruptible, Session, SessionState};
+use crate::interrupt::run_interruptible;
+use crate::session::{Session, SessionState};
 
 /// Video size when neither the call nor the model gives one (the CLI's default).
 const DEFAULT_SIZE: (usize, usize) = (416, 240);
@@ -301,7 +302,10 @@ impl Engine {
         )?;
         let inner = Arc::clone(&this.inner);
         let session = run_interruptible(py, None, move || inner.open_session(request))?;
-        Ok(Session::new(slf.clone().unbind(), session.py_err()?))
+        Ok(Session::new(
+            slf.clone().into_any().unbind(),
+            session.py_err()?,
+        ))
     }
 
     /// Resumes a session from a `SessionState` (`Session.snapshot()`) or a `.hrsnap`
@@ -319,7 +323,10 @@ impl Engine {
             existing(&path.to_string_lossy())?;
             run_interruptible(py, None, move || inner.resume(path.as_path()))?
         };
-        Ok(Session::new(slf.clone().unbind(), session.py_err()?))
+        Ok(Session::new(
+            slf.clone().into_any().unbind(),
+            session.py_err()?,
+        ))
     }
 
     /// `torch.cuda.memory_stats()` of the engine's allocator: PyTorch's keys
@@ -336,7 +343,7 @@ impl Engine {
     /// allocator_settings): pickle it and pytorch.org/memory_viz opens it.
     fn memory_snapshot<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let pickle = self.inner.platform().allocator().snapshot().to_pickle();
-        crate::tools::unpickle(py, &pickle)
+        crate::inputs::unpickle(py, &pickle)
     }
 
     /// Keeps the allocator's event history (the `device_traces` of `memory_snapshot()`),

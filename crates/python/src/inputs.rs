@@ -10,6 +10,7 @@ use numpy::ndarray::ArrayView4;
 use numpy::{PyArray2, PyArray3, PyArray4, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 use crate::errors::{request, IntoPy};
 
@@ -144,4 +145,10 @@ pub fn text_embeds(py: Python<'_>, embeds: &Bound<'_, PyAny>, device: &Device) -
     let shape = [array.shape()[0], array.shape()[1]];
     let data = array.to_vec()?;
     Tensor::from_slice(&data, &shape, device).py_err()
+}
+
+/// A PyTorch snapshot pickle's bytes as Python objects (`pickle.loads`).
+pub fn unpickle<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    py.import("pickle")?
+        .call_method1("loads", (PyBytes::new(py, bytes),))
 }

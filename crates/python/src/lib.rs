@@ -8,6 +8,7 @@
 mod engine;
 mod errors;
 mod inputs;
+mod interrupt;
 mod session;
 mod tools;
 

@@ -1,11 +1,7 @@
-//! `headroom.Session`: an iterable of chunks, steered between them; its chunks computed
-//! with the GIL released, on a worker thread, while the calling thread watches for
-//! Ctrl-C: a signal cancels the chunk's token, the chunk stops at its next safe point,
-//! and `KeyboardInterrupt` is raised once it has (the session is over, as under the CLI).
+//! `headroom.Session`: an iterable of chunks, steered between them; each chunk computed
+//! by [`run_interruptible`] (the GIL released, Ctrl-C stopping it at its next safe point).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use headroom_engine::{CancelToken, Chunk as InnerChunk, EngineError, Session as Inner};
 use headroom_engine::{SessionSnapshot, BLOCK_FRAMES};
@@ -14,58 +10,8 @@ use pyo3::exceptions::{PyRuntimeError, PyStopIteration, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::engine::Engine;
 use crate::errors::{request, IntoPy};
-
-/// How often the waiting thread looks for a signal.
-const SIGNAL_POLL: Duration = Duration::from_millis(20);
-
-/// Runs `work` on a worker thread with the GIL released, checking Python's signal
-/// handlers meanwhile: on Ctrl-C, `cancel` (if any) is cancelled, the work is awaited
-/// (it stops at its next safe point) and the signal's exception is returned.
-pub fn run_interruptible<T: Send>(
-    py: Python<'_>,
-    cancel: Option<&CancelToken>,
-    work: impl FnOnce() -> T + Send,
-) -> PyResult<T> {
-    let finished = AtomicBool::new(false);
-    let waiter = std::thread::current();
-    std::thread::scope(|scope| {
-        let worker = scope.spawn(|| {
-            let out = work();
-            finished.store(true, Ordering::Release);
-            waiter.unpark();
-            out
-        });
-        let mut interrupted = None;
-        loop {
-            let done = py.detach(|| {
-                if !finished.load(Ordering::Acquire) {
-                    std::thread::park_timeout(SIGNAL_POLL);
-                }
-                finished.load(Ordering::Acquire)
-            });
-            if done {
-                break;
-            }
-            if interrupted.is_none() {
-                if let Err(e) = py.check_signals() {
-                    if let Some(token) = cancel {
-                        token.cancel();
-                    }
-                    interrupted = Some(e);
-                }
-            }
-        }
-        let out = worker
-            .join()
-            .map_err(|_| PyRuntimeError::new_err("the engine's worker thread panicked"))?;
-        match interrupted {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
-    })
-}
+use crate::interrupt::run_interruptible;
 
 /// One chunk of video: `frames` (numpy `uint8 [T, H, W, 3]`, read-only), `index`,
 /// `timings` (seconds) and `memory` (allocator statistics after its decode).
@@ -150,15 +96,15 @@ impl SessionState {
 #[derive(Debug)]
 #[pyclass(module = "headroom._headroom", frozen)]
 pub struct Session {
-    /// Keeps the engine alive as long as its session.
-    engine: Py<Engine>,
+    /// The `headroom.Engine` it runs on, kept alive as long as its session.
+    engine: Py<PyAny>,
     inner: Mutex<Option<Inner>>,
     id: String,
 }
 
 impl Session {
     /// Wraps an open session of `engine`.
-    pub fn new(engine: Py<Engine>, session: Inner) -> Self {
+    pub fn new(engine: Py<PyAny>, session: Inner) -> Self {
         Self {
             engine,
             id: session.id().to_string(),
@@ -334,7 +280,7 @@ impl Session {
 
     /// The engine it runs on.
     #[getter]
-    fn engine(&self, py: Python<'_>) -> Py<Engine> {
+    fn engine(&self, py: Python<'_>) -> Py<PyAny> {
         self.engine.clone_ref(py)
     }
 

@@ -12,7 +12,6 @@ use headroom_mem::{
 use numpy::{PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
 
 use crate::errors::{request, IntoPy};
 
@@ -113,7 +112,7 @@ pub fn plan(
         tiny_decoder,
     };
     let (rows, _) =
-        crate::session::run_interruptible(py, None, || run_plan_sized(&config))?.py_err()?;
+        crate::interrupt::run_interruptible(py, None, || run_plan_sized(&config))?.py_err()?;
     let json = PlanReport::new(&rows).to_json().py_err()?;
     Ok(py.import("json")?.call_method1("loads", (json,))?.unbind())
 }
@@ -147,7 +146,8 @@ pub fn replay(
         history: if snapshot.is_some() { 1 << 20 } else { 0 },
     };
     let (report, platform) =
-        crate::session::run_interruptible(py, None, || replay_on_sim(&ops, &options))?.py_err()?;
+        crate::interrupt::run_interruptible(py, None, || replay_on_sim(&ops, &options))?
+            .py_err()?;
     if let Some(path) = &snapshot {
         std::fs::write(path, platform.allocator().snapshot().to_pickle())?;
     }
@@ -234,10 +234,4 @@ pub fn write_video(py: Python<'_>, path: PathBuf, frames: &Bound<'_, PyAny>) -> 
     }
     .map_err(|e| request(py, "path", e))?;
     Ok(written)
-}
-
-/// A PyTorch snapshot pickle's bytes as Python objects (`pickle.loads`).
-pub fn unpickle<'py>(py: Python<'py>, bytes: &[u8]) -> PyResult<Bound<'py, PyAny>> {
-    py.import("pickle")?
-        .call_method1("loads", (PyBytes::new(py, bytes),))
 }
