@@ -16,7 +16,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 /// Runs the next chunk of each session as one batched round (`headroom_engine::scheduler`):
-/// each session's chunk is the bytes it makes alone.
+/// each session's chunk is the bytes it makes alone; `None` for a session that had
+/// finished; a failure raises with the others' chunks in its `chunks`.
 #[pyfunction]
 fn next_chunks(py: Python<'_>, sessions: Vec<Bound<'_, session::Session>>) -> PyResult<Py<PyList>> {
     session::next_chunks(py, &sessions)

@@ -137,7 +137,9 @@ impl Session {
 }
 
 /// Runs the next chunk of every session in `sessions` as one batched round
-/// (`scheduler::next_chunks`), with the GIL released; errors are the first session's.
+/// (`scheduler::next_chunks`), with the GIL released: a chunk per session, `None` for
+/// one that had finished. A session that failed raises its error (the first), whose
+/// `chunks` holds the others' chunks (`None` where a session failed or had finished).
 pub fn next_chunks(py: Python<'_>, sessions: &[Bound<'_, Session>]) -> PyResult<Py<PyList>> {
     let mut guards = Vec::with_capacity(sessions.len());
     for s in sessions {
@@ -160,16 +162,22 @@ pub fn next_chunks(py: Python<'_>, sessions: &[Bound<'_, Session>]) -> PyResult<
     })?;
     let total = start.elapsed().as_secs_f64();
     let out = PyList::empty(py);
+    let mut failed = None;
     for result in results {
         match result {
             Ok(chunk) => out.append(Chunk::new(py, chunk, total)?)?,
-            Err(EngineError::Finished(id)) => {
-                return Err(PyStopIteration::new_err(format!(
-                    "session {id} is finished"
-                )))
+            Err(EngineError::Finished(_)) => out.append(py.None())?,
+            Err(e) => {
+                out.append(py.None())?;
+                failed.get_or_insert(e);
             }
-            Err(e) => return Err(crate::errors::to_py(e)),
         }
+    }
+    if let Some(e) = failed {
+        // The other sessions' chunks are made: they travel with the error.
+        let err = crate::errors::to_py(e);
+        err.value(py).setattr("chunks", &out)?;
+        return Err(err);
     }
     Ok(out.unbind())
 }

@@ -153,7 +153,18 @@ def test_the_gil_is_released_while_a_chunk_computes(world):
 def test_ctrl_c_stops_a_chunk_at_its_next_safe_point(world):
     session = world.session(frames="until-stop")
     next(session)
-    timer = threading.Timer(0.05, lambda: os.kill(os.getpid(), signal.SIGINT))
+
+    def interrupt_once_computing():
+        # The session refuses other threads while its chunk computes: then it is.
+        while True:
+            try:
+                session.closed
+            except RuntimeError:
+                break
+            time.sleep(0.005)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Thread(target=interrupt_once_computing)
     start = time.perf_counter()
     timer.start()
     with pytest.raises(KeyboardInterrupt):
@@ -183,3 +194,15 @@ def test_batched_rounds_equal_sessions_alone_past_the_condition_settling(world):
         with engine.session(seed=seed, **args) as alone:
             for r in rounds:
                 assert np.array_equal(next(alone).frames, r[k].frames)
+
+
+def test_next_chunks_gives_none_for_a_finished_session(tiny):
+    engine = headroom.Engine("tiny", max_sessions=2)
+    short = engine.session(width=48, height=32, frames=9)
+    long = engine.session(width=48, height=32, frames=21)
+    first = headroom.next_chunks([short, long])
+    second = headroom.next_chunks([short, long])
+    assert [c.frames.shape[0] for c in first] == [9, 9]
+    assert second[0] is None and second[1].frames.shape[0] == 12
+    short.close()
+    long.close()
