@@ -70,6 +70,9 @@ pub struct RealtimeRow {
     pub allocated_peak_bytes: i64,
     /// Largest reserved bytes of any sample.
     pub reserved_peak_bytes: i64,
+    /// The allocator's own peaks at the end of the run (`headroom_allocated_peak_bytes`,
+    /// `headroom_reserved_peak_bytes`: since the server started).
+    pub allocator_peaks: (i64, i64),
     /// Whether every admitted session's p99 chunk was on time.
     pub all_on_time: bool,
 }
@@ -181,6 +184,14 @@ async fn one_client(
         .send(Message::text(json!({"type": "session.stop"}).to_string()))
         .await;
     let _ = ws.close(None).await;
+    if std::env::var_os("HEADROOM_BENCH_DEBUG").is_some() {
+        eprintln!(
+            "session {seed}: {:?}",
+            late.iter()
+                .map(|x| (x * 1000.0).round() as i64)
+                .collect::<Vec<_>>()
+        );
+    }
     Ok(origin.map(|_| late))
 }
 
@@ -224,6 +235,13 @@ async fn one_count(cfg: &RealtimeBenchConfig, n: usize) -> Result<RealtimeRow> {
     // The sampler runs to the end of the run, past the last client.
     let (results, peaks) = tokio::join!(futures_util::future::join_all(clients), sampler);
     let misses_after = memory(cfg).await.map_or(misses_before, |m| m.2);
+    let body = metrics_at(&cfg.url, cfg.api_key.as_deref())
+        .await
+        .unwrap_or_default();
+    let allocator_peaks = (
+        metric(&body, "headroom_allocated_peak_bytes").unwrap_or(0),
+        metric(&body, "headroom_reserved_peak_bytes").unwrap_or(0),
+    );
     let mut admitted = 0;
     let mut late = Vec::new();
     let mut all_on_time = true;
@@ -251,6 +269,7 @@ async fn one_count(cfg: &RealtimeBenchConfig, n: usize) -> Result<RealtimeRow> {
         deadline_misses: misses_after - misses_before,
         allocated_peak_bytes: peaks.0,
         reserved_peak_bytes: peaks.1,
+        allocator_peaks,
         all_on_time: all_on_time && admitted > 0,
     })
 }
@@ -275,12 +294,20 @@ pub fn run_realtime_bench(cfg: &RealtimeBenchConfig) -> Result<Vec<RealtimeRow>>
 /// The rows as a markdown table.
 pub fn markdown(rows: &[RealtimeRow]) -> String {
     let mut out = String::from(
-        "| sessions | admitted | chunks | on time | p99 late s | max late s | deadline misses | allocated peak MiB | reserved peak MiB | reserved / allocated | all on time (p99) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| sessions | admitted | chunks | on time | p99 late s | max late s | deadline misses | sampled allocated max MiB | sampled reserved max MiB | ratio | allocator peaks MiB (allocated / reserved) | ratio | all on time (p99) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let mib = |b: i64| b as f64 / (1u64 << 20) as f64;
+        let ratio = |a: i64, r: i64| {
+            if a > 0 {
+                r as f64 / a as f64
+            } else {
+                f64::NAN
+            }
+        };
+        let (pa, pr) = r.allocator_peaks;
         out.push_str(&format!(
-            "| {} | {} | {} | {:.1} % | {:.3} | {:.3} | {} | {:.1} | {:.1} | {:.3} | {} |\n",
+            "| {} | {} | {} | {:.1} % | {:.3} | {:.3} | {} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {:.3} | {} |\n",
             r.sessions,
             r.admitted,
             r.chunks,
@@ -290,11 +317,10 @@ pub fn markdown(rows: &[RealtimeRow]) -> String {
             r.deadline_misses,
             mib(r.allocated_peak_bytes),
             mib(r.reserved_peak_bytes),
-            if r.allocated_peak_bytes > 0 {
-                r.reserved_peak_bytes as f64 / r.allocated_peak_bytes as f64
-            } else {
-                f64::NAN
-            },
+            ratio(r.allocated_peak_bytes, r.reserved_peak_bytes),
+            mib(pa),
+            mib(pr),
+            ratio(pa, pr),
             if r.all_on_time { "yes" } else { "no" },
         ));
     }

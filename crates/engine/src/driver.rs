@@ -202,17 +202,17 @@ impl SessionDriver {
     /// Waits, off the device, for the turn of the chunk due at `due`, timed by `pace`:
     /// a stepped session until its step queue calls it up (the next
     /// [`SessionDriver::next_chunk_due`] runs in that round); any other at once. `false`
-    /// when `cancel` fired first.
-    pub fn await_turn(&mut self, due: Instant, pace: Pace, cancel: &CancelToken) -> bool {
+    /// when `give_up` said so first (a stop, a request to park).
+    pub fn await_turn(&mut self, due: Instant, pace: Pace, give_up: &dyn Fn() -> bool) -> bool {
         match &mut self.how {
-            Driven::Stepped { queue, turn, .. } => match queue.turn(due, pace, cancel) {
+            Driven::Stepped { queue, turn, .. } => match queue.turn(due, pace, give_up) {
                 Some(t) => {
                     *turn = Some(t);
                     true
                 }
                 None => false,
             },
-            _ => !cancel.is_cancelled(),
+            _ => !give_up(),
         }
     }
 

@@ -26,7 +26,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::cancel::CancelToken;
 use crate::error::Result;
 use crate::scheduler;
 use crate::session::{Chunk, Session};
@@ -116,10 +115,12 @@ impl State {
         Duration::from_secs_f64(secs.max(0.0))
     }
 
-    /// When turn `e` should start if it ran in a round of `n`.
+    /// When turn `e` should start if it ran in a round of `n` (a paced turn before any
+    /// round was measured: at once, ahead rather than late).
     fn ready_at(&self, e: &Entry, n: usize, now: Instant) -> Instant {
         match e.pace {
             Pace::Asap => now,
+            Pace::Deadline if self.round_secs.is_empty() => now,
             Pace::Deadline => e
                 .due
                 .checked_sub(self.round_time(n) + ROUND_MARGIN)
@@ -252,15 +253,21 @@ impl StepQueue {
         session: Session,
         due: Instant,
     ) -> (Session, Result<Chunk>) {
-        match self.turn(due, Pace::Asap, &CancelToken::new()) {
+        match self.turn(due, Pace::Asap, &|| false) {
             Some(turn) => turn.run(session),
-            None => unreachable!("a fresh token is never cancelled"),
+            None => unreachable!("a turn that never gives up is always called up"),
         }
     }
 
     /// Asks for a turn for a chunk due at `due`, timed by `pace`, and waits, off the
-    /// device, until the queue calls it up; `None` when `cancel` fires first.
-    pub fn turn(self: &Arc<Self>, due: Instant, pace: Pace, cancel: &CancelToken) -> Option<Turn> {
+    /// device, until the queue calls it up; `None` when `give_up` says so first (it is
+    /// asked every few milliseconds: a stop, a request to park).
+    pub fn turn(
+        self: &Arc<Self>,
+        due: Instant,
+        pace: Pace,
+        give_up: &dyn Fn() -> bool,
+    ) -> Option<Turn> {
         let mut s = self.lock();
         let ticket = s.next_ticket;
         s.next_ticket += 1;
@@ -280,7 +287,7 @@ impl StepQueue {
                     ran: false,
                 });
             }
-            if cancel.is_cancelled() {
+            if give_up() {
                 drop(s);
                 self.forget(ticket);
                 return None;

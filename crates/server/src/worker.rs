@@ -71,8 +71,13 @@ pub struct EncodedChunk {
     /// Allocator `allocated_bytes` and `reserved_bytes` (`.all.current`) at the end of
     /// the denoise phase.
     pub denoise_end_bytes: [i64; 2],
-    /// How long the chunk waited, ready, for its media time (zero when unpaced or late).
+    /// How long the chunk waited, ready, for its media time (zero when unpaced or late):
+    /// the socket task holds it until `release_at` and sets this when it sends it.
     pub paced_wait: Duration,
+    /// When the chunk was ready.
+    pub ready_at: Instant,
+    /// When it may leave (its play time less the lead; `ready_at` when unpaced).
+    pub release_at: Instant,
 }
 
 /// How a worker ended.
@@ -530,12 +535,13 @@ impl Stream<'_> {
             let due = playback.map_or(self.started_at, |start| playing_at(start, played_frames));
             // When it should leave: a paced chunk at its play time less the lead.
             let release = pacer.next_due();
-            match release {
+            let (cancel, parking) = (self.cancel, self.parking);
+            let give_up =
+                || cancel.is_cancelled() || parking.is_some_and(|p| p.request.asked().is_some());
+            let turned = match release {
                 // The step queue calls the session up when its round should start.
                 Some(at) if self.deadline && self.session.stepped() => {
-                    if !self.session.await_turn(at, Pace::Deadline, self.cancel) {
-                        return Ending::Cancelled;
-                    }
+                    self.session.await_turn(at, Pace::Deadline, &give_up)
                 }
                 // On its own clock: start the chunk its making time before it is due.
                 Some(at) => {
@@ -546,18 +552,15 @@ impl Stream<'_> {
                     {
                         return Ending::Cancelled;
                     }
-                    if !self.session.await_turn(due, Pace::Asap, self.cancel) {
-                        return Ending::Cancelled;
-                    }
+                    self.session.await_turn(due, Pace::Asap, &give_up)
                 }
-                None => {
-                    if !self.session.await_turn(due, Pace::Asap, self.cancel) {
-                        return Ending::Cancelled;
-                    }
-                }
-            }
+                None => self.session.await_turn(due, Pace::Asap, &give_up),
+            };
             if let Some(parked) = self.park_if_asked() {
                 return parked;
+            }
+            if !turned {
+                return Ending::Cancelled;
             }
             let started_frames = match self.apply_interactions(boundary, request.fps, next) {
                 Ok(started) => started,
@@ -625,6 +628,8 @@ impl Stream<'_> {
                     chunk.stats_denoise_end.reserved_bytes.all().current,
                 ],
                 paced_wait: Duration::ZERO,
+                ready_at: ready,
+                release_at: ready,
             };
             drop(chunk);
             // A stop that came in during the chunk: the chunk is not sent.
@@ -634,11 +639,10 @@ impl Stream<'_> {
             // A moving average: one slow chunk does not move the next start much.
             let took = boundary.elapsed().as_secs_f64();
             making = Some(making.map_or(took, |m| 0.7 * m + 0.3 * took));
-            let release = pacer.schedule(Instant::now(), out.num_frames);
-            out.paced_wait = match self.wait_until(release) {
-                Some(waited) => waited,
-                None => return Ending::Cancelled,
-            };
+            // The socket task holds a paced chunk until its release: the worker is free
+            // to ask for its next turn meanwhile, so that sessions whose deadlines are
+            // near can share a round.
+            out.release_at = pacer.schedule(ready, out.num_frames);
             self.checkpoint(out.index);
             if self
                 .events

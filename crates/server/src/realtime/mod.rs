@@ -510,9 +510,21 @@ impl Connection {
             phase = Phase::Ending;
             cancel(&worker);
         }
+        // A paced chunk ready before its release waits here, off the worker.
+        let mut held: Option<Box<crate::worker::EncodedChunk>> = None;
         loop {
             let stall_at = last_progress + limits.stall_timeout;
+            let release = held
+                .as_ref()
+                .map_or(stall_at, |c| TokioInstant::from_std(c.release_at));
             tokio::select! {
+                _ = sleep_until(release), if held.is_some() => {
+                    if let Some(chunk) = held.take() {
+                        if phase != Phase::Ending && self.send_chunk(request_id, &mut chunks_sent, chunk).await {
+                            last_progress = TokioInstant::now();
+                        }
+                    }
+                }
                 changed = shutdown.changed(), if !shutdown_seen => {
                     shutdown_seen = true;
                     if changed.is_ok() && *shutdown.borrow() {
@@ -529,7 +541,7 @@ impl Connection {
                         }
                     }
                 }
-                event = worker.events.recv() => {
+                event = worker.events.recv(), if held.is_none() => {
                     let Some(event) = event else {
                         let e = ServerError::Generation(
                             "the session's worker thread ended unexpectedly".to_string(),
@@ -560,16 +572,12 @@ impl Connection {
                             if phase == Phase::Ending {
                                 continue;
                             }
-                            let mut meta = wire::chunk_metadata(request_id, chunks_sent, &chunk);
-                            meta["action_latency_ms"] = self.action_latencies(&chunk.started_frames);
-                            let bytes = chunk.bytes.len() as u64;
-                            if self.send_json(&meta).await
-                                && self.send(Message::Binary(chunk.bytes.into())).await
-                            {
-                                chunks_sent += 1;
+                            if chunk.release_at > std::time::Instant::now() {
+                                held = Some(chunk);
+                                continue;
+                            }
+                            if self.send_chunk(request_id, &mut chunks_sent, chunk).await {
                                 last_progress = TokioInstant::now();
-                                state.metrics.chunks_sent.fetch_add(1, Ordering::Relaxed);
-                                state.metrics.media_bytes_sent.fetch_add(bytes, Ordering::Relaxed);
                             }
                         }
                         WorkerEvent::InteractionFailed { event_id, error } => {
@@ -706,6 +714,32 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// Sends a chunk's metadata and fragment (its paced wait: from ready to now);
+    /// whether both went out.
+    async fn send_chunk(
+        &mut self,
+        request_id: &str,
+        chunks_sent: &mut u64,
+        mut chunk: Box<crate::worker::EncodedChunk>,
+    ) -> bool {
+        chunk.paced_wait = chunk
+            .ready_at
+            .elapsed()
+            .min(chunk.release_at.saturating_duration_since(chunk.ready_at));
+        let mut meta = wire::chunk_metadata(request_id, *chunks_sent, &chunk);
+        meta["action_latency_ms"] = self.action_latencies(&chunk.started_frames);
+        let bytes = chunk.bytes.len() as u64;
+        let sent =
+            self.send_json(&meta).await && self.send(Message::Binary(chunk.bytes.into())).await;
+        if sent {
+            *chunks_sent += 1;
+            let metrics = &self.state.metrics;
+            metrics.chunks_sent.fetch_add(1, Ordering::Relaxed);
+            metrics.media_bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+        }
+        sent
     }
 
     /// Each started interaction's key-to-display time as its chunk is sent: since it
