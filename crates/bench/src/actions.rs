@@ -63,11 +63,12 @@ pub struct ActionsRow {
     pub bound_s: f64,
 }
 
-/// A small deterministic generator for the points changes are sent at.
-struct Lcg(u64);
+/// A small deterministic generator (the points changes are sent at, churn's lengths).
+pub(crate) struct Lcg(pub(crate) u64);
 
 impl Lcg {
-    fn unit(&mut self) -> f64 {
+    /// The next draw in [0, 1).
+    pub(crate) fn unit(&mut self) -> f64 {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)
@@ -77,7 +78,7 @@ impl Lcg {
 }
 
 /// Media seconds before chunk `k` (9 frames, then 12 a chunk).
-fn media_before(k: usize, fps: f64) -> f64 {
+pub(crate) fn media_before(k: usize, fps: f64) -> f64 {
     if k == 0 {
         0.0
     } else {

@@ -19,6 +19,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio_tungstenite::tungstenite::Message;
 
+use crate::actions::{media_before, Lcg};
 use crate::serve::{connect_to, metric, metrics_at, ws_err};
 use crate::stats::percentile;
 use crate::Result;
@@ -75,28 +76,6 @@ pub struct RealtimeRow {
     pub allocator_peaks: (i64, i64),
     /// Whether every admitted session's p99 chunk was on time.
     pub all_on_time: bool,
-}
-
-/// Media seconds before chunk `k` (9 frames, then 12 a chunk).
-fn media_before(k: usize, fps: f64) -> f64 {
-    if k == 0 {
-        0.0
-    } else {
-        (9 + 12 * (k - 1)) as f64 / fps
-    }
-}
-
-/// A small deterministic generator for churn's durations.
-struct Lcg(u64);
-
-impl Lcg {
-    fn unit(&mut self) -> f64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 /// One client slot under churn: sessions of random length one after another until

@@ -83,15 +83,21 @@ pub struct ServeArgs {
     churn: bool,
 }
 
+impl ServeArgs {
+    /// `--api-key`, else `HEADROOM_API_KEY`.
+    fn api_key(&self) -> Option<String> {
+        self.api_key
+            .clone()
+            .or_else(|| std::env::var("HEADROOM_API_KEY").ok())
+    }
+}
+
 /// Runs `headroom bench serve`: each concurrency in turn, then their comparison.
 pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(changes) = args.actions {
         let config = headroom_bench::actions::ActionsBenchConfig {
             url: args.url.clone(),
-            api_key: args
-                .api_key
-                .clone()
-                .or_else(|| std::env::var("HEADROOM_API_KEY").ok()),
+            api_key: args.api_key(),
             width: args.width,
             height: args.height,
             fps: args.fps.round().max(1.0) as u32,
@@ -110,10 +116,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     if !args.realtime.is_empty() {
         let config = headroom_bench::realtime::RealtimeBenchConfig {
             url: args.url.clone(),
-            api_key: args
-                .api_key
-                .clone()
-                .or_else(|| std::env::var("HEADROOM_API_KEY").ok()),
+            api_key: args.api_key(),
             width: args.width,
             height: args.height,
             fps: args.fps.round().max(1.0) as u32,
