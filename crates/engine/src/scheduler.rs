@@ -25,7 +25,8 @@
 //! kept idle beside the cache would reserve its work twice. Instead, a round of several
 //! sessions runs in shared spans planned for that round's composition, one for its
 //! denoise and one for its decode (`engine/round_plan.rs`), each closed when its half
-//! ends.
+//! ends; so does a round of one detached session (a composition of one), so that a
+//! server whose sessions come and go stays planned whatever its rounds hold.
 //!
 //! What batching buys: one GEMM of M = Σ tokens instead of one per session (a `world`
 //! block is 144 tokens, far below where a GEMM reaches its rate), and one pass over
@@ -115,7 +116,10 @@ pub(crate) fn next_chunks_in(
     };
     let allocator = dit.device().platform().allocator().clone();
     let mut round_key = None;
-    if starts.len() > 1 {
+    // A round of several, or of one session its own plan no longer describes (it was
+    // stepped with others), runs in the spans planned for its composition.
+    let lone_detached = matches!(starts[..], [(i, _)] if sessions[i].detached());
+    if starts.len() > 1 || lone_detached || round.is_some() {
         for &(i, _) in &starts {
             sessions[i].detach_span();
         }

@@ -128,6 +128,8 @@ pub struct Session {
     round_member: Option<Arc<crate::round::RoundMember>>,
     /// A block has begun and its chunk is not delivered yet (no snapshot then).
     mid_block: bool,
+    /// Detached from its own plan (stepped with others once).
+    detached: bool,
     /// What the session runs on, for its snapshots.
     identity: Option<Arc<crate::snapshot::identity::EngineIdentity>>,
 }
@@ -214,6 +216,7 @@ impl Session {
             round: None,
             round_member: None,
             mid_block: false,
+            detached: false,
             identity: None,
         })
     }
@@ -257,10 +260,17 @@ impl Session {
     /// Detaches the session from its plan for the rest of its life: it is stepped in a
     /// batch with others, which the plan of the session alone does not describe (see
     /// [`headroom_mem::CachingAllocator::detach_span`]).
-    pub(crate) fn detach_span(&self) {
+    pub(crate) fn detach_span(&mut self) {
         if let Some(id) = self.span {
             self.device.platform().allocator().detach_span(id);
         }
+        self.detached = true;
+    }
+
+    /// Whether the session was detached from its own plan (it has been stepped with
+    /// others): a round it runs alone is then planned as a round of one.
+    pub(crate) fn detached(&self) -> bool {
+        self.detached
     }
 
     /// While the guard lives, this thread's allocations go to no planned span (work

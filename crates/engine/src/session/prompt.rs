@@ -31,9 +31,12 @@ pub(crate) struct HostText(Vec<f32>);
 impl HostText {
     /// The host copy of padded embeddings (`None`: no text, the zeros a session
     /// without a prompt conditions on).
+    /// On a meta device (a plan's twin) the values are not there: zeros stand in, the
+    /// twin's allocations do not depend on them.
     pub(crate) fn of(padded: Option<&Tensor>, text_dim: usize) -> Result<Self> {
         match padded {
-            Some(t) => Ok(Self(t.to_dtype(DType::F32)?.to_vec::<f32>()?)),
+            Some(t) if !t.device().is_meta() => Ok(Self(t.to_dtype(DType::F32)?.to_vec::<f32>()?)),
+            Some(t) => Ok(Self(vec![0.0; t.numel()])),
             None => Ok(Self(vec![0.0; TOKENS * text_dim])),
         }
     }
