@@ -159,7 +159,17 @@ pub fn next_chunks(py: Python<'_>, sessions: &[Bound<'_, Session>]) -> PyResult<
     let start = std::time::Instant::now();
     let results = run_interruptible(py, Some(&token), move || {
         headroom_engine::scheduler::next_chunks(&mut open)
-    })?;
+    });
+    let results = match results {
+        Ok(results) => results,
+        Err(interrupt) => {
+            // A session whose chunk passed its last safe point before the signal came
+            // finished it anyway: every session of the round ends, as a stopped one does.
+            let ended: Vec<Option<Inner>> = guards.iter_mut().map(|g| g.take()).collect();
+            py.detach(move || drop(ended));
+            return Err(interrupt);
+        }
+    };
     let total = start.elapsed().as_secs_f64();
     let out = PyList::empty(py);
     let mut failed = None;
@@ -197,7 +207,16 @@ impl Session {
         let token = CancelToken::new();
         session.set_cancel(token.clone());
         let start = std::time::Instant::now();
-        let result = run_interruptible(py, Some(&token), || session.next_chunk())?;
+        let result = match run_interruptible(py, Some(&token), || session.next_chunk()) {
+            Ok(result) => result,
+            Err(interrupt) => {
+                // A chunk that passed its last safe point before the signal came finished
+                // anyway: the session ends all the same, as under the CLI.
+                let ended = guard.take();
+                py.detach(move || drop(ended));
+                return Err(interrupt);
+            }
+        };
         let total = start.elapsed().as_secs_f64();
         match result {
             Ok(chunk) => Chunk::new(py, chunk, total),

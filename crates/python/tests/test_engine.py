@@ -175,7 +175,7 @@ def test_ctrl_c_stops_a_chunk_at_its_next_safe_point(world):
     with pytest.raises(StopIteration):
         next(session)
     session.close()
-    assert stopped < 5.0
+    assert stopped < 30.0
     # The engine goes on serving.
     with world.session(frames=9) as s:
         assert next(s).frames.shape[0] == 9
@@ -206,3 +206,16 @@ def test_next_chunks_gives_none_for_a_finished_session(tiny):
     assert second[0] is None and second[1].frames.shape[0] == 12
     short.close()
     long.close()
+
+
+def test_set_prompt_acts_from_the_next_chunk(tiny):
+    def run(prompt):
+        with tiny.session(width=48, height=32, frames=21, prompt="a red door") as s:
+            first = np.array(next(s).frames)
+            if prompt is not None:
+                s.set_prompt(prompt)
+            return first, np.array(next(s).frames)
+
+    kept, changed = run(None), run("a field of wheat")
+    assert np.array_equal(kept[0], changed[0])
+    assert not np.array_equal(kept[1], changed[1])
