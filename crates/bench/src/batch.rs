@@ -123,6 +123,16 @@ fn sequential(engine: &Engine, cfg: &BatchBenchConfig, n: usize) -> Result<Run, 
 }
 
 fn batched(engine: &Engine, cfg: &BatchBenchConfig, n: usize) -> Result<Run, BenchError> {
+    // As a server with several slots opens them: no arena of a session's own is kept
+    // idle beside its batched rounds' (under `planned`).
+    engine.set_batched_steps(n > 1);
+    let run = batched_run(engine, cfg, n);
+    engine.set_batched_steps(false);
+    run
+}
+
+/// [`batched`] once the engine is set.
+fn batched_run(engine: &Engine, cfg: &BatchBenchConfig, n: usize) -> Result<Run, BenchError> {
     engine.platform().reset_peak_stats();
     let mut totals = (0, Duration::ZERO, Duration::ZERO);
     let start = Instant::now();

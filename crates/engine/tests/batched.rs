@@ -254,6 +254,7 @@ fn together(engine: &Engine, starts: &[usize]) -> Vec<Vec<Vec<u8>>> {
 fn batched_rounds_replay_the_plans_of_their_compositions() {
     for decoder in [DecoderKind::Full, DecoderKind::Tiny] {
         let engine = engine_for(AllocatorPolicy::Planned, decoder);
+        engine.set_batched_steps(true);
         let alone = alone_as(&engine, 4, round_request);
         for starts in [[0, 0, 0, 0], [0, 1, 1, 2]] {
             // The first run meets every composition new, the second replays the plans

@@ -88,6 +88,7 @@ impl Server {
         let (sockets, _) = watch::channel(0);
         let engine = Arc::new(engine);
         let metrics = Arc::new(Metrics::default());
+        engine.set_batched_steps(config.batch_steps && world.is_none() && config.max_sessions > 1);
         let steps = (config.batch_steps && world.is_none()).then(|| {
             Arc::new(match config.max_batch {
                 Some(max) => StepQueue::with_max_batch(max),

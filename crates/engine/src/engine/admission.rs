@@ -255,7 +255,10 @@ impl Engine {
             .with_text_embeds(padded.as_ref())?;
         drop(padded);
         let round_member = self.planner.round_member(self, &request, span);
-        Ok(session.with_span(span).with_round_member(round_member))
+        Ok(session
+            .with_span(span)
+            .with_detached(span.is_some() && self.planner.batched_steps())
+            .with_round_member(round_member))
     }
 
     /// A new session of `request` over its admitted pages, text and condition, with

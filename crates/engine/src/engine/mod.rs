@@ -165,6 +165,16 @@ impl Engine {
         self.pool.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Tells the engine that its sessions are stepped in batches with one another (a
+    /// server with `--batch-steps` and more than one slot): under the planned allocator
+    /// their spans then start detached from their plans, whose peaks still count for
+    /// admission while their work goes to the caching path. A plan describes a session
+    /// alone, not a stacked forward, and an arena reserved beside the cache would hold
+    /// its work twice.
+    pub fn set_batched_steps(&self, batched: bool) {
+        self.planner.set_batched_steps(batched);
+    }
+
     /// Blocks a recording needs to end in steady chunks a periodic plan can repeat:
     /// the KV window full (`window_frames` visible, the sink included) and the image
     /// condition settled, then two runs of the longest period.

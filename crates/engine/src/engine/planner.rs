@@ -2,6 +2,7 @@
 //! twin that makes a new shape's plan, the planner of batched rounds, the plan cache on
 //! disk, and the admission of a session's planned peak before its span opens.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use headroom_mem::allocator::periodic;
@@ -31,6 +32,8 @@ pub(crate) struct Planner {
     /// Where image conditions settle on a meta device
     /// ([`crate::condition::probe_settle_block`]), probed on first use.
     condition_settles: OnceLock<Option<usize>>,
+    /// Sessions may be stepped in batches with others ([`Engine::set_batched_steps`]).
+    batched_steps: AtomicBool,
 }
 
 impl Planner {
@@ -41,12 +44,23 @@ impl Planner {
             rounds: OnceLock::new(),
             cache,
             condition_settles: OnceLock::new(),
+            batched_steps: AtomicBool::new(false),
         }
     }
 
     /// What the plan cache did so far (`None` without one).
     pub(super) fn plan_cache_counts(&self) -> Option<PlanCacheCounts> {
         self.cache.as_ref().map(PlanCache::counts)
+    }
+
+    /// See [`Engine::set_batched_steps`].
+    pub(super) fn set_batched_steps(&self, batched: bool) {
+        self.batched_steps.store(batched, Ordering::Relaxed);
+    }
+
+    /// Whether sessions start detached from their plans (stepped in batches).
+    pub(super) fn batched_steps(&self) -> bool {
+        self.batched_steps.load(Ordering::Relaxed)
     }
 
     /// Where `engine`'s image conditions settle, probed once; `None` for a model without
@@ -165,8 +179,9 @@ impl Planner {
         let (id, _) = allocator
             .open_span(&key)
             .map_err(|e| EngineError::admission(AdmissionKind::PlannedPeak, e.to_string()))?;
-        // A session that may be stepped with others keeps its plan until it is (the
-        // scheduler detaches it then): alone, it runs planned.
+        if self.batched_steps.load(Ordering::Relaxed) {
+            allocator.detach_span(id);
+        }
         Ok(Some(id))
     }
 

@@ -227,6 +227,13 @@ impl Session {
         self
     }
 
+    /// Marks a session whose span was detached at admission (it will be stepped with
+    /// others): a round it runs alone is planned as a round of one.
+    pub(crate) fn with_detached(mut self, detached: bool) -> Self {
+        self.detached = detached;
+        self
+    }
+
     /// Lets batched rounds the session joins be planned ([`crate::round_plan`]).
     pub(crate) fn with_round_member(
         mut self,
