@@ -226,18 +226,24 @@ impl StepQueue {
     }
 
     /// Whether one more session, needing a chunk every `period`, keeps every round on
-    /// time: a round of all live sessions and it, with [`ROUND_MARGIN`], fits in the
-    /// period. Before any round was measured, or with no session live (there is no
-    /// other to make late), yes.
+    /// time: the device time of all live sessions and it, with [`ROUND_MARGIN`], fits
+    /// in the period. That time is a measured round of them all (in rounds of at most
+    /// the cap) where one was measured, else every session's chunk in a round of its
+    /// own (sessions paced apart need not meet in a round): never optimistic. Before
+    /// any round was measured, or with no session live (there is no other to make
+    /// late), yes.
     pub fn admits_another(&self, period: Duration) -> bool {
         let s = self.lock();
-        if s.live == 0 {
+        if s.live == 0 || s.round_secs.is_empty() {
             return true;
         }
-        let n = s.live + 1;
-        let n = self.max_batch.map_or(n, |m| m.min(n));
-        let rounds = (s.live + 1).div_ceil(n) as u32;
-        s.round_secs.is_empty() || s.round_time(n) * rounds + ROUND_MARGIN <= period
+        let all = s.live + 1;
+        let n = self.max_batch.map_or(all, |m| m.min(all));
+        let rounds = all.div_ceil(n) as u32;
+        let alone = s.round_time(1) * all as u32;
+        let together = s.round_secs.get(&n).map(|_| s.round_time(n) * rounds);
+        let needed = together.map_or(alone, |t| t.min(alone));
+        needed + ROUND_MARGIN <= period
     }
 
     /// Runs `session`'s next chunk together with the other sessions of its round, at
@@ -343,7 +349,8 @@ impl StepQueue {
             if round.contains(&i) {
                 continue;
             }
-            let ends = now + s.round_time(round.len() + 1);
+            // This round without it ends then; ready before, it would start late.
+            let ends = now + s.round_time(round.len());
             if s.ready_at(&s.entries[i], 1, now) < ends {
                 round.push(i);
             } else {
@@ -478,14 +485,14 @@ mod tests {
             ..State::default()
         };
         // Ready at due − 100 ms − margin: ticket 0 is ready now; 1 (due in 200 ms) is
-        // ready in 70 ms, before a round of 2 would end (140 ms): it joins; 2 (due in
-        // 350 ms, next in deadline order) would be ready in 220 ms, after a round of 3
-        // would end (170 ms): it waits, and so does 2 (due in 400 ms) behind it.
+        // ready in 70 ms, before the round of 0 alone would end (100 ms): it joins; 3
+        // (due in 300 ms, next in deadline order) would be ready in 170 ms, after the
+        // round of two ends (140 ms): it waits, and so does 2 (due in 400 ms) behind it.
         s.entries = vec![
             entry(0, ms(130), Pace::Deadline),
             entry(1, ms(200), Pace::Deadline),
             entry(2, ms(400), Pace::Deadline),
-            entry(3, ms(350), Pace::Deadline),
+            entry(3, ms(300), Pace::Deadline),
         ];
         assert_eq!(queue.call_up(&mut s), None);
         assert_eq!(called(&s), [0, 1]);
@@ -536,12 +543,16 @@ mod tests {
         );
         let _a = queue.join();
         let _b = queue.join();
-        queue.lock().round_secs = [(2, 0.5)].into_iter().collect();
-        // A round of 3 scales to 750 ms: with the margin it does not fit.
+        // Three chunks alone take 3 × 250 ms: with the margin they do not fit.
+        queue.lock().round_secs = [(1, 0.25), (2, 0.4)].into_iter().collect();
         assert!(!queue.admits_another(period));
+        // A round of all three measured at 600 ms does.
         queue.lock().round_secs.insert(3, 0.6);
         assert!(queue.admits_another(period));
         assert_eq!(queue.round_time(3), Some(Duration::from_secs_f64(0.6)));
+        // Alone at 200 ms each, they fit without meeting.
+        queue.lock().round_secs = [(1, 0.2)].into_iter().collect();
+        assert!(queue.admits_another(period));
     }
 
     #[test]
