@@ -86,16 +86,63 @@ pub(crate) fn media_before(k: usize, fps: f64) -> f64 {
     }
 }
 
+/// A paced, open-ended session of `width × height` at `fps`, seed `seed`, released
+/// `lead` seconds before its chunks play, on the server at `url`.
+pub(crate) struct PacedSession<'a> {
+    /// The realtime endpoint.
+    pub url: &'a str,
+    /// The server's API key, if it has one.
+    pub api_key: Option<&'a str>,
+    /// Video width.
+    pub width: usize,
+    /// Video height.
+    pub height: usize,
+    /// Frames per second.
+    pub fps: u32,
+    /// Noise seed.
+    pub seed: usize,
+    /// Pacing lead, seconds.
+    pub lead: f64,
+}
+
+impl PacedSession<'_> {
+    /// Connects and sends the `session.start`.
+    pub(crate) async fn open(&self) -> Result<Ws> {
+        let (mut ws, _) = connect_to(self.url, self.api_key).await.map_err(ws_err)?;
+        let start = json!({"type": "session.start", "format": "m4s", "width": self.width,
+            "height": self.height, "fps": self.fps, "seed": self.seed,
+            "extra_params": {"pace_to_media_time": true, "pacing_lead_seconds": self.lead}});
+        ws.send(Message::text(start.to_string()))
+            .await
+            .map_err(ws_err)?;
+        Ok(ws)
+    }
+}
+
+/// A realtime socket.
+pub(crate) type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Stops the session and closes the socket (either may fail: the server may be gone).
+pub(crate) async fn stop_and_close(ws: &mut Ws) {
+    let _ = ws
+        .send(Message::text(json!({"type": "session.stop"}).to_string()))
+        .await;
+    let _ = ws.close(None).await;
+}
+
 async fn one_lead(cfg: &ActionsBenchConfig, lead: f64) -> Result<ActionsRow> {
-    let (mut ws, _) = connect_to(&cfg.url, cfg.api_key.as_deref())
-        .await
-        .map_err(ws_err)?;
-    let start = json!({"type": "session.start", "format": "m4s", "width": cfg.width,
-        "height": cfg.height, "fps": cfg.fps, "seed": 7,
-        "extra_params": {"pace_to_media_time": true, "pacing_lead_seconds": lead}});
-    ws.send(Message::text(start.to_string()))
-        .await
-        .map_err(ws_err)?;
+    let mut ws = PacedSession {
+        url: &cfg.url,
+        api_key: cfg.api_key.as_deref(),
+        width: cfg.width,
+        height: cfg.height,
+        fps: cfg.fps,
+        seed: 7,
+        lead,
+    }
+    .open()
+    .await?;
     let fps = f64::from(cfg.fps);
     let chunk_media = 12.0 / fps;
     let mut rng = Lcg(0x5eed ^ lead.to_bits());
@@ -168,10 +215,7 @@ async fn one_lead(cfg: &ActionsBenchConfig, lead: f64) -> Result<ActionsRow> {
             _ => {}
         }
     }
-    let _ = ws
-        .send(Message::text(json!({"type": "session.stop"}).to_string()))
-        .await;
-    let _ = ws.close(None).await;
+    stop_and_close(&mut ws).await;
     let pct = |p| percentile(&latencies, p).unwrap_or(f64::NAN);
     let gen = percentile(&generation, 50.0).unwrap_or(f64::NAN);
     Ok(ActionsRow {

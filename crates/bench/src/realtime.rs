@@ -14,13 +14,13 @@
 
 use std::time::{Duration, Instant};
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::actions::{media_before, Lcg};
-use crate::serve::{connect_to, metric, metrics_at, ws_err};
+use crate::actions::{media_before, stop_and_close, Lcg, PacedSession};
+use crate::serve::{metric, metrics_at, ws_err};
 use crate::stats::percentile;
 use crate::Result;
 
@@ -111,15 +111,17 @@ async fn one_client(
     seconds: f64,
 ) -> Result<Option<Vec<f64>>> {
     tokio::time::sleep(delay).await;
-    let (mut ws, _) = connect_to(&cfg.url, cfg.api_key.as_deref())
-        .await
-        .map_err(ws_err)?;
-    let start = json!({"type": "session.start", "format": "m4s", "width": cfg.width,
-        "height": cfg.height, "fps": cfg.fps, "seed": seed,
-        "extra_params": {"pace_to_media_time": true, "pacing_lead_seconds": cfg.lead}});
-    ws.send(Message::text(start.to_string()))
-        .await
-        .map_err(ws_err)?;
+    let mut ws = PacedSession {
+        url: &cfg.url,
+        api_key: cfg.api_key.as_deref(),
+        width: cfg.width,
+        height: cfg.height,
+        fps: cfg.fps,
+        seed,
+        lead: cfg.lead,
+    }
+    .open()
+    .await?;
     let fps = f64::from(cfg.fps);
     let mut origin: Option<Instant> = None;
     let mut late = Vec::new();
@@ -139,13 +141,8 @@ async fn one_client(
                 let now = Instant::now();
                 let o = *origin.get_or_insert(now);
                 if index > 0 {
-                    let plays = o + Duration::from_secs_f64(media_before(index, fps));
-                    let by = if now >= plays {
-                        (now - plays).as_secs_f64()
-                    } else {
-                        -(plays - now).as_secs_f64()
-                    };
-                    late.push(by);
+                    // Arrival less play time: negative when early.
+                    late.push((now - o).as_secs_f64() - media_before(index, fps));
                 }
                 index += 1;
             }
@@ -159,18 +156,7 @@ async fn one_client(
             _ => {}
         }
     }
-    let _ = ws
-        .send(Message::text(json!({"type": "session.stop"}).to_string()))
-        .await;
-    let _ = ws.close(None).await;
-    if std::env::var_os("HEADROOM_BENCH_DEBUG").is_some() {
-        eprintln!(
-            "session {seed}: {:?}",
-            late.iter()
-                .map(|x| (x * 1000.0).round() as i64)
-                .collect::<Vec<_>>()
-        );
-    }
+    stop_and_close(&mut ws).await;
     Ok(origin.map(|_| late))
 }
 

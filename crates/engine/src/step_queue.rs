@@ -115,15 +115,15 @@ impl State {
         Duration::from_secs_f64(secs.max(0.0))
     }
 
-    /// When turn `e` should start if it ran in a round of `n` (a paced turn before any
-    /// round was measured: at once, ahead rather than late).
-    fn ready_at(&self, e: &Entry, n: usize, now: Instant) -> Instant {
+    /// When turn `e` should start to be ready by its due time in a round of its own (a
+    /// paced turn before any round was measured: at once, ahead rather than late).
+    fn ready_at(&self, e: &Entry, now: Instant) -> Instant {
         match e.pace {
             Pace::Asap => now,
             Pace::Deadline if self.round_secs.is_empty() => now,
             Pace::Deadline => e
                 .due
-                .checked_sub(self.round_time(n) + ROUND_MARGIN)
+                .checked_sub(self.round_time(1) + ROUND_MARGIN)
                 .unwrap_or(now),
         }
     }
@@ -225,25 +225,29 @@ impl StepQueue {
         (!s.round_secs.is_empty()).then(|| s.round_time(n))
     }
 
-    /// Whether one more session, needing a chunk every `period`, keeps every round on
-    /// time: the device time of all live sessions and it, with [`ROUND_MARGIN`], fits
-    /// in the period. That time is a measured round of them all (in rounds of at most
-    /// the cap) where one was measured, else every session's chunk in a round of its
-    /// own (sessions paced apart need not meet in a round): never optimistic. Before
-    /// any round was measured, or with no session live (there is no other to make
-    /// late), yes.
-    pub fn admits_another(&self, period: Duration) -> bool {
+    /// The device time a chunk of every live session and one more takes: a measured
+    /// round of them all (in rounds of at most the cap) where one was measured, else
+    /// every session's chunk in a round of its own (sessions paced apart need not meet
+    /// in a round), so never optimistic. `None` before any round was measured or with
+    /// no session live (there is no other to make late).
+    pub fn time_with_another(&self) -> Option<Duration> {
         let s = self.lock();
         if s.live == 0 || s.round_secs.is_empty() {
-            return true;
+            return None;
         }
         let all = s.live + 1;
         let n = self.max_batch.map_or(all, |m| m.min(all));
         let rounds = all.div_ceil(n) as u32;
         let alone = s.round_time(1) * all as u32;
         let together = s.round_secs.get(&n).map(|_| s.round_time(n) * rounds);
-        let needed = together.map_or(alone, |t| t.min(alone));
-        needed + ROUND_MARGIN <= period
+        Some(together.map_or(alone, |t| t.min(alone)))
+    }
+
+    /// Whether one more session, needing a chunk every `period`, keeps every round on
+    /// time: [`StepQueue::time_with_another`] with [`ROUND_MARGIN`] fits in the period.
+    pub fn admits_another(&self, period: Duration) -> bool {
+        self.time_with_another()
+            .is_none_or(|t| t + ROUND_MARGIN <= period)
     }
 
     /// Runs `session`'s next chunk together with the other sessions of its round, at
@@ -302,7 +306,7 @@ impl StepQueue {
             if s.entries.iter().any(|e| e.ticket == ticket && e.called) {
                 continue;
             }
-            // Wake for a change, the next ready time, or to look at the token.
+            // Wake for a change, the next ready time, or to ask `give_up` again.
             let nap = wake
                 .map_or(Duration::from_millis(10), |at| {
                     at.saturating_duration_since(Instant::now())
@@ -318,7 +322,7 @@ impl StepQueue {
             return None;
         }
         let now = Instant::now();
-        let first = s.entries.iter().map(|e| s.ready_at(e, 1, now)).min()?;
+        let first = s.entries.iter().map(|e| s.ready_at(e, now)).min()?;
         if first > now {
             s.gather_until = None;
             return Some(first);
@@ -339,7 +343,7 @@ impl StepQueue {
         let mut round: Vec<usize> = order
             .iter()
             .copied()
-            .filter(|&i| s.ready_at(&s.entries[i], 1, now) <= now)
+            .filter(|&i| s.ready_at(&s.entries[i], now) <= now)
             .take(cap)
             .collect();
         for &i in &order {
@@ -351,7 +355,7 @@ impl StepQueue {
             }
             // This round without it ends then; ready before, it would start late.
             let ends = now + s.round_time(round.len());
-            if s.ready_at(&s.entries[i], 1, now) < ends {
+            if s.ready_at(&s.entries[i], now) < ends {
                 round.push(i);
             } else {
                 break;

@@ -1,7 +1,7 @@
 //! headroom from Python: the `headroom._headroom` extension module under the `headroom`
 //! package. A thin layer, adding no logic of its own: the engine of `headroom generate`
-//! ([`engine::Engine`], [`session::Session`]), PyTorch's memory names, the planner of
-//! `headroom plan` and the replay of `headroom mem replay` ([`tools`]). Compute runs with
+//! (`engine::Engine`, `session::Session`), PyTorch's memory names, the planner of
+//! `headroom plan` and the replay of `headroom mem replay` (`tools`). Compute runs with
 //! the GIL released; the Gymnasium environment is plain Python in the package.
 #![warn(missing_docs, missing_debug_implementations)]
 

@@ -148,11 +148,11 @@ impl Admission {
         }
         if let Some((steps, period)) = &self.realtime {
             if !steps.admits_another(*period) {
-                let n = steps.live() + 1;
-                let round = steps.round_time(n).unwrap_or_default();
+                let needed = steps.time_with_another().unwrap_or_default();
                 return Err(format!(
-                    "one more session would make the others late: a round of {n} sessions takes {:.0} ms, and a chunk plays for {:.0} ms (real-time capacity, --scheduler deadline)",
-                    round.as_secs_f64() * 1e3,
+                    "one more session would make the others late: a chunk of {} sessions takes {:.0} ms of device time, and a chunk plays for {:.0} ms (real-time capacity, --scheduler deadline)",
+                    steps.live() + 1,
+                    needed.as_secs_f64() * 1e3,
                     period.as_secs_f64() * 1e3,
                 ));
             }

@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 
-use headroom_model::camera::UpdateMode;
+use headroom_model::camera::{transition_frames, UpdateMode};
 
 /// Latent frames a chunk's block holds.
 const BLOCK: usize = 3;
@@ -34,15 +34,6 @@ pub struct EventTracker {
     active: VecDeque<(String, Lane, Option<usize>)>,
     /// Parts completed at this boundary (replaced), by event id.
     ended: Vec<String>,
-}
-
-/// Latent frames of a transition of `chunks` (0: at once).
-fn transition_frames(chunks: f64) -> usize {
-    if chunks.is_finite() && chunks > 0.0 {
-        ((chunks * BLOCK as f64).round() as usize).max(1)
-    } else {
-        0
-    }
 }
 
 impl EventTracker {

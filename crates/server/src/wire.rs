@@ -79,7 +79,11 @@ pub fn chunk_metadata(request_id: &str, transport_index: u64, chunk: &EncodedChu
         "generation_chunk_index": chunk.index,
         "num_frames": chunk.num_frames,
         "byte_length": chunk.bytes.len(),
-        "started_event_ids": chunk.started,
+        "started_event_ids": chunk
+            .started_frames
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>(),
         "started_event_frames": chunk
             .started_frames
             .iter()

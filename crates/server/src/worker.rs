@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use headroom_engine::{
     CancelToken, Chunk, Drive, Engine, EngineError, Pace, SessionDriver, SessionRequest,
-    SessionSnapshot, StepQueue,
+    SessionSnapshot, StepQueue, ROUND_MARGIN,
 };
 use headroom_media::FragmentedMp4;
 use headroom_tensor::comm::Communicator;
@@ -34,11 +34,6 @@ use crate::prompt::prompt_of;
 use crate::protocol::{Interaction, StartRequest};
 use crate::resume::{ParkReason, ResumeBook};
 
-/// What a paced session adds to its chunks' average making time when it decides when
-/// to start the next: room for the run-to-run spread of a chunk's time, little enough
-/// that an interaction waits hardly more than a chunk's generation.
-const MAKE_MARGIN: Duration = Duration::from_millis(30);
-
 /// One encoded chunk on its way to the socket.
 #[derive(Debug)]
 pub struct EncodedChunk {
@@ -48,10 +43,9 @@ pub struct EncodedChunk {
     pub num_frames: usize,
     /// Fragmented MP4: init segment + first fragment for chunk 0, one `moof`+`mdat` after.
     pub bytes: Vec<u8>,
-    /// Interactions applied at this chunk's start.
-    pub started: Vec<String>,
-    /// The video frame of this chunk each started interaction begins at (its arrival
-    /// since the previous chunk left, at the session's fps, clamped to the chunk).
+    /// Interactions applied at this chunk's start, each with the video frame of this
+    /// chunk it begins at (its arrival since the previous chunk began, at the session's
+    /// fps, clamped to the chunk).
     pub started_frames: Vec<(String, usize)>,
     /// Interactions still moving the camera after this chunk.
     pub active: Vec<String>,
@@ -434,22 +428,17 @@ impl Stream<'_> {
         parked.unwrap_or_else(Ending::Failed)
     }
 
-    /// Waits, off the device, until `at` (a paced chunk's release): how long it waited,
-    /// or `None` when the session was stopped meanwhile. A request to park ends the
-    /// wait early: the chunk goes now and the session parks at this boundary.
-    fn wait_until(&self, at: Instant) -> Option<Duration> {
-        let start = Instant::now();
+    /// Waits, off the device, until `at` (when a paced chunk on its own clock should
+    /// start); `false` when the session was stopped meanwhile. A request to park ends
+    /// the wait early: the session parks at this boundary.
+    fn wait_until(&self, at: Instant) -> bool {
         loop {
             if self.cancel.is_cancelled() {
-                return None;
+                return false;
             }
             let now = Instant::now();
-            if now >= at {
-                // Zero for a chunk that was due when it was ready.
-                return Some(at.saturating_duration_since(start));
-            }
-            if self.parking.is_some_and(|p| p.request.asked().is_some()) {
-                return Some(now.saturating_duration_since(start));
+            if now >= at || self.parking.is_some_and(|p| p.request.asked().is_some()) {
+                return true;
             }
             std::thread::sleep((at - now).min(Duration::from_millis(10)));
         }
@@ -504,8 +493,8 @@ impl Stream<'_> {
         // before the first). An interaction starts at the frame of the coming chunk its
         // arrival since then gives.
         let mut boundary = Instant::now();
-        // How long chunks take to make (a moving average): a paced session starts a
-        // chunk that long (and MAKE_MARGIN) before it is due.
+        // How long chunks take to make (a moving average): a paced session on its own
+        // clock starts a chunk that long (and the step queue's margin) before it is due.
         let mut making: Option<f64> = None;
         // Frames a resumed session made before this stream (for --max-session-frames).
         let before = if first > 0 {
@@ -545,11 +534,8 @@ impl Stream<'_> {
                 }
                 // On its own clock: start the chunk its making time before it is due.
                 Some(at) => {
-                    let make = Duration::from_secs_f64(making.unwrap_or(0.0)) + MAKE_MARGIN;
-                    if self
-                        .wait_until(at.checked_sub(make).unwrap_or(at))
-                        .is_none()
-                    {
+                    let make = Duration::from_secs_f64(making.unwrap_or(0.0)) + ROUND_MARGIN;
+                    if !self.wait_until(at.checked_sub(make).unwrap_or(at)) {
                         return Ending::Cancelled;
                     }
                     self.session.await_turn(due, Pace::Asap, &give_up)
@@ -567,7 +553,6 @@ impl Stream<'_> {
                 Err(ending) => return ending,
             };
             boundary = Instant::now();
-            let started = started_frames.iter().map(|(id, _)| id.clone()).collect();
             let t = Instant::now();
             let chunk = match self.session.next_chunk_due(due) {
                 Ok(chunk) => chunk,
@@ -610,7 +595,6 @@ impl Stream<'_> {
                 index: chunk.index,
                 num_frames: chunk.frames.shape().first().copied().unwrap_or(0),
                 bytes: encoded,
-                started,
                 started_frames,
                 active,
                 completed,

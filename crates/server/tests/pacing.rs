@@ -96,35 +96,16 @@ async fn an_interaction_sent_mid_chunk_starts_on_the_frame_its_arrival_gives() {
     send(&mut ws, start).await;
     assert_eq!(recv_json(&mut ws).await["type"], "video.start");
     // Chunks 0 and 1, with when chunk 1 began: its arrival less its wait and its making.
-    let mut meta = Vec::new();
-    let mut arrived = None;
-    while arrived.is_none() {
-        match recv(&mut ws).await {
-            In::Json(v) if v["type"] == "video.chunk_metadata" => meta.push(v),
-            In::Bin(_) if meta.len() == 2 => arrived = Some(Instant::now()),
-            In::Bin(_) => {}
-            other => panic!("{other:?}"),
-        }
-    }
-    let m1 = &meta[1];
+    next_chunk_meta(&mut ws).await;
+    let (m1, arrived) = next_chunk_meta(&mut ws).await;
     let made = (m1["latency_ms"].as_f64().unwrap() + m1["paced_wait_ms"].as_f64().unwrap()) / 1e3;
-    let boundary = arrived.unwrap() - Duration::from_secs_f64(made);
+    let boundary = arrived - Duration::from_secs_f64(made);
     tokio::time::sleep(Duration::from_millis(250)).await;
     let sent = Instant::now();
     send(&mut ws, velocity("mid")).await;
     let want = ((sent - boundary).as_secs_f64() * 16.0).floor() as i64;
     // The chunk that starts it: chunk 2.
-    let (m2, at) = loop {
-        match recv(&mut ws).await {
-            In::Json(v) if v["type"] == "video.chunk_metadata" => {
-                if let In::Bin(_) = recv(&mut ws).await {
-                    break (v, Instant::now());
-                }
-            }
-            In::Json(v) => assert_ne!(v["type"], "error", "{v}"),
-            other => panic!("{other:?}"),
-        }
-    };
+    let (m2, at) = next_chunk_meta(&mut ws).await;
     assert_eq!(m2["generation_chunk_index"], 2, "{m2}");
     assert_eq!(m2["started_event_ids"], json!(["mid"]));
     let frame = m2["started_event_frames"]["mid"].as_i64().unwrap();
@@ -141,13 +122,13 @@ async fn an_interaction_sent_mid_chunk_starts_on_the_frame_its_arrival_gives() {
     ts.stop().await;
 }
 
-/// The metadata of the next chunk (its fragment read too).
-async fn next_chunk_meta(ws: &mut Ws) -> Value {
+/// The metadata of the next chunk and when its fragment (which follows it) arrived.
+async fn next_chunk_meta(ws: &mut Ws) -> (Value, Instant) {
     loop {
         match recv(ws).await {
             In::Json(v) if v["type"] == "video.chunk_metadata" => {
                 assert!(matches!(recv(ws).await, In::Bin(_)));
-                return v;
+                return (v, Instant::now());
             }
             In::Json(v) => assert_ne!(v["type"], "error", "{v}"),
             other => panic!("{other:?}"),
@@ -165,7 +146,7 @@ async fn the_last_prompt_before_a_boundary_wins_and_blends_over_its_transition_c
     send(&mut ws, start).await;
     assert_eq!(recv_json(&mut ws).await["type"], "video.start");
     let ids = |v: &Value, k: &str| v[k].clone();
-    let m0 = next_chunk_meta(&mut ws).await;
+    let (m0, _) = next_chunk_meta(&mut ws).await;
     assert_eq!(m0["generation_chunk_index"], 0);
     let prompt = |id: &str, text: &str, chunks: Option<u32>| {
         let mut i = json!({"event_id": id, "event": {"prompt": text}});
@@ -177,21 +158,21 @@ async fn the_last_prompt_before_a_boundary_wins_and_blends_over_its_transition_c
     send(&mut ws, prompt("p1", "a red barn", Some(2))).await;
     send(&mut ws, prompt("p2", "snow on the hills", Some(2))).await;
     // p2 wins; p1 completes at the boundary without starting; p2 blends over 2 chunks.
-    let m1 = next_chunk_meta(&mut ws).await;
+    let (m1, _) = next_chunk_meta(&mut ws).await;
     assert_eq!(ids(&m1, "started_event_ids"), json!(["p2"]), "{m1}");
     assert_eq!(ids(&m1, "completed_event_ids"), json!(["p1"]), "{m1}");
     assert_eq!(ids(&m1, "active_event_ids"), json!(["p2"]), "{m1}");
-    let m2 = next_chunk_meta(&mut ws).await;
+    let (m2, _) = next_chunk_meta(&mut ws).await;
     assert_eq!(ids(&m2, "active_event_ids"), json!([]), "{m2}");
     assert_eq!(ids(&m2, "completed_event_ids"), json!(["p2"]), "{m2}");
     // The default transition is 3 chunks; a newer prompt replaces it at its boundary.
     send(&mut ws, prompt("p3", "a quiet street", None)).await;
-    let m3 = next_chunk_meta(&mut ws).await;
+    let (m3, _) = next_chunk_meta(&mut ws).await;
     assert_eq!(ids(&m3, "started_event_ids"), json!(["p3"]), "{m3}");
-    let m4 = next_chunk_meta(&mut ws).await;
+    let (m4, _) = next_chunk_meta(&mut ws).await;
     assert_eq!(ids(&m4, "active_event_ids"), json!(["p3"]), "{m4}");
     send(&mut ws, prompt("p4", "night falls", Some(0))).await;
-    let m5 = next_chunk_meta(&mut ws).await;
+    let (m5, _) = next_chunk_meta(&mut ws).await;
     assert_eq!(ids(&m5, "started_event_ids"), json!(["p4"]), "{m5}");
     assert_eq!(ids(&m5, "completed_event_ids"), json!(["p3", "p4"]), "{m5}");
     assert_eq!(ids(&m5, "active_event_ids"), json!([]), "{m5}");

@@ -14,6 +14,7 @@
 //! hundred KiB for `world`), so a change can start from them; a snapshot saves them
 //! with the text keys/values.
 
+use headroom_model::camera::transition_frames;
 use headroom_model::{SavedTensor, StateReader, StateWriter};
 use headroom_tensor::{DType, Tensor};
 
@@ -105,15 +106,6 @@ impl PromptState {
             current: Some(current),
             ..Self::default()
         }
-    }
-}
-
-/// Latent frames a transition of `chunks` spans (0: at once).
-pub(crate) fn transition_frames(chunks: f64) -> usize {
-    if chunks.is_finite() && chunks > 0.0 {
-        ((chunks * BLOCK_FRAMES as f64).round() as usize).max(1)
-    } else {
-        0
     }
 }
 

@@ -159,7 +159,7 @@ impl InteractionHandler {
                     self.pose = target;
                     self.active = None;
                 } else {
-                    let total = (d * 3.0).round().max(1.0) as u64;
+                    let total = transition_frames(d) as u64;
                     active.steps += 1;
                     let a = (active.steps as f64 / total as f64).min(1.0);
                     let s = active.source;
@@ -173,6 +173,17 @@ impl InteractionHandler {
             }
         }
         self.pose
+    }
+}
+
+/// Latent frames a transition of `chunks` chunks spans, `max(1, round(3·chunks))` (3
+/// latent frames a chunk, vLLM-Omni's rule for camera targets and prompt blends); 0 for
+/// `chunks ≤ 0`: at once.
+pub fn transition_frames(chunks: f64) -> usize {
+    if chunks.is_finite() && chunks > 0.0 {
+        ((chunks * 3.0).round() as usize).max(1)
+    } else {
+        0
     }
 }
 

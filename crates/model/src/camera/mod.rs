@@ -10,7 +10,7 @@ use crate::error::{ModelError, Result};
 
 mod interaction;
 
-pub use interaction::{CameraUpdate, InteractionHandler, UpdateMode};
+pub use interaction::{transition_frames, CameraUpdate, InteractionHandler, UpdateMode};
 
 /// A 4×4 camera-to-world matrix, row-major, f64.
 pub type Pose = [[f64; 4]; 4];
