@@ -1,7 +1,8 @@
 //! The TAEHV tiny decoder against `taehv.py`: fixtures made by
 //! `tools/make_taehv_fixtures.py` (taew2_1's and taew2_2's layouts at narrow widths,
 //! seeded weights saved as an f16 `.pth` and an f32 `.safetensors` with the same values,
-//! latents and taehv.py's decode).
+//! latents and taehv.py's decode) and `tools/make_taehv_stages_fixture.py` (a two-stage
+//! decoder, 4× in space and time, as for a VAE with 4× spatial compression).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -73,6 +74,7 @@ fn the_files_shapes_give_the_config() {
     let one = TinyDecoder::load(&fixture("taew2_1").join("decoder.pth"), &dev, DType::F32).unwrap();
     assert_eq!((one.config().latent_channels, one.config().patch), (16, 1));
     assert_eq!(one.config().widths, [32, 16, 8, 8]);
+    assert_eq!(one.config().time_strides, [1, 2, 2]);
     let two = TinyDecoder::load(
         &fixture("taew2_2").join("decoder_f32.safetensors"),
         &dev,
@@ -172,7 +174,7 @@ fn a_fresh_and_a_running_stream_do_not_batch() {
     let dev = Device::cpu().unwrap();
     let decoder = TinyDecoder::seeded(
         TinyConfig {
-            widths: [8, 8, 8, 8],
+            widths: vec![8, 8, 8, 8],
             ..TinyConfig::taew2_1()
         },
         1,
@@ -212,7 +214,8 @@ fn super_and_foreign_files_are_refused_by_name() {
     wan.insert("decoder.conv_in.weight".to_string(), vec![384, 16, 3, 3, 3]);
     let err = recognise(&wan).unwrap_err();
     assert!(err.to_string().contains("not a TAEHV file"), "{err}");
-    // A file whose TGrow has too few rows for 2 frames is refused naming the key.
+    // A file whose TGrow's rows are not a whole number of frames is refused naming the
+    // key (16 rows are a stride of 1 at width 16; 24 are 1.5 frames).
     let dev = Device::cpu().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("short.safetensors");
@@ -222,7 +225,7 @@ fn super_and_foreign_files_are_refused_by_name() {
     for name in file.names().unwrap() {
         let t = file.load(&name, &dev, Some(DType::F32)).unwrap();
         let t = if name == "decoder.13.conv.weight" {
-            t.narrow(0, 0, 16).unwrap().contiguous().unwrap()
+            t.narrow(0, 0, 24).unwrap().contiguous().unwrap()
         } else {
             t
         };
@@ -232,4 +235,168 @@ fn super_and_foreign_files_are_refused_by_name() {
     headroom_tensor::io::safetensors::save_safetensors(&path, &refs).unwrap();
     let err = TinyDecoder::load(&path, &dev, DType::F32).unwrap_err();
     assert!(err.to_string().contains("decoder.13.conv.weight"), "{err}");
+}
+
+/// Tensor names and shapes, as `recognise` reads them.
+type Shapes = BTreeMap<String, Vec<usize>>;
+
+/// The tensor shapes of a safetensors fixture.
+fn file_shapes(path: &std::path::Path) -> Shapes {
+    let file = headroom_tensor::io::safetensors::SafetensorsFile::open(path).unwrap();
+    file.names()
+        .unwrap()
+        .into_iter()
+        .map(|name| {
+            let shape = file.info(&name).unwrap().0;
+            (name, shape)
+        })
+        .collect()
+}
+
+#[test]
+fn two_stage_tiny_decode_streamed_a_latent_frame_at_a_time_matches_pytorch_within_1e_4() {
+    let dev = Device::cpu().unwrap();
+    let dir = fixture("two_stage");
+    let decoder = TinyDecoder::load(&dir.join("decoder.safetensors"), &dev, DType::F32).unwrap();
+    let config = decoder.config();
+    assert_eq!(config.stage_count(), 2);
+    assert_eq!(config.widths, [12, 8, 6]);
+    assert_eq!(config.time_strides, [2, 2]);
+    assert_eq!((config.spatial_factor(), config.t_upscale()), (4, 4));
+    assert_eq!(decoder.slot_count(), 6);
+    let z = read_npy(dir.join("latents.npy"), &dev).unwrap();
+    let expected = read_npy(dir.join("decoded.npy"), &dev).unwrap();
+    let frames = z.shape()[2];
+    // As the engine streams: one latent frame a chunk, through one state.
+    let got = chunked(&decoder, &z, &vec![1; frames]);
+    assert_eq!(got.shape()[2], 1 + 4 * (frames - 1));
+    assert_eq!(
+        got.shape(),
+        &[
+            1,
+            3,
+            1 + 4 * (frames - 1),
+            4 * z.shape()[3],
+            4 * z.shape()[4]
+        ]
+    );
+    let err = max_abs_diff(&got, &expected);
+    println!("two_stage: max abs error {err:e}");
+    assert!(err <= 1e-4, "two_stage: max abs error {err}");
+    // The state is one frame per memory block of the two stages.
+    let mut state = StreamingDecodeState::new("s").unwrap();
+    decoder
+        .decode_streams(&[&z], &mut [&mut state], OutputFormat::Video, &RunToEnd)
+        .unwrap();
+    assert_eq!(state.nbytes(), decoder.state_bytes(12, 20));
+}
+
+#[test]
+fn a_three_stage_file_still_recognises_as_three_stages() {
+    for (name, patch) in [("taew2_1", 1), ("taew2_2", 2)] {
+        let shapes = file_shapes(&fixture(name).join("decoder_f32.safetensors"));
+        let config = recognise(&shapes).unwrap();
+        assert_eq!(config.stage_count(), 3, "{name}");
+        assert_eq!(config.widths, [32, 16, 8, 8], "{name}");
+        assert_eq!(config.time_strides, [1, 2, 2], "{name}");
+        assert_eq!(config.spatial_factor(), 8 * patch, "{name}");
+    }
+    assert_eq!(TinyConfig::taew2_1().widths, [256, 128, 64, 64]);
+    assert_eq!(TinyConfig::taew2_1().time_strides, [1, 2, 2]);
+    assert_eq!(TinyConfig::taew2_2().spatial_factor(), 16);
+}
+
+#[test]
+fn a_malformed_stage_layout_is_refused_naming_the_key_and_the_rule() {
+    let good = file_shapes(&fixture("two_stage").join("decoder.safetensors"));
+    assert_eq!(recognise(&good).unwrap().stage_count(), 2);
+    let refused = |edit: &dyn Fn(&mut Shapes), words: &[&str]| {
+        let mut shapes = good.clone();
+        edit(&mut shapes);
+        let err = recognise(&shapes).unwrap_err().to_string();
+        for w in words {
+            assert!(err.contains(w), "{words:?}: {err}");
+        }
+    };
+    let add = |key: &'static str, shape: Vec<usize>| {
+        move |s: &mut Shapes| {
+            s.insert(key.to_string(), shape.clone());
+        }
+    };
+    // A last layer off 4 + 6·N.
+    refused(
+        &add("decoder.19.weight", vec![3, 6, 3, 3]),
+        &["decoder.19.weight", "4 + 6·N"],
+    );
+    // More stages than MAX_STAGES (9: the last at 58).
+    refused(
+        &add("decoder.58.weight", vec![3, 6, 3, 3]),
+        &["decoder.58.weight", "9 stages", "at most 8"],
+    );
+    // An index no decoder has.
+    refused(
+        &add("decoder.99999999999999999999999.weight", vec![1]),
+        &["decoder.99999999999999999999999.weight", "index"],
+    );
+    // Weights at a parameter-free layer (stage 0's upsample).
+    refused(
+        &add("decoder.6.weight", vec![12, 12, 3, 3]),
+        &["decoder.6.weight", "upsample"],
+    );
+    // The output conv where a 2-stage decoder's last ReLU is.
+    refused(
+        &|s: &mut Shapes| {
+            let w = s.remove("decoder.16.weight").unwrap();
+            s.remove("decoder.16.bias");
+            s.insert("decoder.15.weight".into(), w);
+        },
+        &["decoder.15.weight", "4 + 6·N"],
+    );
+    // A TGrow that is not a whole number of frames, and one of another width.
+    refused(
+        &add("decoder.7.conv.weight", vec![18, 12, 1, 1]),
+        &["decoder.7.conv.weight", "stride"],
+    );
+    refused(
+        &add("decoder.13.conv.weight", vec![16, 6, 1, 1]),
+        &["decoder.13.conv.weight"],
+    );
+    // A stage conv whose input is not its stage's width.
+    refused(
+        &add("decoder.14.weight", vec![6, 9, 3, 3]),
+        &["decoder.14.weight"],
+    );
+    // A stage without its TGrow.
+    refused(
+        &|s: &mut Shapes| {
+            s.remove("decoder.13.conv.weight");
+        },
+        &["decoder.13.conv.weight"],
+    );
+    // Strides of 8·4 frames a latent frame, past MAX_T_UPSCALE.
+    refused(
+        &|s: &mut Shapes| {
+            s.insert("decoder.7.conv.weight".into(), vec![96, 12, 1, 1]);
+            s.insert("decoder.13.conv.weight".into(), vec![32, 8, 1, 1]);
+        },
+        &["time_strides", "32 frames"],
+    );
+    // Configs made in code are held to the same rule.
+    let three_widths_one_stride = TinyConfig {
+        widths: vec![8, 8, 8],
+        time_strides: vec![2],
+        ..TinyConfig::taew2_1()
+    };
+    let err = three_widths_one_stride.validate().unwrap_err().to_string();
+    assert!(err.contains("widths"), "{err}");
+    let none = TinyConfig {
+        widths: vec![8],
+        time_strides: vec![],
+        ..TinyConfig::taew2_1()
+    };
+    assert!(none
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("time_strides"));
 }

@@ -1,12 +1,14 @@
 //! TAEHV's tiny video decoder (github.com/madebyollin/taehv, `taehv.py`): the decoder
-//! half of the released `taew2_1` / `taew2_2` files, streamed per session.
+//! half of the released `taew2_1` / `taew2_2` files and of decoders distilled in their
+//! layout, streamed per session.
 //!
 //! The network is one sequence of 2-D layers over frames: `tanh(x/3)·3`, a 3×3 conv to
-//! the first width, then three stages of three `MemBlock`s, a nearest ×2 upsample, a
+//! the first width, then `N` stages (three in the released files, two in a decoder for
+//! a VAE with 4× spatial compression) of three `MemBlock`s, a nearest ×2 upsample, a
 //! `TGrow` (a 1×1 conv whose channel groups become successive frames) and a 3×3 conv to
 //! the next width; a ReLU, a last 3×3 conv to `3·p²` channels, a pixel shuffle by `p`,
 //! and a clamp to [0, 1]. A memory block sees its own input at the previous frame, so a
-//! stream's state is one frame per memory block (nine), a few tens of MiB where the
+//! stream's state is one frame per memory block (`3·N`), a few tens of MiB where the
 //! full VAE keeps GiBs; nothing else carries from frame to frame. The first
 //! `t_upscale − 1` output frames of a stream are dropped, so latent frame 0 gives one
 //! frame and every later one `t_upscale` (4), as the Wan VAE does.
@@ -30,6 +32,26 @@ pub use load::{is_taehv, is_taehv_file, recognise};
 /// Memory blocks per stage.
 const MEM_BLOCKS: usize = 3;
 
+/// The most stages a decoder may have (a file says how many; 8 is 256× in space).
+pub const MAX_STAGES: usize = 8;
+
+/// The most output frames per latent frame (the product of the time strides; Wan's
+/// VAEs make 4).
+pub const MAX_T_UPSCALE: usize = 16;
+
+/// Index in `taehv.py`'s `decoder` Sequential of layer `offset` of stage `k` (0–2 its
+/// memory blocks, 3 the upsample, 4 the `TGrow`, 5 the conv): after the clamp, the
+/// first conv and a ReLU (0–2), six layers a stage.
+fn stage_layer(k: usize, offset: usize) -> usize {
+    3 + 6 * k + offset
+}
+
+/// Index of the output conv of a decoder of `stages` stages, `4 + 6·stages` (after the
+/// stages come a ReLU, then the conv).
+fn last_layer(stages: usize) -> usize {
+    stage_layer(stages, 1)
+}
+
 /// Shape of a TAEHV decoder: what the file's shapes say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TinyConfig {
@@ -37,10 +59,12 @@ pub struct TinyConfig {
     pub latent_channels: usize,
     /// Output pixel-shuffle factor (1 for `taew2_1`, 2 for `taew2_2`).
     pub patch: usize,
-    /// Widths of the three stages and of the output conv (`[256, 128, 64, 64]`).
-    pub widths: [usize; 4],
-    /// Frames each stage's `TGrow` makes of one (`[1, 2, 2]`: 4 frames a latent frame).
-    pub time_strides: [usize; 3],
+    /// Width of each stage and of the output conv: one more than the stages
+    /// (`[256, 128, 64, 64]` for three).
+    pub widths: Vec<usize>,
+    /// Frames each stage's `TGrow` makes of one, one per stage (`[1, 2, 2]`: 4 frames a
+    /// latent frame).
+    pub time_strides: Vec<usize>,
 }
 
 impl TinyConfig {
@@ -49,8 +73,8 @@ impl TinyConfig {
         Self {
             latent_channels: 16,
             patch: 1,
-            widths: [256, 128, 64, 64],
-            time_strides: [1, 2, 2],
+            widths: vec![256, 128, 64, 64],
+            time_strides: vec![1, 2, 2],
         }
     }
 
@@ -76,22 +100,53 @@ impl TinyConfig {
         }
     }
 
-    /// Output frames per latent frame.
+    /// Stages (×2 upsamples): one per time stride.
+    pub fn stage_count(&self) -> usize {
+        self.time_strides.len()
+    }
+
+    /// Output frames per latent frame (saturating: [`Self::validate`] bounds it).
     pub fn t_upscale(&self) -> usize {
-        self.time_strides.iter().product()
+        self.time_strides
+            .iter()
+            .fold(1usize, |acc, &s| acc.saturating_mul(s))
     }
 
-    /// Pixels per latent cell along each side (three ×2 upsamples, then the patch).
+    /// Pixels per latent cell along each side: `2^stages · patch` (saturating:
+    /// [`Self::validate`] bounds it).
     pub fn spatial_factor(&self) -> usize {
-        8 * self.patch
+        u32::try_from(self.stage_count())
+            .ok()
+            .and_then(|n| 1usize.checked_shl(n))
+            .map_or(usize::MAX, |f| f.saturating_mul(self.patch))
     }
 
-    /// Refuses empty widths and strides.
+    /// Refuses empty widths and strides, a stage count outside 1..=[`MAX_STAGES`],
+    /// widths that are not one more than the stages, and more than [`MAX_T_UPSCALE`]
+    /// frames per latent frame.
     pub fn validate(&self) -> Result<()> {
         if self.latent_channels == 0 || self.patch == 0 {
             return Err(ModelError::config(
                 "tiny decoder",
                 "latent channels and patch must be at least 1",
+            ));
+        }
+        let n = self.stage_count();
+        if !(1..=MAX_STAGES).contains(&n) {
+            return Err(ModelError::config(
+                "time_strides",
+                format!("{n} stages (one stride each); a tiny decoder has 1 to {MAX_STAGES}"),
+            ));
+        }
+        if self.widths.len() != n + 1 {
+            return Err(ModelError::config(
+                "widths",
+                format!(
+                    "{:?} has {} entries; {n} stages need {} (each stage's and the output conv's)",
+                    self.widths,
+                    self.widths.len(),
+                    n + 1
+                ),
             ));
         }
         if self.widths.contains(&0) || self.time_strides.contains(&0) {
@@ -103,17 +158,27 @@ impl TinyConfig {
                 ),
             ));
         }
+        if self.t_upscale() > MAX_T_UPSCALE {
+            return Err(ModelError::config(
+                "time_strides",
+                format!(
+                    "{:?} make {} frames per latent frame; at most {MAX_T_UPSCALE}",
+                    self.time_strides,
+                    self.t_upscale()
+                ),
+            ));
+        }
         Ok(())
     }
 
     /// Per stage: (width, frames per latent frame, pixels per latent cell) of the memory
     /// blocks' inputs, which a stream's state holds one frame of per block.
-    fn stages(&self) -> [(usize, usize, usize); 3] {
+    fn stages(&self) -> Vec<(usize, usize, usize)> {
         let mut frames = 1;
-        let mut out = [(0, 0, 0); 3];
-        for (k, stage) in out.iter_mut().enumerate() {
-            *stage = (self.widths[k], frames, 1 << k);
-            frames *= self.time_strides[k];
+        let mut out = Vec::with_capacity(self.stage_count());
+        for (k, (&width, &stride)) in self.widths.iter().zip(&self.time_strides).enumerate() {
+            out.push((width, frames, 1 << k));
+            frames *= stride;
         }
         out
     }
@@ -303,25 +368,20 @@ pub struct TinyDecoder {
 }
 
 impl TinyDecoder {
-    /// Builds the decoder from a store under TAEHV's keys (`decoder.{index}.…`).
+    /// Builds the decoder from a store under TAEHV's keys (`decoder.{index}.…`, indexed
+    /// as `taehv.py`'s Sequential of `config`'s stages).
     pub fn from_store(config: TinyConfig, w: &WeightStore) -> Result<Self> {
         config.validate()?;
-        let n = config.widths;
+        let n = &config.widths;
         let first = Conv::load(w, "decoder.1", config.latent_channels, n[0], true)?;
-        let mut stages = Vec::with_capacity(3);
-        for k in 0..3 {
-            let base = 3 + 6 * k;
+        let mut stages = Vec::with_capacity(config.stage_count());
+        for (k, &stride) in config.time_strides.iter().enumerate() {
+            let key = |offset| format!("decoder.{}", stage_layer(k, offset));
             let blocks = (0..MEM_BLOCKS)
-                .map(|j| MemBlock::load(w, &format!("decoder.{}", base + j), n[k]))
+                .map(|j| MemBlock::load(w, &key(j), n[k]))
                 .collect::<Result<Vec<_>>>()?;
-            let stride = config.time_strides[k];
-            let grow = load::grow_weight(
-                w,
-                &format!("decoder.{}.conv.weight", base + 4),
-                n[k],
-                stride,
-            )?;
-            let conv = Conv::load(w, &format!("decoder.{}", base + 5), n[k], n[k + 1], false)?;
+            let grow = load::grow_weight(w, &format!("{}.conv.weight", key(4)), n[k], stride)?;
+            let conv = Conv::load(w, &key(5), n[k], n[k + 1], false)?;
             stages.push(Stage {
                 blocks,
                 grow,
@@ -329,7 +389,14 @@ impl TinyDecoder {
                 phase: phase_weights(&conv.weight)?,
             });
         }
-        let last = Conv::load(w, "decoder.22", n[3], 3 * config.patch * config.patch, true)?;
+        let stage_count = config.stage_count();
+        let last = Conv::load(
+            w,
+            &format!("decoder.{}", last_layer(stage_count)),
+            n[stage_count],
+            3 * config.patch * config.patch,
+            true,
+        )?;
         Ok(Self {
             id: crate::vae::next_decoder_id(),
             first,
@@ -375,7 +442,7 @@ impl TinyDecoder {
 
     /// Memory-block slots a stream's state holds.
     pub fn slot_count(&self) -> usize {
-        3 * MEM_BLOCKS
+        self.stages.len() * MEM_BLOCKS
     }
 
     /// The state dtype: bf16 state for a bf16 decoder (its convs round their inputs to
@@ -504,4 +571,80 @@ fn upsampled_conv(x: &Tensor, phase: &Tensor) -> Result<Tensor> {
     let phases = Tensor::cat(&parts.iter().collect::<Vec<_>>(), 2)?;
     drop((parts, y));
     Ok(phases.reshape(&[n, 4 * cout, h, w])?.pixel_shuffle(2)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_indices_follow_taehv_py_sequential_for_any_stage_count() {
+        // taehv.py's three stages: memory blocks 3–5, TGrow 7, conv 8; … conv 20; last 22.
+        assert_eq!(
+            (stage_layer(0, 0), stage_layer(0, 4), stage_layer(0, 5)),
+            (3, 7, 8)
+        );
+        assert_eq!((stage_layer(2, 0), stage_layer(2, 5)), (15, 20));
+        assert_eq!(last_layer(3), 22);
+        // Two stages: TGrows 7 and 13, convs 8 and 14, a ReLU at 15, the last conv 16.
+        assert_eq!(
+            (stage_layer(1, 4), stage_layer(1, 5), last_layer(2)),
+            (13, 14, 16)
+        );
+        assert_eq!(last_layer(1), 10);
+    }
+
+    #[test]
+    fn factors_and_state_follow_the_stage_count() {
+        let two = TinyConfig {
+            widths: vec![12, 8, 6],
+            time_strides: vec![2, 2],
+            ..TinyConfig::taew2_1()
+        };
+        two.validate().unwrap();
+        assert_eq!(
+            (two.stage_count(), two.spatial_factor(), two.t_upscale()),
+            (2, 4, 4)
+        );
+        // Stage 0 at the latent size, stage 1 at twice it: 3 blocks each.
+        let (h, w) = (5, 7);
+        assert_eq!(
+            two.state_bytes(4 * h, 4 * w, DType::F32),
+            (3 * 4 * (12 * h * w + 8 * 4 * h * w)) as u64
+        );
+        let one = TinyDecoder::seeded(two, 1, &Device::cpu().unwrap(), DType::F32).unwrap();
+        assert_eq!(one.slot_count(), 6);
+        let released = TinyConfig::taew2_1();
+        assert_eq!((released.stage_count(), released.spatial_factor()), (3, 8));
+        assert_eq!(released.t_upscale(), 4);
+    }
+
+    #[test]
+    fn configs_out_of_bounds_are_refused_naming_the_field() {
+        let base = TinyConfig::taew2_1();
+        let nine = TinyConfig {
+            widths: vec![4; 10],
+            time_strides: vec![1; 9],
+            ..base.clone()
+        };
+        assert!(nine
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("time_strides"));
+        let short = TinyConfig {
+            widths: vec![4; 3],
+            ..base.clone()
+        };
+        assert!(short.validate().unwrap_err().to_string().contains("widths"));
+        let long_time = TinyConfig {
+            time_strides: vec![4, 4, 2],
+            ..base
+        };
+        assert!(long_time
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("at most 16"));
+    }
 }
