@@ -83,7 +83,8 @@ fn invalid(field: &'static str, rule: impl Into<String>) -> BenchError {
     }
 }
 
-/// The two decoders of `config.model`.
+/// The two decoders of `config.model`, refused unless they decode the same latents to
+/// the same frames.
 fn load(config: &DecoderBenchConfig, device: &Device) -> Result<(WanVae, TinyDecoder)> {
     let model = |e: headroom_model::ModelError| invalid("model", e.to_string());
     let folder = Path::new(&config.model);
@@ -105,6 +106,18 @@ fn load(config: &DecoderBenchConfig, device: &Device) -> Result<(WanVae, TinyDec
             .and_then(|c| TinyDecoder::seeded(c, 1, device, config.dtype)),
     }
     .map_err(|e| invalid("tiny_decoder", e.to_string()))?;
+    // A tiny decoder of another stage count would time other frames than the VAE's.
+    let (vc, tc) = (vae.config(), tiny.config());
+    let full = (vc.z_dim, vc.spatial_factor(), vc.temporal_factor());
+    let small = (tc.latent_channels, tc.spatial_factor(), tc.t_upscale());
+    if full != small {
+        return Err(invalid(
+            "tiny_decoder",
+            format!(
+                "decodes (channels, space, time) {small:?} and the VAE {full:?}: give the tiny decoder made for this VAE"
+            ),
+        ));
+    }
     Ok((vae, tiny))
 }
 

@@ -319,7 +319,8 @@ pub const TINY_DECODER_FILE: &str = "tiny_decoder.safetensors";
 
 /// The engine's tiny decoder: `config.tiny_decoder`, else (when sessions decode tiny by
 /// default) the model folder's [`TINY_DECODER_FILE`], else for a built-in model seeded
-/// weights of the released decoder of its latents; checked against the VAE's latents.
+/// weights of the released decoder of its latents; checked against the VAE's latents
+/// (channels, spatial and temporal factors).
 fn load_tiny(
     config: &EngineConfig,
     source: &ModelSource,
@@ -351,13 +352,16 @@ fn load_tiny(
             dtype,
         )?,
     };
-    if tiny.latent_channels() != z || tiny.spatial_factor() != s {
+    // Frames per latent frame too: sessions count their frames by the VAE's factor.
+    let t = vae.config().temporal_factor();
+    if tiny.latent_channels() != z || tiny.spatial_factor() != s || tiny.config().t_upscale() != t {
         return Err(EngineError::request(
             "tiny_decoder",
             format!(
-                "decodes {}-channel latents {}× in space, and the model's VAE makes {z}-channel latents {s}×",
+                "decodes {}-channel latents {}× in space and {}× in time, and the model's VAE makes {z}-channel latents {s}× and {t}×",
                 tiny.latent_channels(),
-                tiny.spatial_factor()
+                tiny.spatial_factor(),
+                tiny.config().t_upscale()
             ),
         ));
     }
