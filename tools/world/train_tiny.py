@@ -15,7 +15,14 @@ Stages (resumable under --work):
   train   the tiny decoder for --minutes (Adam, lr 1e-3 then cosine to 1e-4, batch 4)
   export  models/world/tiny_decoder.safetensors (f32, TAEHV's decoder.{index} keys) and
           models/world/tiny_decoder.json: held-out PSNR against the truth and against the
-          full decode, the widths and the training's length
+          full decode, the widths, time strides and the training's length
+
+The decoder has one x2 upsample stage per entry of --strides (each the frames its TGrow
+makes of one) and --widths one entry more (each stage's width, then the output conv's):
+the default `--widths 32,24,16,16 --strides 1,2,2` is TAEHV's three stages (8x space, 4x
+time) for an 8x VAE; `--widths 32,24,16 --strides 2,2` is two stages (4x space, 4x time)
+for a VAE with 4x spatial compression. The layer indices, and so the file's keys, follow
+taehv.py's Sequential for any stage count (six layers a stage, the last conv at 4 + 6 N).
 
     ~/.headroom-reference/bin/python tools/world/train_tiny.py --work /tmp/world-tiny
 """
@@ -141,16 +148,22 @@ class Clamp(nn.Module):
 
 
 class TinyDecoder(nn.Module):
-    """TAEHV's decoder layout (indices are the checkpoint keys' decoder.{index})."""
+    """TAEHV's decoder layout (indices are the checkpoint keys' decoder.{index}) with one
+    stage per time stride: `widths` holds each stage's width and the output conv's."""
 
     def __init__(self, latent, widths, strides=(1, 2, 2)):
         super().__init__()
+        if not 1 <= len(strides) <= 8 or len(widths) != len(strides) + 1:
+            raise ValueError(f"widths {list(widths)} and strides {list(strides)}: 1 to 8 stages "
+                             "(one stride each) and one width more than the stages")
+        if min(widths) < 1 or min(strides) < 1:
+            raise ValueError(f"widths {list(widths)} and strides {list(strides)} must be at least 1")
         layers = [Clamp(), nn.Conv2d(latent, widths[0], 3, padding=1), nn.ReLU()]
         for k, s in enumerate(strides):
             layers += [MemBlock(widths[k]) for _ in range(3)]
             layers += [nn.Upsample(scale_factor=2), TGrow(widths[k], s),
                        nn.Conv2d(widths[k], widths[k + 1], 3, padding=1, bias=False)]
-        layers += [nn.ReLU(), nn.Conv2d(widths[3], 3, 3, padding=1)]
+        layers += [nn.ReLU(), nn.Conv2d(widths[-1], 3, 3, padding=1)]
         self.decoder = nn.Sequential(*layers)
         self.trim = math.prod(strides) - 1
 
@@ -189,22 +202,29 @@ def evaluate(model, held):
                 full_decode_psnr_vs_truth=float(np.mean(full_truth)))
 
 
-def stage_train(work, widths, minutes, batch, resume=False, max_lr=1e-3):
+def stage_train(work, widths, strides, minutes, batch, resume=False, max_lr=1e-3):
     """Trains for `minutes` (lr cosine from `max_lr` to 1e-4); with `resume`, the saved
-    decoder further (a fresh optimiser), its steps and minutes added to the record."""
+    decoder further (a fresh optimiser, its own widths and strides), its steps and minutes
+    added to the record."""
     path = work / "tiny.pt"
     if path.exists() and not resume:
         return
     data = torch.load(work / "teacher.pt")
     train, held = data["train"], data["held"]
     torch.manual_seed(0)
-    model = TinyDecoder(train["latents"].shape[1], widths)
     before = dict(steps=0, seconds=0.0, curve=[])
     if resume:
         before = torch.load(path)
-        widths = before["widths"]
-        model = TinyDecoder(train["latents"].shape[1], widths)
+        widths, strides = before["widths"], before.get("strides", [1, 2, 2])
+    model = TinyDecoder(train["latents"].shape[1], widths, strides)
+    if resume:
         model.load_state_dict(before["state"])
+    with torch.no_grad():
+        out = model(train["latents"][:1]).shape[1:]
+    if out != train["full"].shape[1:]:
+        raise SystemExit(f"--widths {widths} --strides {strides} decode a clip to {list(out)}, and the "
+                         f"VAE's decode is {list(train['full'].shape[1:])}: give one stage per x2 of the "
+                         "VAE's spatial compression, strides multiplying to its temporal one")
     opt = torch.optim.Adam(model.parameters(), lr=max_lr)
     t0, step, curve = time.time(), before["steps"], list(before["curve"])
     budget = minutes * 60
@@ -225,26 +245,35 @@ def stage_train(work, widths, minutes, batch, resume=False, max_lr=1e-3):
             curve.append(dict(step=step, seconds=time.time() - t0, loss=loss.item(), **ev))
             log(f"step {step}: loss {loss.item():.4f}, held-out {ev['psnr_vs_full_decode']:.2f} dB vs full, "
                 f"{ev['psnr_vs_truth']:.2f} dB vs truth")
-    torch.save(dict(state=model.state_dict(), widths=widths, steps=step,
+    torch.save(dict(state=model.state_dict(), widths=widths, strides=strides, steps=step,
                     seconds=before["seconds"] + time.time() - t0, curve=curve), path)
 
 
 def stage_export(work):
     run = torch.load(work / "tiny.pt")
     data = torch.load(work / "teacher.pt")
-    model = TinyDecoder(data["train"]["latents"].shape[1], run["widths"])
+    strides = run.get("strides", [1, 2, 2])
+    model = TinyDecoder(data["train"]["latents"].shape[1], run["widths"], strides)
     model.load_state_dict(run["state"])
     model.eval()
     ev = evaluate(model, data["held"])
     tensors = {k: v.float().contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, WORLD / "tiny_decoder.safetensors")
     report = dict(architecture="TAEHV decoder (taehv.py's layout and keys)", widths=run["widths"],
-                  time_strides=[1, 2, 2], parameters=sum(v.numel() for v in tensors.values()),
+                  time_strides=list(strides), parameters=sum(v.numel() for v in tensors.values()),
                   train_clips=len(data["train"]["latents"]), held_out_clips=len(data["held"]["latents"]),
                   steps=run["steps"], minutes=run["seconds"] / 60, loss="L1 + L2 against the full decode",
                   **ev)
     (WORLD / "tiny_decoder.json").write_text(json.dumps(report, indent=1) + "\n")
     log(f"export: {report}")
+
+
+def ints(text):
+    """A comma-separated list of integers ("32,24,16")."""
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated integers") from None
 
 
 def main():
@@ -253,7 +282,10 @@ def main():
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/world-tiny"))
     ap.add_argument("--clips", type=int, default=96)
     ap.add_argument("--held", type=int, default=8)
-    ap.add_argument("--widths", type=int, nargs=4, default=[32, 24, 16, 16])
+    ap.add_argument("--widths", type=ints, default=[32, 24, 16, 16],
+                    help="each stage's width, then the output conv's (comma-separated: 32,24,16,16)")
+    ap.add_argument("--strides", type=ints, default=[1, 2, 2],
+                    help="frames each stage's TGrow makes of one, one per stage (1,2,2; 2,2 for 2 stages)")
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--resume", action="store_true", help="train the saved tiny decoder further")
@@ -269,7 +301,8 @@ def main():
         elif stage == "encode":
             stage_encode(args.work)
         elif stage == "train":
-            stage_train(args.work, args.widths, args.minutes, args.batch, args.resume, args.max_lr)
+            stage_train(args.work, args.widths, args.strides, args.minutes, args.batch, args.resume,
+                        args.max_lr)
         else:
             stage_export(args.work)
 
