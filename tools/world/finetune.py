@@ -99,7 +99,7 @@ def stage_decoder(work, minutes, first, lr, whole_share):
         p.requires_grad_(True)
     opt = torch.optim.AdamW(trained, lr=lr, weight_decay=0.0)
     held = T.heldout_clips()
-    whole, first0 = T.vae_psnr(vae, held)
+    whole, first0, _ = T.vae_psnr(vae, held)
     T.log(f"decoder: start, held-out PSNR {whole:.2f} dB, frame 0 {first0:.2f} dB")
     evals = list(ck.get("decoder_evals", [])) or [dict(step=0, heldout_psnr=whole,
                                                        heldout_first_frame_psnr=first0)]
@@ -148,12 +148,12 @@ def stage_decoder(work, minutes, first, lr, whole_share):
                   f"lr {opt.param_groups[0]['lr']:.2e} ({clock():.0f} s)")
         step += 1
         if clock() - last_eval > 900:
-            whole, first0 = T.vae_psnr(vae, held)
+            whole, first0, _ = T.vae_psnr(vae, held)
             evals.append(dict(step=len(curve), heldout_psnr=whole, heldout_first_frame_psnr=first0))
             T.log(f"decoder {step}: held-out PSNR {whole:.2f} dB, frame 0 {first0:.2f} dB")
             last_eval = clock()
             save()
-    whole, first0 = T.vae_psnr(vae, held)
+    whole, first0, _ = T.vae_psnr(vae, held)
     evals.append(dict(step=len(curve), heldout_psnr=whole, heldout_first_frame_psnr=first0))
     T.log(f"decoder done at step {step}: held-out PSNR {whole:.2f} dB, frame 0 {first0:.2f} dB")
     save()

@@ -215,15 +215,20 @@ def heldout_clips(n=4):
 
 @torch.no_grad()
 def vae_psnr(vae, clips):
-    """(mean PSNR over whole clips, mean PSNR of frame 0) decoding posterior means."""
-    whole, first = [], []
-    for v in clips:
+    """(mean PSNR over whole clips, mean PSNR of frame 0, mean PSNR of frame 0 with the
+    clip's RGB channels rotated) decoding posterior means."""
+    whole, first, rotated = [], [], []
+    db = lambda m: 10 * math.log10(4.0 / max(m, 1e-10))
+    for n, v in enumerate(clips):
         x = to_video(v)[None]
         y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
         mse = ((y - x) ** 2).mean(dim=(0, 1, 3, 4))
-        whole.append(float(np.mean([10 * math.log10(4.0 / max(m.item(), 1e-10)) for m in mse])))
-        first.append(10 * math.log10(4.0 / max(mse[0].item(), 1e-10)))
-    return float(np.mean(whole)), float(np.mean(first))
+        whole.append(float(np.mean([db(m.item()) for m in mse])))
+        first.append(db(mse[0].item()))
+        x0 = to_video(np.ascontiguousarray(v[:1, ..., [(1 + n) % 3, (2 + n) % 3, n % 3]]))[None]
+        y0 = vae.decode(vae.encode(x0).latent_dist.mode()).sample.clamp(-1, 1)
+        rotated.append(db(((y0 - x0) ** 2).mean().item()))
+    return float(np.mean(whole)), float(np.mean(first)), float(np.mean(rotated))
 
 
 def recolour(clip, rng, share):
@@ -308,18 +313,21 @@ def stage_vae(work, steps, minutes=0.0, edge=0.0, first=0.0, colour=0.0, init=No
         step += 1
         if minutes and step % 100 == 0:
             if clock() - last_eval > 600:
-                whole, first_db = vae_psnr(vae.eval(), held)
+                whole, first_db, rotated = vae_psnr(vae.eval(), held)
                 vae.train()
                 evals.append(dict(step=step, minutes=round(clock() / 60, 1),
-                                  heldout_psnr=whole, heldout_first_frame_psnr=first_db))
-                log(f"vae {step}: held-out PSNR {whole:.2f} dB, frame 0 {first_db:.2f} dB")
+                                  heldout_psnr=whole, heldout_first_frame_psnr=first_db,
+                                  heldout_first_frame_rotated_psnr=rotated))
+                log(f"vae {step}: held-out PSNR {whole:.2f} dB, frame 0 {first_db:.2f} dB, "
+                    f"rotated {rotated:.2f} dB")
                 last_eval = clock()
             torch.save(dict(state=vae.state_dict(), opt=opt.state_dict(), curve=curve, step=step,
                             spent=clock(), evals=evals), ckpt)
-    whole, first_db = vae_psnr(vae.eval(), held)
-    evals.append(dict(step=step, minutes=round(clock() / 60, 1),
-                      heldout_psnr=whole, heldout_first_frame_psnr=first_db))
-    log(f"vae done at step {step}: held-out PSNR {whole:.2f} dB, frame 0 {first_db:.2f} dB")
+    whole, first_db, rotated = vae_psnr(vae.eval(), held)
+    evals.append(dict(step=step, minutes=round(clock() / 60, 1), heldout_psnr=whole,
+                      heldout_first_frame_psnr=first_db, heldout_first_frame_rotated_psnr=rotated))
+    log(f"vae done at step {step}: held-out PSNR {whole:.2f} dB, frame 0 {first_db:.2f} dB, "
+        f"rotated {rotated:.2f} dB")
     what = (f"{'from ' + str(init) if init else 'from scratch'}: L1 + L2 + 1e-4·KL on 64×64 crops "
             f"of 9-frame windows, the last quarter on whole clips; frame 0 weighted {first}, "
             f"edges {edge}, RGB shuffled in {colour:.0%} of clips")
@@ -515,13 +523,31 @@ def ray_patch_order(fold, patch, side):
     return (cell * patch * patch + (row // fold) * patch + col // fold).reshape(-1)
 
 
+ADAPTER_KEYS = ("patch_embedding_wancamctrl.", "c2ws_hidden_states_layer")
+
+
+def load_dit_checkpoint(path):
+    """A dit.pt, or an exported model folder (its transformer/ safetensors, bf16 widened to
+    f32, split back into the network's and the camera adapter's tensors)."""
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        return torch.load(path)
+    weights = load_file(path / "transformer" / "diffusion_pytorch_model.safetensors")
+    weights = {k: v.float() for k, v in weights.items()}
+    adapter = {k: v for k, v in weights.items() if k.startswith(ADAPTER_KEYS) or ".cam_" in k}
+    model = {k: v for k, v in weights.items() if not k.startswith(ADAPTER_KEYS)}
+    steps = json.loads((path / "training.json").read_text()).get("dit_steps", 0) \
+        if (path / "training.json").exists() else 0
+    return dict(model=model, adapter=adapter, steps=steps)
+
+
 def warm_start(model, adapter, path):
     """Starts a DiT from one trained on another VAE's latents: every block, the embedders
     and the camera adapter carry over; the latent patch embedding and the output projection,
     the only layers that see the latent layout, start fresh. A token's rays cover the same
     16x16 pixels at any fold, so the adapter's patch embedding has its columns permuted
     to this fold, not re-learnt."""
-    ck = torch.load(path)
+    ck = load_dit_checkpoint(path)
     src = ck["model"]
     patch = src["patch_embedding.weight"].shape[-1]
     width = ck["adapter"]["patch_embedding_wancamctrl.weight"].shape[1]
@@ -743,7 +769,8 @@ def main():
     ap.add_argument("--vae-base-dim", type=int, default=16)
     ap.add_argument("--vae-res-blocks", type=int, default=1)
     ap.add_argument("--vae-spatial", type=int, default=8, choices=[4, 8],
-                    help="the VAE's spatial compression (the DiT stages assume 8)")
+                    help="the VAE's spatial compression (every stage, the DiT's too, follows it: "
+                         "4 gives the DiT a 4x4 patch, the same 48 tokens a latent frame)")
     ap.add_argument("--encode-clips", type=int, default=0, help="encode only the first N clips")
     ap.add_argument("--dit-resume", action="store_true", help="train the saved DiT further")
     ap.add_argument("--dit-bf16", action="store_true",
@@ -762,7 +789,8 @@ def main():
                     help="that output is a 4-step sample from pure noise (the engine's block 0), "
                          "not the x0 of the truth at the last step's noise")
     ap.add_argument("--dit-init", type=pathlib.Path,
-                    help="warm-start a new DiT from this dit.pt (another VAE's; see warm_start)")
+                    help="warm-start a new DiT from this dit.pt or exported model folder "
+                         "(another VAE's; see warm_start)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
