@@ -43,22 +43,29 @@ Each case writes crates/engine/tests/fixtures/rollout/<case>/:
 
   transformer/, vae/      diffusers model folders (seeded weights; the transformer
                           safetensors also holds the camera adapter's keys)
-  noise.npy      f32 [blocks, steps, 16, 3, h, w]  every noise tensor in draw order
+  noise.npy      f32 [blocks, steps, z, 3, h, w]  every noise tensor in draw order
   text_a.npy, text_b.npy  f32 [L, text_dim] text embeddings (b: after the change)
-  image.npy      f32 [3, H, W] in [-1, 1] (image-conditioned case)
-  latents.npy    f32 [blocks, 16, 3, h, w]  each block's clean latents (the oracle)
+  image.npy      f32 [3, H, W] in [-1, 1] (image-conditioned cases)
+  latents.npy    f32 [blocks, z, 3, h, w]  each block's clean latents (the oracle)
   scenario.json  size, frames, schedule, window, camera script / interactions,
                  the chunk at which the prompt changes
 
-It needs the reference environment (torch + diffusers 0.42.1); CI never runs it:
+The geometry is the case's: the VAE's spatial factor s = 2^(stages - 1) (its
+``dim_mult``) sets the latent grid h x w = H/s x W/s and the rays' fold (s x s), the
+DiT's ``patch_size`` the tokens; the defaults (8x VAE, patch [1, 2, 2]) are those of
+the first cases, whose outputs do not depend on this generality.
 
-    ~/.headroom-reference/bin/python tools/reference_rollout.py
+It needs the reference environment (torch + diffusers 0.42.1); CI never runs it.
+Every case, or only the named ones:
+
+    ~/.headroom-reference/bin/python tools/reference_rollout.py [case ...]
 """
 
 import json
 import math
 import pathlib
 import platform
+import sys
 
 import numpy as np
 import safetensors
@@ -72,10 +79,9 @@ from safetensors.torch import load_file, save_file
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT_DIR = REPO_ROOT / "crates" / "engine" / "tests" / "fixtures" / "rollout"
 
-WIDTH, HEIGHT = 64, 48          # latent 8 x 6, tokens 4 x 3 per frame
+WIDTH, HEIGHT = 64, 48          # default size: latent 8 x 6, tokens 4 x 3 per frame
 BLOCKS = 8                      # blocks 6 and 7 run after the first eviction
 BLOCK = 3                       # latent frames per block
-FRAMES = 12 * BLOCKS - 3        # pixel frames: 9 + 12 per later chunk
 STEPS = 4
 SHIFT = 5.0
 SINK, WINDOW = 9, 18            # vllm-omni checkpoint contract
@@ -88,6 +94,11 @@ DIT = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
            rope_max_seq_len=1024)
 VAE = dict(base_dim=4, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
            temperal_downsample=[False, True, True], attn_scales=[])
+# diffusers' default Wan latent statistics (the first 8 for an 8-channel VAE).
+LATENTS_MEAN = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
+                0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921]
+LATENTS_STD = [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
+               3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160]
 
 CASES = {
     # Text-to-video with the camera adapter, driven by a WASD/IJKL script (one key
@@ -102,7 +113,39 @@ CASES = {
                             5: dict(mode="velocity", translation=[-0.03, 0.0, 0.04],
                                     rotation=[-0.02, -0.06, 0.01, 1.0])},
                     prompt_change=4),
+    # The layout of a 4x VAE: dim_mult [1, 2, 2] and temporal downsampling in both
+    # stages (4x space, 4x time), a patch [1, 4, 4] DiT (16 pixels a token side, as
+    # an 8x VAE with patch 2) whose camera adapter takes rays folded 4x4; 8 latent
+    # channels (20 in), image-conditioned, a moving key script, a prompt change.
+    "i2v_cam_s4": dict(seed=23, in_channels=20, image=True, width=48, height=32,
+                       actions="wwlliiddd-jjkkssaawwjjli", events={}, prompt_change=4,
+                       dit=dict(patch_size=(1, 4, 4), out_channels=8),
+                       vae=dict(z_dim=8, dim_mult=[1, 2, 2], temperal_downsample=[True, True],
+                                scale_factor_spatial=4, latents_mean=LATENTS_MEAN[:8],
+                                latents_std=LATENTS_STD[:8])),
 }
+
+
+class Geometry:
+    """A case's sizes: pixels, the VAE's factors, the DiT's patch, latent channels."""
+
+    def __init__(self, case):
+        self.dit = {**DIT, **case.get("dit", {})}
+        self.vae = {**VAE, **case.get("vae", {})}
+        self.width, self.height = case.get("width", WIDTH), case.get("height", HEIGHT)
+        self.fold = 2 ** (len(self.vae["dim_mult"]) - 1)      # spatial factor = ray fold
+        self.temporal = 2 ** sum(self.vae["temperal_downsample"])
+        assert self.vae.get("scale_factor_spatial", 8) == self.fold, self.vae
+        assert self.temporal == 4, "diffusers' Wan encode takes 1 + 4k frames"
+        self.z = self.vae["z_dim"]
+        assert self.dit["out_channels"] == self.z, (self.dit, self.z)
+        self.patch = tuple(self.dit["patch_size"])
+        assert self.patch[0] == 1, "one token frame per latent frame"
+        self.latent_hw = (self.height // self.fold, self.width // self.fold)
+        side = [self.fold * p for p in self.patch[1:]]
+        assert self.height % side[0] == 0 and self.width % side[1] == 0, (side, self.width)
+        # Pixel frames: 9 in the first chunk, 12 in every later one (12K - 3).
+        self.frames = 1 + self.temporal * (BLOCKS * BLOCK - 1)
 
 
 # ----------------------------------------------------------------------------------
@@ -271,8 +314,8 @@ def plucker(c2ws, height, width, fold=8):
     return e.reshape(6 * s * s, f, height // s, width // s).float()
 
 
-def block_cameras(case):
-    """Each block's folded rays [384, 3, h, w] (previous-tail anchor, first output
+def block_cameras(case, g):
+    """Each block's folded rays [6*s^2, 3, h, w] (previous-tail anchor, first output
     dropped; STEPWISE A7, A10)."""
     assert len(case["actions"]) <= BLOCKS * BLOCK, "one key set per latent frame"
     if case["actions"] or not case["events"]:
@@ -283,7 +326,7 @@ def block_cameras(case):
             for ch in script[BLOCK * n:BLOCK * n + BLOCK]:
                 pose, pitch = controller_step(pose, pitch, ch)
                 poses.append(pose)
-            out.append(plucker(relative_framewise(poses)[1:], HEIGHT, WIDTH))
+            out.append(plucker(relative_framewise(poses)[1:], g.height, g.width, g.fold))
         return out
     handler, out = Interaction(), []
     for n in range(BLOCKS):
@@ -291,7 +334,8 @@ def block_cameras(case):
             handler.pending.append(case["events"][n])
         anchor = handler.pose.copy()
         poses = [anchor] + handler.step_chunk()
-        out.append(plucker(relative_framewise(poses, scale=STEP)[1:], HEIGHT, WIDTH))
+        out.append(plucker(relative_framewise(poses, scale=STEP)[1:], g.height, g.width,
+                           g.fold))
     return out
 
 
@@ -374,10 +418,12 @@ def attach_camera(model, adapter):
 
 def full_forward(model, adapter, latents, frame_t, rays, contexts, frame_text, frame_mask):
     """One diffusers forward over every frame: per-token timesteps ``frame_t`` [F],
-    camera rays [1, 384, F, h, w], text ``contexts[frame_text[f]]`` for frame f, and
+    camera rays [1, 6*s^2, F, h, w], text ``contexts[frame_text[f]]`` for frame f, and
     self-attention allowed from frame i to frame j iff ``frame_mask[i, j]``."""
     _, _, f, h, w = latents.shape
-    per_frame = (h // 2) * (w // 2)
+    pt, ph, pw = model.config.patch_size
+    assert pt == 1 and h % ph == 0 and w % pw == 0, (model.config.patch_size, h, w)
+    per_frame = (h // ph) * (w // pw)
     timestep = torch.tensor(frame_t, dtype=torch.float32).repeat_interleave(per_frame)[None]
     self_mask = frame_mask.repeat_interleave(per_frame, 0).repeat_interleave(per_frame, 1)
     ctx = torch.cat(contexts, 1)                                # [1, S·k, text_dim]
@@ -414,21 +460,22 @@ def init_linear_like(module, gen, gain=1.0, skip=()):
             p.data = gain * torch.randn(p.shape, generator=gen) / math.sqrt(math.prod(p.shape[1:]))
 
 
-def image_condition(vae, image, latent_frames):
-    """[1, 20, L, h, w]: mask (1 at latent frame 0) | normalised VAE mean of
+def image_condition(vae, image, latent_frames, g):
+    """[1, 4 + z, L, h, w]: mask (1 at latent frame 0) | normalised VAE mean of
     [image, zeros x (N - 1)]. The later pixel frames are exact zeros in the [-1, 1]
     pixel range (mid-grey, not black): LingBot ``image2video_fast.py``
     ``torch.zeros(3, F - 1, h, w)``, vllm-omni ``_prepare_condition``
     ``image.new_zeros(...)`` and its streaming ``_prepare_condition_chunk``, like
     diffusers' Wan I2V pipeline."""
-    n = 1 + 4 * (latent_frames - 1)
-    video = torch.cat([image[None, :, None], torch.zeros(1, 3, n - 1, HEIGHT, WIDTH)], 2)
+    n = 1 + g.temporal * (latent_frames - 1)
+    video = torch.cat([image[None, :, None], torch.zeros(1, 3, n - 1, g.height, g.width)], 2)
     with torch.no_grad():
         z = vae.encode(video).latent_dist.mode()
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
     z = (z - mean) / std
-    msk = torch.zeros(1, 4, latent_frames, HEIGHT // 8, WIDTH // 8)
+    assert z.shape[-2:] == g.latent_hw, (z.shape, g.latent_hw)
+    msk = torch.zeros(1, 4, latent_frames, *g.latent_hw)
     msk[:, :, 0] = 1.0
     return torch.cat([msk, z], 1)
 
@@ -438,7 +485,7 @@ def padded(text):
 
 
 def rollout(model, adapter, noise, cameras, cond, texts, block_text, visible):
-    """Every block's clean latents [blocks, 16, 3, h, w]."""
+    """Every block's clean latents [blocks, z, 3, h, w]."""
     timesteps, sigmas = dmd_schedule(STEPS, SHIFT)
     contexts = [padded(t) for t in texts]
     clean = []
@@ -470,12 +517,12 @@ def rollout(model, adapter, noise, cameras, cond, texts, block_text, visible):
     return torch.cat(clean, 0)
 
 
-def self_checks(model, adapter, gen, in_channels):
+def self_checks(model, adapter, gen, in_channels, g):
     """The overrides do what they claim: a block-diagonal mask makes each block's
     output that of the block alone, and masked text selects its context."""
-    x = torch.randn(1, in_channels, 6, HEIGHT // 8, WIDTH // 8, generator=gen)
-    rays = torch.randn(1, 384, 6, HEIGHT // 8, WIDTH // 8, generator=gen)
-    a, b = torch.randn(7, DIT["text_dim"], generator=gen), torch.randn(5, DIT["text_dim"], generator=gen)
+    x = torch.randn(1, in_channels, 6, *g.latent_hw, generator=gen)
+    rays = torch.randn(1, 6 * g.fold ** 2, 6, *g.latent_hw, generator=gen)
+    a, b = torch.randn(7, g.dit["text_dim"], generator=gen), torch.randn(5, g.dit["text_dim"], generator=gen)
     diag = torch.zeros(6, 6, dtype=torch.bool)
     diag[:3, :3] = diag[3:, 3:] = True
     both = full_forward(model, adapter, x, [0.0] * 3 + [500.0] * 3, rays,
@@ -515,14 +562,15 @@ def save_npy(path, t):
 
 
 def make(name, case, visible):
+    g = Geometry(case)
     gen = torch.Generator().manual_seed(case["seed"])
     torch.manual_seed(case["seed"])
-    model = WanTransformer3DModel(**DIT, in_channels=case["in_channels"]).eval()
+    model = WanTransformer3DModel(**g.dit, in_channels=case["in_channels"]).eval()
     init_linear_like(model, gen)
-    dim = DIT["num_attention_heads"] * DIT["attention_head_dim"]
-    adapter = CameraAdapter(dim, DIT["num_layers"], DIT["patch_size"]).eval()
+    dim = g.dit["num_attention_heads"] * g.dit["attention_head_dim"]
+    adapter = CameraAdapter(dim, g.dit["num_layers"], g.patch, g.fold).eval()
     init_linear_like(adapter, gen, gain=0.5)
-    vae = AutoencoderKLWan(**VAE).eval()
+    vae = AutoencoderKLWan(**g.vae).eval()
     init_linear_like(vae, gen)
 
     d = OUT_DIR / name
@@ -536,17 +584,16 @@ def make(name, case, visible):
               metadata={"format": "pt"})
     vae.save_pretrained(d / "vae")
     attach_camera(model, adapter)
-    self_checks(model, adapter, gen, case["in_channels"])
+    self_checks(model, adapter, gen, case["in_channels"], g)
 
-    latent_hw = (HEIGHT // 8, WIDTH // 8)
-    noise = torch.randn(BLOCKS, STEPS, 16, BLOCK, *latent_hw, generator=gen)
-    texts = [torch.randn(7, DIT["text_dim"], generator=gen),
-             torch.randn(5, DIT["text_dim"], generator=gen)]
+    noise = torch.randn(BLOCKS, STEPS, g.z, BLOCK, *g.latent_hw, generator=gen)
+    texts = [torch.randn(7, g.dit["text_dim"], generator=gen),
+             torch.randn(5, g.dit["text_dim"], generator=gen)]
     change = case["prompt_change"]
     block_text = [1 if change is not None and n >= change else 0 for n in range(BLOCKS)]
-    image = torch.rand(3, HEIGHT, WIDTH, generator=gen) * 2 - 1
-    cond = image_condition(vae, image, BLOCKS * BLOCK) if case["image"] else None
-    cameras = block_cameras(case)
+    image = torch.rand(3, g.height, g.width, generator=gen) * 2 - 1
+    cond = image_condition(vae, image, BLOCKS * BLOCK, g) if case["image"] else None
+    cameras = block_cameras(case, g)
     latents = rollout(model, adapter, noise, cameras, cond, texts, block_text, visible)
 
     # The camera, the text change and (i2v) the image must each visibly matter.
@@ -555,12 +602,12 @@ def make(name, case, visible):
                     visible=visible)
         args.update(over)
         return rollout(model, adapter, noise, **args)
-    still = [plucker(relative_framewise([np.eye(4)] * 4)[1:], HEIGHT, WIDTH)] * BLOCKS
+    still = [plucker(relative_framewise([np.eye(4)] * 4)[1:], g.height, g.width, g.fold)] * BLOCKS
     effects = {"camera": rerun(cameras=still),
                "window eviction": rerun(visible=[list(range(BLOCK * n + BLOCK))
                                                  for n in range(BLOCKS)])}
     if case["image"]:
-        effects["image"] = rerun(cond=image_condition(vae, -image, BLOCKS * BLOCK))
+        effects["image"] = rerun(cond=image_condition(vae, -image, BLOCKS * BLOCK, g))
     if change is not None:
         effects["prompt change"] = rerun(block_text=[0] * BLOCKS)
     for what, other in effects.items():
@@ -574,7 +621,7 @@ def make(name, case, visible):
     if case["image"]:
         save_npy(d / "image.npy", image)
     save_npy(d / "latents.npy", latents)
-    scenario = dict(width=WIDTH, height=HEIGHT, frames=FRAMES, blocks=BLOCKS, steps=STEPS,
+    scenario = dict(width=g.width, height=g.height, frames=g.frames, blocks=BLOCKS, steps=STEPS,
                     flow_shift=SHIFT, sink_frames=SINK, window_frames=WINDOW,
                     actions=case["actions"],
                     events=[dict(chunk=c, **e) for c, e in sorted(case["events"].items())],
@@ -601,8 +648,11 @@ def main():
                 f"diffusers {diffusers.__version__}\nnumpy {np.__version__}\n"
                 f"safetensors {safetensors.__version__}\n")
     (OUT_DIR / "versions.txt").write_text(versions)
-    for name, case in CASES.items():
-        make(name, case, visible)
+    names = sys.argv[1:] or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    assert not unknown, f"unknown cases {unknown}; cases are {list(CASES)}"
+    for name in names:
+        make(name, CASES[name], visible)
 
 
 if __name__ == "__main__":

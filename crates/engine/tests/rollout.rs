@@ -2,9 +2,11 @@
 //! (diffusers full-sequence forwards with per-token timesteps and the window's attention
 //! mask): noise injected, 8 blocks so that blocks 6 and 7 run past the first KV eviction,
 //! the camera adapter in both cases, image conditioning (36 channels), a camera velocity
-//! interaction and a prompt change at a chunk boundary in the i2v case. Every block's
-//! clean latents must be within 1e-4 (relative to the block's largest value) of the
-//! reference's.
+//! interaction and a prompt change at a chunk boundary in the i2v case; and the layout
+//! of a 4× VAE (`dim_mult [1, 2, 2]`, 4× in time too) under a patch `[1, 4, 4]` DiT whose
+//! camera adapter takes rays folded 4×4, image-conditioned and driven by a key script.
+//! Every block's clean latents must be within 1e-4 (relative to the block's largest
+//! value) of the reference's.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -158,6 +160,11 @@ fn decoding_on_a_second_thread_keeps_every_block_on_the_reference() {
 #[test]
 fn every_block_of_an_i2v_rollout_with_velocity_and_prompt_change_matches_the_reference() {
     assert_within_reference("i2v_cam", false);
+}
+
+#[test]
+fn every_block_of_a_4x_vae_patch_4_camera_script_i2v_rollout_matches_the_reference() {
+    assert_within_reference("i2v_cam_s4", false);
 }
 
 #[test]
