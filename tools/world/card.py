@@ -99,11 +99,12 @@ def tiny_section():
         return ""
     t = json.loads(path.read_text())
     size = (FOLDER / "tiny_decoder.safetensors").stat().st_size
+    strides = t.get("time_strides", [1, 2, 2])
     return f"""
 ## Tiny decoder (`tiny_decoder.safetensors`, `--decoder tiny`)
 
-TAEHV's decoder architecture (taehv.py's layout and keys: three stages of three memory
-blocks, ×2 upsamples, temporal growth 1, 2, 2) at widths {t['widths']}, {t['parameters']:,}
+TAEHV's decoder architecture (taehv.py's layout and keys: {len(strides)} stages of three memory
+blocks, ×2 upsamples, temporal growth {', '.join(map(str, strides))}) at widths {t['widths']}, {t['parameters']:,}
 parameters ({size / 1024:.0f} KiB in f32), distilled from this folder's VAE decoder by
 `tools/world/train_tiny.py`: {t['train_clips'] // 2} rendered clips and their mirrors (seeds from
 2000), encoded by the VAE and decoded by it as the target, {t['loss']}, {t['steps']} steps

@@ -46,7 +46,7 @@ import render  # noqa: E402
 from diffusers import AutoencoderKLWan  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
-WORLD = REPO / "models" / "world"
+WORLD = REPO / "models" / "world"  # the model folder: --model
 FRAMES = 33
 KEYS = "wasdjlik-"
 
@@ -291,7 +291,11 @@ def main():
     ap.add_argument("--resume", action="store_true", help="train the saved tiny decoder further")
     ap.add_argument("--max-lr", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", type=pathlib.Path, default=WORLD,
+                    help="the model folder whose vae/ teaches, and where the decoder is written")
     args = ap.parse_args()
+    global WORLD
+    WORLD = args.model
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     stages = ["data", "encode", "train", "export"] if args.stage == "all" else [args.stage]

@@ -214,10 +214,12 @@ impl Engine {
         let state = self
             .decoder_for(request.decoder)?
             .state_bytes(request.height, request.width);
-        // The image condition is streamed: one block's latents at a time.
+        // The image condition is streamed: one block's latents at a time (the 4 mask
+        // channels and the VAE's latent channels, f32).
         let s = self.vae.config().spatial_factor();
+        let channels = 4 + self.vae.config().z_dim;
         let cond_bytes =
-            (20 * BLOCK_FRAMES * (request.height / s) * (request.width / s) * 4) as u64;
+            (channels * BLOCK_FRAMES * (request.height / s) * (request.width / s) * 4) as u64;
         let free = self.free_bytes();
         if state + cond_bytes > free {
             return Err(EngineError::admission_bytes(
