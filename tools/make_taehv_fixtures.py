@@ -54,15 +54,16 @@ def load_reference(path):
     return module
 
 
-def narrow_decoder(t, model, n_f):
-    """taehv.py's base decoder at widths n_f, built from its own layer classes."""
+def narrow_decoder(t, model, n_f, strides=(1, 2, 2)):
+    """taehv.py's base decoder at widths n_f (each stage's, then the output conv's) with
+    one stage per entry of `strides` (its TGrow's frames), built from its own layer classes."""
     c, p = model.latent_channels, model.patch_size
     layers = [t.Clamp(), t.conv(c, n_f[0]), nn.ReLU(inplace=True)]
-    for k, stride in enumerate((1, 2, 2)):
+    for k, stride in enumerate(strides):
         layers += [t.MemBlock(n_f[k], n_f[k]) for _ in range(3)]
         layers += [nn.Upsample(scale_factor=2), t.TGrow(n_f[k], stride),
                    t.conv(n_f[k], n_f[k + 1], bias=False)]
-    layers += [nn.ReLU(inplace=True), t.conv(n_f[3], 3 * p * p)]
+    layers += [nn.ReLU(inplace=True), t.conv(n_f[-1], 3 * p * p)]
     return nn.Sequential(*layers)
 
 
@@ -96,6 +97,21 @@ def decode(model, latents):
     return (y.float() * 2 - 1).permute(0, 2, 1, 3, 4).contiguous()
 
 
+def fit_into_clamp(model, latents, what):
+    """The decode of `latents`, after scaling the last conv down (in powers of two, exact
+    in f16) until most outputs are inside (-1, 1): a decoder whose every output is clamped
+    would prove little. Returns the decode and the share inside."""
+    for _ in range(12):
+        expected = decode(model, latents)
+        inside = ((expected > -1) & (expected < 1)).float().mean().item()
+        if inside > 0.6:
+            break
+        with torch.no_grad():
+            model.decoder[-1].weight.mul_(0.5)
+    assert inside > 0.5, f"{what}: only {inside:.0%} of the outputs are inside (-1, 1)"
+    return expected, inside
+
+
 def write_case(t, out, name, widths):
     seed, ckpt, (c, frames, h, w) = CASES[name]
     model = seeded_model(t, seed, ckpt, widths)
@@ -104,16 +120,7 @@ def write_case(t, out, name, widths):
     # The narrow cases keep only the encoder's first conv (the loader must skip it).
     g = torch.Generator().manual_seed(100 + seed)
     latents = torch.randn(1, c, frames, h, w, generator=g)
-    # A decoder whose every output is clamped would prove little: the last conv is
-    # scaled down (in powers of two, exact in f16) until most outputs are inside.
-    for _ in range(12):
-        expected = decode(model, latents)
-        inside = ((expected > -1) & (expected < 1)).float().mean().item()
-        if inside > 0.6:
-            break
-        with torch.no_grad():
-            model.decoder[-1].weight.mul_(0.5)
-    assert inside > 0.5, f"{name}: only {inside:.0%} of the outputs are inside (-1, 1)"
+    expected, inside = fit_into_clamp(model, latents, name)
     state = model.state_dict()
     if widths is not None:
         state = {k: v for k, v in state.items()

@@ -71,6 +71,12 @@ def psnr(a, b):
     return 10 * np.log10(255.0 ** 2 / max(mse, 1e-10))
 
 
+def flight_psnr(video, truth, measure=None):
+    """Mean PSNR (RGB, or `measure`) of frames 1..32 against the truth's."""
+    measure = measure or psnr
+    return float(np.mean([measure(video[i], truth[i]) for i in range(1, FRAMES)]))
+
+
 def luma(a):
     """BT.601 luma of uint8 RGB frames, in 0..255 (float)."""
     return a.astype(np.float64) @ np.array([0.299, 0.587, 0.114])
@@ -203,15 +209,20 @@ def main():
     vae_psnr, vae_first, frames_gen, frames_base, frames_vae = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
+
+        def fly(seed, keys, truth=None):
+            """(generated, truth) of a flight: rendered unless given, generated from its
+            first frame with the same keys and seed."""
+            truth = render.render(seed, keys, FRAMES) if truth is None else truth
+            return generate(a.headroom, a.model, seed, truth[0], keys, tmp, a.camera_guidance,
+                            a.generate_args.split()), truth
+
+        repeat_first = lambda truth, measure=None: flight_psnr([truth[0]] * FRAMES, truth, measure)
         for n, (seed, keys) in enumerate(cases):
-            truth = render.render(seed, keys, FRAMES)
-            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp, a.camera_guidance,
-                             a.generate_args.split())
-            g = float(np.mean([psnr(video[i], truth[i]) for i in range(1, FRAMES)]))
-            b = float(np.mean([psnr(truth[0], truth[i]) for i in range(1, FRAMES)]))
+            video, truth = fly(seed, keys)
+            g, b = flight_psnr(video, truth), repeat_first(truth)
             f0 = float(psnr(video[0], truth[0]))
-            gl = float(np.mean([psnr_luma(video[i], truth[i]) for i in range(1, FRAMES)]))
-            bl = float(np.mean([psnr_luma(truth[0], truth[i]) for i in range(1, FRAMES)]))
+            gl, bl = flight_psnr(video, truth, psnr_luma), repeat_first(truth, psnr_luma)
             ce = float(np.mean([colour_error(video[i], truth[i]) for i in range(FRAMES)]))
             gen_psnr.append(g)
             base_psnr.append(b)
@@ -237,12 +248,10 @@ def main():
                 # The same flight with the scene's RGB channels in another order: a VAE
                 # that learned its training palettes, not colour, fails here.
                 order = list(PERMUTATIONS[n % len(PERMUTATIONS)])
-                pt = np.ascontiguousarray(truth[..., order])
-                pv = generate(a.headroom, a.model, seed, pt[0], keys, tmp, a.camera_guidance,
-                              a.generate_args.split())
+                pv, pt = fly(seed, keys, np.ascontiguousarray(truth[..., order]))
                 perm = dict(order="".join("RGB"[c] for c in order),
                             first_frame_db=float(psnr(pv[0], pt[0])),
-                            psnr_db=float(np.mean([psnr(pv[i], pt[i]) for i in range(1, FRAMES)])),
+                            psnr_db=flight_psnr(pv, pt),
                             colour_error=float(np.mean([colour_error(pv[i], pt[i])
                                                         for i in range(FRAMES)])))
                 case["permuted"] = perm
@@ -256,9 +265,7 @@ def main():
         steer = {}
         for name, keys in STEER.items():
             seed = HELD_OUT_SEED + 500 + ord(name)
-            truth = render.render(seed, keys, FRAMES)
-            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp, a.camera_guidance,
-                             a.generate_args.split())
+            video, truth = fly(seed, keys)
             sg, st = shifts(video), shifts(truth)
             lg, lt = latent_shifts(video), latent_shifts(truth)
             bar = steering_bar(lg, lt)
@@ -273,11 +280,8 @@ def main():
         held = {}
         for name, keys in HELD.items():
             seed = HELD_OUT_SEED + 600 + ord(name)
-            truth = render.render(seed, keys, FRAMES)
-            video = generate(a.headroom, a.model, seed, truth[0], keys, tmp, a.camera_guidance,
-                             a.generate_args.split())
-            g = float(np.mean([psnr(video[i], truth[i]) for i in range(1, FRAMES)]))
-            b = float(np.mean([psnr(truth[0], truth[i]) for i in range(1, FRAMES)]))
+            video, truth = fly(seed, keys)
+            g, b = flight_psnr(video, truth), repeat_first(truth)
             held[name] = dict(seed=seed, psnr_db=g, baseline_db=b, gain_db=g - b, beats=bool(g > b))
             print(f"{keys}: {g:.2f} dB vs repeat-first {b:.2f} dB", flush=True)
     def opposite(p, q):
