@@ -18,6 +18,7 @@ Stages (each resumable, each writing under ``--work``):
            36-channel condition (mask | first-frame latents), the block camera tokens
   export   a diffusers pipeline folder (transformer/ with the camera adapter's keys,
            vae/) in bf16, plus the training curves
+  keep     the checkpoints a later session resumes from (--keep, models/world-next)
 
 One forward trains all three blocks of a clip: the sequence is [clean frames at t = 0 |
 noisy frames at t_b] (18 latent frames), with the noisy copy of a block seeing the
@@ -743,9 +744,26 @@ def stage_export(work, folder):
     log(f"export: wrote {folder}")
 
 
+def stage_keep(work, folder):
+    """Copies the work folder's checkpoints where a later session resumes from them
+    (`--keep`, e.g. models/world-next): the newest VAE as it is, the DiT with its weights
+    in bf16 (half the bytes; `--dit-resume` widens them back to f32 at load). Resume by
+    copying them into a work folder, rendering and encoding there, then `--dit-resume`."""
+    import shutil
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(vae_path(work), folder / "vae.pt")
+    if (work / "dit.pt").exists():
+        ck = torch.load(work / "dit.pt")
+        for part in ("model", "adapter"):
+            ck[part] = {k: v.to(torch.bfloat16) for k, v in ck[part].items()}
+        torch.save(ck, folder / "dit.pt")
+    log(f"keep: wrote {folder}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stage", default="all", choices=["all", "data", "data-held", "vae", "vae-long", "encode", "dit", "export"])
+    ap.add_argument("--stage", default="all", choices=["all", "data", "data-held", "vae", "vae-long", "encode", "dit", "export",
+                             "keep"])
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/world-train"))
     ap.add_argument("--out", type=pathlib.Path,
                     default=pathlib.Path(__file__).resolve().parents[2] / "models" / "world")
@@ -792,6 +810,9 @@ def main():
                     help="warm-start a new DiT from this dit.pt or exported model folder "
                          "(another VAE's; see warm_start)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--keep", type=pathlib.Path,
+                    default=pathlib.Path(__file__).resolve().parents[2] / "models" / "world-next",
+                    help="where stage keep writes the checkpoints a later session resumes from")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     configure(a.vae_z_dim, a.vae_base_dim, a.vae_res_blocks, a.vae_spatial)
@@ -816,6 +837,8 @@ def main():
                       a.self_context, a.rollout_context)
         elif s == "data-held":
             stage_data_held(a.work, a.held_clips)
+        elif s == "keep":
+            stage_keep(a.work, a.keep)
         else:
             stage_export(a.work, a.out)
 
