@@ -186,13 +186,16 @@ def l1_l2(d):
     return d.abs().mean() + (d ** 2).mean()
 
 
-def vae_step(vae, opt, x, edge=0.0, first=0.0):
+def vae_step(vae, opt, x, edge=0.0, first=0.0, bf16=False):
     """One optimiser step of L1 + L2 reconstruction (+ `edge` times the L1 of pixel
     differences, + `first` times frame 0's own L1 + L2) + 1e-4 * KL (per element) on
     `x`. Frame 0 is the image a session is given, encoded alone into its own latent
-    frame: `first` buys its sharpness with that frame's spare latent capacity."""
-    post = vae.encode(x).latent_dist
-    y = vae.decode(post.sample()).sample
+    frame: `first` buys its sharpness with that frame's spare latent capacity. `bf16`
+    runs the network's products in bf16 (weights, loss and optimiser stay f32: 1.5x the
+    f32 step on a Zen 4)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        post = vae.encode(x).latent_dist
+        y = vae.decode(post.sample()).sample.float()
     rec = l1_l2(y - x)
     if edge:
         rec = rec + edge * edge_l1(y, x)
@@ -249,7 +252,8 @@ def edge_l1(y, x):
     return (dx(y) - dx(x)).abs().mean() + (dy(y) - dy(x)).abs().mean()
 
 
-def stage_vae(work, steps, minutes=0.0, edge=0.0, first=0.0, colour=0.0, init=None):
+def stage_vae(work, steps, minutes=0.0, edge=0.0, first=0.0, colour=0.0, init=None,
+              bf16=False):
     """Crops of 9-frame windows, then (the last quarter of a time budget) whole clips.
     With `minutes` the cosine follows the clock and a checkpoint is written every 100
     steps (`vae_ckpt.pt`), from which a later run resumes. `init` starts from a trained
@@ -305,7 +309,7 @@ def stage_vae(work, steps, minutes=0.0, edge=0.0, first=0.0, colour=0.0, init=No
             c = rng.integers(len(videos))
             clip = videos[c][:, :, ::-1] if rng.random() < 0.5 else videos[c]
             x = to_video(np.ascontiguousarray(recolour(clip, rng, colour)))[None]
-        rec, kl, y = vae_step(vae, opt, x, edge, first)
+        rec, kl, y = vae_step(vae, opt, x, edge, first, bf16)
         psnr = 10 * math.log10(4.0 / max(((y - x) ** 2).mean().item(), 1e-10))
         curve.append(dict(step=step, rec=rec.item(), kl=kl.item(), psnr=psnr, long=f >= 0.75))
         if step % 25 == 0:
@@ -331,7 +335,7 @@ def stage_vae(work, steps, minutes=0.0, edge=0.0, first=0.0, colour=0.0, init=No
         f"rotated {rotated:.2f} dB")
     what = (f"{'from ' + str(init) if init else 'from scratch'}: L1 + L2 + 1e-4·KL on 64×64 crops "
             f"of 9-frame windows, the last quarter on whole clips; frame 0 weighted {first}, "
-            f"edges {edge}, RGB shuffled in {colour:.0%} of clips")
+            f"edges {edge}, RGB shuffled in {colour:.0%} of clips" + (", bf16 autocast" if bf16 else ""))
     runs = (torch.load(init).get("runs", []) if init else []) + [
         dict(steps=step, minutes=round(clock() / 60, 1), what=what)]
     torch.save(dict(state=vae.state_dict(), curve=curve, evals=evals, config=VAE_CFG, runs=runs), out)
@@ -781,6 +785,8 @@ def main():
                     help="weight of frame 0's own reconstruction term (the session's given image)")
     ap.add_argument("--vae-colour", type=float, default=0.0,
                     help="share of VAE training clips with their RGB channels shuffled")
+    ap.add_argument("--vae-bf16", action="store_true",
+                    help="train the VAE in mixed precision (bf16 products, f32 weights and loss)")
     ap.add_argument("--vae-init", type=pathlib.Path,
                     help="start the VAE stage from this trained VAE (vae.pt / vae_long.pt)")
     ap.add_argument("--vae-z-dim", type=int, default=16)
@@ -826,7 +832,7 @@ def main():
             stage_data(a.work, a.clips)
         elif s == "vae":
             stage_vae(a.work, a.vae_steps, a.vae_minutes, a.vae_edge, a.vae_first, a.vae_colour,
-                      a.vae_init)
+                      a.vae_init, a.vae_bf16)
         elif s == "vae-long":
             stage_vae_long(a.work, a.vae_long_minutes, a.vae_colour)
         elif s == "encode":
