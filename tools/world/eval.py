@@ -260,7 +260,7 @@ def main():
                          f"{perm['psnr_db']:.2f} dB, colour error {perm['colour_error']:.2f}")
             results.append(case)
             print(line, flush=True)
-            if len(flights) < a.strip_flights:
+            if len(flights) < 2 * a.strip_flights:  # each flight: generated, truth
                 flights.extend([video, truth])
         steer = {}
         for name, keys in STEER.items():
