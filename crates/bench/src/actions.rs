@@ -25,16 +25,8 @@ use crate::Result;
 /// What `bench serve --actions` runs.
 #[derive(Debug, Clone)]
 pub struct ActionsBenchConfig {
-    /// The realtime endpoint.
-    pub url: String,
-    /// The server's API key, if it has one.
-    pub api_key: Option<String>,
-    /// Video width.
-    pub width: usize,
-    /// Video height.
-    pub height: usize,
-    /// Frames per second.
-    pub fps: u32,
+    /// The server and the sessions' video.
+    pub target: PacedTarget,
     /// Key changes measured per lead.
     pub changes: usize,
     /// Chunks between key changes.
@@ -89,28 +81,38 @@ pub(crate) fn media_before(k: usize, fps: f64) -> f64 {
 /// A paced, open-ended session of `width × height` at `fps`, seed `seed`, released
 /// `lead` seconds before its chunks play, on the server at `url`.
 pub(crate) struct PacedSession<'a> {
-    /// The realtime endpoint.
-    pub url: &'a str,
-    /// The server's API key, if it has one.
-    pub api_key: Option<&'a str>,
-    /// Video width.
-    pub width: usize,
-    /// Video height.
-    pub height: usize,
-    /// Frames per second.
-    pub fps: u32,
+    /// The server and the video.
+    pub target: &'a PacedTarget,
     /// Noise seed.
     pub seed: usize,
     /// Pacing lead, seconds.
     pub lead: f64,
 }
 
+/// The server paced sessions connect to and the video they ask for.
+#[derive(Debug, Clone)]
+pub struct PacedTarget {
+    /// The realtime endpoint.
+    pub url: String,
+    /// The server's API key, if it has one.
+    pub api_key: Option<String>,
+    /// Video width.
+    pub width: usize,
+    /// Video height.
+    pub height: usize,
+    /// Frames per second.
+    pub fps: u32,
+}
+
 impl PacedSession<'_> {
     /// Connects and sends the `session.start`.
     pub(crate) async fn open(&self) -> Result<Ws> {
-        let (mut ws, _) = connect_to(self.url, self.api_key).await.map_err(ws_err)?;
-        let start = json!({"type": "session.start", "format": "m4s", "width": self.width,
-            "height": self.height, "fps": self.fps, "seed": self.seed,
+        let t = self.target;
+        let (mut ws, _) = connect_to(&t.url, t.api_key.as_deref())
+            .await
+            .map_err(ws_err)?;
+        let start = json!({"type": "session.start", "format": "m4s", "width": t.width,
+            "height": t.height, "fps": t.fps, "seed": self.seed,
             "extra_params": {"pace_to_media_time": true, "pacing_lead_seconds": self.lead}});
         ws.send(Message::text(start.to_string()))
             .await
@@ -133,17 +135,13 @@ pub(crate) async fn stop_and_close(ws: &mut Ws) {
 
 async fn one_lead(cfg: &ActionsBenchConfig, lead: f64) -> Result<ActionsRow> {
     let mut ws = PacedSession {
-        url: &cfg.url,
-        api_key: cfg.api_key.as_deref(),
-        width: cfg.width,
-        height: cfg.height,
-        fps: cfg.fps,
+        target: &cfg.target,
         seed: 7,
         lead,
     }
     .open()
     .await?;
-    let fps = f64::from(cfg.fps);
+    let fps = f64::from(cfg.target.fps);
     let chunk_media = 12.0 / fps;
     let mut rng = Lcg(0x5eed ^ lead.to_bits());
     let mut origin: Option<Instant> = None;

@@ -19,7 +19,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::actions::{media_before, stop_and_close, Lcg, PacedSession};
+use crate::actions::{media_before, stop_and_close, Lcg, PacedSession, PacedTarget};
 use crate::serve::{metric, metrics_at, ws_err};
 use crate::stats::percentile;
 use crate::Result;
@@ -27,16 +27,8 @@ use crate::Result;
 /// What `bench serve --realtime` runs.
 #[derive(Debug, Clone)]
 pub struct RealtimeBenchConfig {
-    /// The realtime endpoint.
-    pub url: String,
-    /// The server's API key, if it has one.
-    pub api_key: Option<String>,
-    /// Video width.
-    pub width: usize,
-    /// Video height.
-    pub height: usize,
-    /// Frames per second.
-    pub fps: u32,
+    /// The server and the sessions' video.
+    pub target: PacedTarget,
     /// Session counts to try, in turn.
     pub counts: Vec<usize>,
     /// Seconds each session is measured from its first chunk.
@@ -112,17 +104,13 @@ async fn one_client(
 ) -> Result<Option<Vec<f64>>> {
     tokio::time::sleep(delay).await;
     let mut ws = PacedSession {
-        url: &cfg.url,
-        api_key: cfg.api_key.as_deref(),
-        width: cfg.width,
-        height: cfg.height,
-        fps: cfg.fps,
+        target: &cfg.target,
         seed,
         lead: cfg.lead,
     }
     .open()
     .await?;
-    let fps = f64::from(cfg.fps);
+    let fps = f64::from(cfg.target.fps);
     let mut origin: Option<Instant> = None;
     let mut late = Vec::new();
     let mut index = 0usize;
@@ -162,7 +150,7 @@ async fn one_client(
 
 /// (allocated, reserved) bytes from `/metrics` now.
 async fn memory(cfg: &RealtimeBenchConfig) -> Option<(i64, i64, i64)> {
-    let body = metrics_at(&cfg.url, cfg.api_key.as_deref()).await?;
+    let body = metrics_at(&cfg.target.url, cfg.target.api_key.as_deref()).await?;
     Some((
         metric(&body, "headroom_allocated_bytes")?,
         metric(&body, "headroom_reserved_bytes")?,
@@ -171,7 +159,7 @@ async fn memory(cfg: &RealtimeBenchConfig) -> Option<(i64, i64, i64)> {
 }
 
 async fn one_count(cfg: &RealtimeBenchConfig, n: usize) -> Result<RealtimeRow> {
-    let chunk = 12.0 / f64::from(cfg.fps);
+    let chunk = 12.0 / f64::from(cfg.target.fps);
     let misses_before = memory(cfg).await.map_or(0, |m| m.2);
     // Every client is started within a chunk; one that is not admitted by the time the
     // others finish counts as queued.
@@ -200,7 +188,7 @@ async fn one_count(cfg: &RealtimeBenchConfig, n: usize) -> Result<RealtimeRow> {
     // The sampler runs to the end of the run, past the last client.
     let (results, peaks) = tokio::join!(futures_util::future::join_all(clients), sampler);
     let misses_after = memory(cfg).await.map_or(misses_before, |m| m.2);
-    let body = metrics_at(&cfg.url, cfg.api_key.as_deref())
+    let body = metrics_at(&cfg.target.url, cfg.target.api_key.as_deref())
         .await
         .unwrap_or_default();
     let allocator_peaks = (

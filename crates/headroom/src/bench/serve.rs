@@ -92,15 +92,22 @@ impl ServeArgs {
     }
 }
 
+/// The server and video of `--actions` and `--realtime`'s paced sessions.
+fn paced_target(args: &ServeArgs) -> headroom_bench::actions::PacedTarget {
+    headroom_bench::actions::PacedTarget {
+        url: args.url.clone(),
+        api_key: args.api_key(),
+        width: args.width,
+        height: args.height,
+        fps: args.fps.round().max(1.0) as u32,
+    }
+}
+
 /// Runs `headroom bench serve`: each concurrency in turn, then their comparison.
 pub fn run(args: ServeArgs) -> Result<()> {
     if let Some(changes) = args.actions {
         let config = headroom_bench::actions::ActionsBenchConfig {
-            url: args.url.clone(),
-            api_key: args.api_key(),
-            width: args.width,
-            height: args.height,
-            fps: args.fps.round().max(1.0) as u32,
+            target: paced_target(&args),
             changes,
             every: args.every,
             leads: args.leads.clone(),
@@ -108,18 +115,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let rows = headroom_bench::actions::run_actions_bench(&config)?;
         println!(
             "# bench serve --actions: {changes} key changes per lead, every {} chunks, {}x{} at {} fps\n",
-            args.every, args.width, args.height, config.fps
+            args.every, args.width, args.height, config.target.fps
         );
         print!("{}", headroom_bench::actions::markdown(&rows));
         return Ok(());
     }
     if !args.realtime.is_empty() {
         let config = headroom_bench::realtime::RealtimeBenchConfig {
-            url: args.url.clone(),
-            api_key: args.api_key(),
-            width: args.width,
-            height: args.height,
-            fps: args.fps.round().max(1.0) as u32,
+            target: paced_target(&args),
             counts: args.realtime.clone(),
             seconds: args.seconds,
             lead: args.lead,
@@ -133,7 +136,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             args.lead,
             args.width,
             args.height,
-            config.fps
+            config.target.fps
         );
         print!("{}", headroom_bench::realtime::markdown(&rows));
         return Ok(());
