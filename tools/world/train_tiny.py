@@ -277,6 +277,7 @@ def ints(text):
 
 
 def main():
+    global WORLD
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stage", default="all", choices=["all", "data", "encode", "train", "export"])
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/world-tiny"))
@@ -294,7 +295,6 @@ def main():
     ap.add_argument("--model", type=pathlib.Path, default=WORLD,
                     help="the model folder whose vae/ teaches, and where the decoder is written")
     args = ap.parse_args()
-    global WORLD
     WORLD = args.model
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
