@@ -46,7 +46,7 @@ import render  # noqa: E402
 from diffusers import AutoencoderKLWan  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
-WORLD = REPO / "models" / "world"  # the model folder: --model
+WORLD = REPO / "models" / "world"  # --model's default
 FRAMES = 33
 KEYS = "wasdjlik-"
 
@@ -89,12 +89,12 @@ def to_video(frames):
 
 
 @torch.no_grad()
-def stage_encode(work):
+def stage_encode(work, folder):
     path = work / "teacher.pt"
     if path.exists():
         return
-    vae = AutoencoderKLWan.from_pretrained(WORLD / "vae", torch_dtype=torch.float32).eval()
-    cfg = json.loads((WORLD / "vae" / "config.json").read_text())
+    vae = AutoencoderKLWan.from_pretrained(folder / "vae", torch_dtype=torch.float32).eval()
+    cfg = json.loads((folder / "vae" / "config.json").read_text())
     mean = torch.tensor(cfg["latents_mean"]).view(1, -1, 1, 1, 1)
     std = torch.tensor(cfg["latents_std"]).view(1, -1, 1, 1, 1)
     data = np.load(work / "clips.npz")
@@ -249,7 +249,7 @@ def stage_train(work, widths, strides, minutes, batch, resume=False, max_lr=1e-3
                     seconds=before["seconds"] + time.time() - t0, curve=curve), path)
 
 
-def stage_export(work):
+def stage_export(work, folder):
     run = torch.load(work / "tiny.pt")
     data = torch.load(work / "teacher.pt")
     strides = run.get("strides", [1, 2, 2])
@@ -258,13 +258,13 @@ def stage_export(work):
     model.eval()
     ev = evaluate(model, data["held"])
     tensors = {k: v.float().contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, WORLD / "tiny_decoder.safetensors")
+    save_file(tensors, folder / "tiny_decoder.safetensors")
     report = dict(architecture="TAEHV decoder (taehv.py's layout and keys)", widths=run["widths"],
                   time_strides=list(strides), parameters=sum(v.numel() for v in tensors.values()),
                   train_clips=len(data["train"]["latents"]), held_out_clips=len(data["held"]["latents"]),
                   steps=run["steps"], minutes=run["seconds"] / 60, loss="L1 + L2 against the full decode",
                   **ev)
-    (WORLD / "tiny_decoder.json").write_text(json.dumps(report, indent=1) + "\n")
+    (folder / "tiny_decoder.json").write_text(json.dumps(report, indent=1) + "\n")
     log(f"export: {report}")
 
 
@@ -277,7 +277,6 @@ def ints(text):
 
 
 def main():
-    global WORLD
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--stage", default="all", choices=["all", "data", "encode", "train", "export"])
     ap.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/world-tiny"))
@@ -295,7 +294,6 @@ def main():
     ap.add_argument("--model", type=pathlib.Path, default=WORLD,
                     help="the model folder whose vae/ teaches, and where the decoder is written")
     args = ap.parse_args()
-    WORLD = args.model
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     stages = ["data", "encode", "train", "export"] if args.stage == "all" else [args.stage]
@@ -303,12 +301,12 @@ def main():
         if stage == "data":
             stage_data(args.work, args.clips, args.held)
         elif stage == "encode":
-            stage_encode(args.work)
+            stage_encode(args.work, args.model)
         elif stage == "train":
             stage_train(args.work, args.widths, args.strides, args.minutes, args.batch, args.resume,
                         args.max_lr)
         else:
-            stage_export(args.work)
+            stage_export(args.work, args.model)
 
 
 if __name__ == "__main__":
