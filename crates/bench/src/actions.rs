@@ -78,8 +78,8 @@ pub(crate) fn media_before(k: usize, fps: f64) -> f64 {
     }
 }
 
-/// A paced, open-ended session of `width × height` at `fps`, seed `seed`, released
-/// `lead` seconds before its chunks play, on the server at `url`.
+/// A paced, open-ended session on `target` (its server, size and fps), seed `seed`,
+/// released `lead` seconds before its chunks play.
 pub(crate) struct PacedSession<'a> {
     /// The server and the video.
     pub target: &'a PacedTarget,
