@@ -343,8 +343,8 @@ fn plain_generate_runs_the_embedded_world_model_at_its_size_from_its_first_frame
     );
     let first = image::open(out.join("frame_00000.png")).unwrap().to_rgb8();
     assert_eq!(first.dimensions(), (128, 96));
-    // The model's own first frame conditions the video: frame 0 comes back close to it
-    // (this model gives ~20 dB).
+    // The model's own first frame conditions the video: frame 0 comes back close to it,
+    // in its own colours (this model's VAE gives 30.2 dB; the first `world` gave ~20).
     let own = image::open(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/world/first_frame.png"),
     )
@@ -359,7 +359,7 @@ fn plain_generate_runs_the_embedded_world_model_at_its_size_from_its_first_frame
         / own.as_raw().len() as f64;
     let psnr = 10.0 * (255.0f64 * 255.0 / mse).log10();
     assert!(
-        psnr > 15.0,
+        psnr > 28.0,
         "frame 0 is {psnr:.1} dB from the model's first frame"
     );
     // The extracted folder is reused, not rewritten, by the next run.
