@@ -506,6 +506,12 @@ def build_dit():
     return model, adapter
 
 
+def follow_width(ck):
+    """Builds the DiT at a checkpoint's width (heads of 64; tools/world/widen.py doubles it)."""
+    width = ck["model"]["blocks.0.attn1.to_q.weight"].shape[0]
+    DIT_CFG["num_attention_heads"] = width // DIT_CFG["attention_head_dim"]
+
+
 def dit_forward(model, adapter, latents, timesteps, rays, mask):
     """v over [B, 16, F, h, w] with per-frame timesteps [B, F] and rays [B, 6*FOLD^2, F, h, w]."""
     b, _, f = latents.shape[:3]
@@ -591,11 +597,13 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
     msk[:, :, 0] = 1.0
     timesteps, sigmas = ref.dmd_schedule(4, 5.0)
     timesteps, sigmas = torch.tensor(timesteps).float(), torch.tensor(sigmas).float()
-    model, adapter = build_dit()
     before = {"curve": [], "steps": 0}
     if resume:
         # Continue from the saved DiT with a fresh warm-up and cosine (no optimiser state).
         before = torch.load(out)
+        follow_width(before)
+    model, adapter = build_dit()
+    if resume:
         model.load_state_dict(before["model"])
         adapter.load_state_dict(before["adapter"])
     started = warm_start(model, adapter, init) if init and not resume else {}
@@ -726,6 +734,7 @@ def stage_export(work, folder):
     (folder / "vae").mkdir(parents=True, exist_ok=True)
     vae.to(torch.bfloat16).save_pretrained(folder / "vae")
     ck = torch.load(work / "dit.pt")
+    follow_width(ck)
     model = WanTransformer3DModel(**DIT_CFG)
     own = {k: v for k, v in ck["model"].items() if ".cam_" not in k}
     model.load_state_dict(own)
