@@ -93,7 +93,7 @@ seed 100000, `kkkkkjjww`, guided, above the truth). So the folder keeps guidance
 """
 
 
-def colour_section(ev):
+def colour_section(ev, folder):
     """Colour, luma, the permuted scenes, held keys and the strip, where the eval has them."""
     if "permuted" not in ev:
         return ""
@@ -101,7 +101,7 @@ def colour_section(ev):
     held = "\n".join(f"| `{k * 9}` | {v['seed']} | {v['psnr_db']:.2f} | {v['baseline_db']:.2f} | "
                      f"{v['gain_db']:+.2f} |" for k, v in hk.items())
     strip = ""
-    if (FOLDER / "flight.png").exists():
+    if (folder / "flight.png").exists():
         strip = """
 
 The first three flights, frames 0, 8, 16, 24 and 32, each generated above the renderer's
@@ -128,13 +128,13 @@ each to beat it):
 {held}{strip}"""
 
 
-def tiny_section():
+def tiny_section(folder):
     """`tiny_decoder.json` (tools/world/train_tiny.py's export), when the folder has one."""
-    path = FOLDER / "tiny_decoder.json"
+    path = folder / "tiny_decoder.json"
     if not path.exists():
         return ""
     t = json.loads(path.read_text())
-    size = (FOLDER / "tiny_decoder.safetensors").stat().st_size
+    size = (folder / "tiny_decoder.safetensors").stat().st_size
     strides = t.get("time_strides", [1, 2, 2])
     return f"""
 ## Tiny decoder (`tiny_decoder.safetensors`, `--decoder tiny`)
@@ -155,13 +155,13 @@ VAE's latents of the truth:
 """
 
 
-def main():
-    tr = json.loads((FOLDER / "training.json").read_text())
-    ev = json.loads((FOLDER / "eval.json").read_text())
-    t_cfg = json.loads((FOLDER / "transformer" / "config.json").read_text())
-    v_cfg = json.loads((FOLDER / "vae" / "config.json").read_text())
-    dit_bytes = (FOLDER / "transformer" / "diffusion_pytorch_model.safetensors").stat().st_size
-    vae_bytes = (FOLDER / "vae" / "diffusion_pytorch_model.safetensors").stat().st_size
+def main(folder):
+    tr = json.loads((folder / "training.json").read_text())
+    ev = json.loads((folder / "eval.json").read_text())
+    t_cfg = json.loads((folder / "transformer" / "config.json").read_text())
+    v_cfg = json.loads((folder / "vae" / "config.json").read_text())
+    dit_bytes = (folder / "transformer" / "diffusion_pytorch_model.safetensors").stat().st_size
+    vae_bytes = (folder / "vae" / "diffusion_pytorch_model.safetensors").stat().st_size
     vae_short = [c for c in tr["vae"] if not c.get("long")]
     vae_long = [c for c in tr["vae"] if c.get("long")]
     dit = tr["dit"]
@@ -225,7 +225,7 @@ flight (sometimes switching once: `train.py --stage data-held`).""")
         f"{'yes' if v['per_latent_frame']['passes'] else 'no'} |"
         for k, v in ev["steering"].items())
     sa, yl = ev["strafe_d_vs_a"], ev["yaw_l_vs_j"]
-    guided = FOLDER / "eval_guided.json"
+    guided = folder / "eval_guided.json"
     guidance = (guidance_section(ev, json.loads(guided.read_text()),
                                  t_cfg.get("camera_guidance", 1.0)) if guided.exists() else "")
     ceiling = ""
@@ -327,7 +327,7 @@ PSNR over frames 1–32 against the renderer, beside repeating the first frame:
 
 {ev['flights_below_baseline']} of {ev['cases']} flights fall below repeating the first frame. The first
 decoded frame against the image it was given: {ev['first_frame_db']:.2f} dB on average, {ev['first_frame_min_db']:.2f} dB at
-worst (the issue asks for ≥ 30 dB).{colour_section(ev)}
+worst (the issue asks for ≥ 30 dB).{colour_section(ev, folder)}
 
 {ceiling}Steering (phase correlation, horizontal shift in pixels, positive = the picture moves
 right): per pixel frame (consecutive frames), and per latent frame (pixel frame 4f−4 to
@@ -343,7 +343,7 @@ Strafe d vs a: opposite directions {sa['opposite']}, same direction as the truth
 {sa['matches_truth']}, frames agreeing with the truth's sign {sa['frame_agreement'][0]:.0%} / {sa['frame_agreement'][1]:.0%}.
 Yaw l vs j: opposite {yl['opposite']}, as the truth {yl['matches_truth']}, frames agreeing
 {yl['frame_agreement'][0]:.0%} / {yl['frame_agreement'][1]:.0%}.
-{guidance}{tiny_section()}
+{guidance}{tiny_section(folder)}
 ## Limits
 
 - 128×96, 33 frames (three blocks); longer videos run but were never trained.
@@ -352,13 +352,12 @@ Yaw l vs j: opposite {yl['opposite']}, as the truth {yl['matches_truth']}, frame
   over the blocks.{steer_limit}
 - Only this procedural world; no text conditioning.
 """
-    (FOLDER / "README.md").write_text(card)
-    print(f"wrote {FOLDER / 'README.md'}")
+    (folder / "README.md").write_text(card)
+    print(f"wrote {folder / 'README.md'}")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", type=pathlib.Path, default=FOLDER,
                     help="the model folder: its training.json and eval.json in, README.md out")
-    FOLDER = ap.parse_args().folder
-    main()
+    main(ap.parse_args().folder)

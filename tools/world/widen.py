@@ -28,11 +28,19 @@ import pathlib
 
 import torch
 
-# Linear weights whose input is a latent patch, time frequencies, text or rays (not widened).
+# Weights whose input is a latent patch, time frequencies, text or rays (not widened).
 NARROW_IN = ("patch_embedding.", "condition_embedder.time_embedder.linear_1.",
              "condition_embedder.text_embedder.linear_1.", "patch_embedding_wancamctrl.")
-# ... and whose output is the latent values (not widened; nor is the FFN's hidden layer).
-NARROW_OUT = ("proj_out.",)
+
+
+def reads_narrow(key):
+    """The layer reads an unwidened vector: an input, or the FFN's hidden layer."""
+    return key.startswith(NARROW_IN) or ".ffn.net.2." in key
+
+
+def writes_narrow(key):
+    """The layer writes an unwidened vector: the latent values, or the FFN's hidden layer."""
+    return key.startswith("proj_out.") or ".ffn.net.0.proj." in key
 
 
 def split_in(w, gen, lo=0.3, hi=0.7):
@@ -53,13 +61,10 @@ def widen_tensor(key, t, gen):
         dim = t.shape[0] // 6
         return torch.cat([torch.cat([c, c]) for c in t.reshape(6, dim)])
     if t.dim() == 1:                                     # biases and norm weights
-        narrow = key.startswith(NARROW_OUT) or ".ffn.net.0.proj." in key
-        return t if narrow else torch.cat([t, t])
-    if key.startswith("patch_embedding.") and t.dim() == 5:  # Conv3d [dim, in, 1, p, p]
+        return t if writes_narrow(key) else torch.cat([t, t])
+    if reads_narrow(key):      # rows duplicated (the patch embedding's Conv3d among them)
         return torch.cat([t, t], 0)
-    if key.startswith(NARROW_IN) or ".ffn.net.2." in key:   # reads an unwidened vector
-        return torch.cat([t, t], 0)
-    if key.startswith(NARROW_OUT) or ".ffn.net.0.proj." in key:  # writes one
+    if writes_narrow(key):
         return split_in(t, gen)
     return torch.cat([split_in(t, gen), split_in(t, gen)], 0)
 
