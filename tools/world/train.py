@@ -14,7 +14,7 @@ Stages (each resumable, each writing under ``--work``):
            per-channel latent statistics measured here (written to the VAE config)
   dit      what the engine's loop does (crates/engine/src/session.rs): 3-latent-frame
            blocks, block-causal attention to clean earlier blocks (their t = 0 commit
-           forward), x0 = x_t - sigma * v at the 4 DMD timesteps of shift 5, the
+           forward), x0 = x_t - sigma * v at the 4 DMD timesteps (flow shift 5 unless --dit-shift), the
            36-channel condition (mask | first-frame latents), the block camera tokens
   export   a diffusers pipeline folder (transformer/ with the camera adapter's keys,
            vae/) in bf16, plus the training curves
@@ -59,6 +59,7 @@ TOKENS = (h // 2) * (w // 2)   # DiT tokens per latent frame
 KEYS = "wasdjlik-"
 MIRROR = str.maketrans("adjl", "dalj")
 IO_FIRST_STEPS = 150           # a warm-started DiT's steps that train its fresh layers alone
+FLOW_SHIFT = 5.0               # the DMD steps' shift (STEPWISE B2), unless --dit-shift
 SELF_CONTEXT = 0.3             # share of DiT steps whose clean context is the model's own x0
 
 VAE_CFG = dict(base_dim=16, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
@@ -583,7 +584,7 @@ def warm_start(model, adapter, path):
 
 def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf16=False,
               max_lr=4e-4, init=None, held_share=0.0, self_context=SELF_CONTEXT,
-              rollout_context=False):
+              rollout_context=False, shift=None):
     out = work / "dit.pt"
     if out.exists() and not resume:
         return
@@ -595,13 +596,17 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
     held = torch.tensor([i for i, s in enumerate(scripts) if len(set(s[:5])) == 1 and s[0] != "-"])
     msk = torch.zeros(1, 4, LATENT, h, w)
     msk[:, :, 0] = 1.0
-    timesteps, sigmas = ref.dmd_schedule(4, 5.0)
-    timesteps, sigmas = torch.tensor(timesteps).float(), torch.tensor(sigmas).float()
     before = {"curve": [], "steps": 0}
     if resume:
         # Continue from the saved DiT with a fresh warm-up and cosine (no optimiser state).
         before = torch.load(out)
         follow_width(before)
+    # The 4 DMD steps' flow shift: the checkpoint's unless given (a resumed DiT learns the
+    # new steps' noise levels); the export writes it into the model's config for the engine.
+    shift = shift or before.get("shift", FLOW_SHIFT)
+    timesteps, sigmas = ref.dmd_schedule(4, shift)
+    log(f"dit: flow shift {shift}, sigmas {[round(x, 3) for x in sigmas]}")
+    timesteps, sigmas = torch.tensor(timesteps).float(), torch.tensor(sigmas).float()
     model, adapter = build_dit()
     if resume:
         model.load_state_dict(before["model"])
@@ -636,13 +641,14 @@ def stage_dit(work, steps, batch, minutes, resume=False, camera_lr_mult=1.0, bf1
         offset = before["curve"][-1]["seconds"] if before["curve"] else 0.0
         mine = [dict(c, step=c["step"] + done, seconds=c["seconds"] + offset) for c in curve]
         run = dict(steps=step + 1, minutes=round(clock() / 60, 1), max_lr=max_lr,
-                   camera_lr_mult=camera_lr_mult, bf16=bf16, clips=len(lat), **started)
+                   camera_lr_mult=camera_lr_mult, bf16=bf16, clips=len(lat), shift=shift,
+                   **started)
         if held_share:
             run["held_share"] = held_share
         if rollout_context or self_context != SELF_CONTEXT:
             run.update(self_context=self_context, rollout_context=rollout_context)
         torch.save(dict(model=model.state_dict(), adapter=adapter.state_dict(),
-                        curve=before["curve"] + mine, steps=done + step + 1, batch=batch,
+                        curve=before["curve"] + mine, steps=done + step + 1, batch=batch, shift=shift,
                         runs=before.get("runs", []) + [run]), out)
 
     mask = teacher_mask()
@@ -741,6 +747,8 @@ def stage_export(work, folder):
     # headroom's own key (diffusers ignores it): block 0's latent frame 0 is the given
     # image's latents, not the network's x0.
     model.register_to_config(keep_first_frame=True)
+    # And the flow shift of the DMD steps it was trained at: the engine's default for it.
+    model.register_to_config(flow_shift=ck.get("shift", FLOW_SHIFT))
     model.to(torch.bfloat16).save_pretrained(folder / "transformer")
     path = folder / "transformer" / "diffusion_pytorch_model.safetensors"
     weights = load_file(path)
@@ -821,6 +829,9 @@ def main():
     ap.add_argument("--rollout-context", action="store_true",
                     help="that output is a 4-step sample from pure noise (the engine's block 0), "
                          "not the x0 of the truth at the last step's noise")
+    ap.add_argument("--dit-shift", type=float,
+                    help="train the 4 DMD steps at this flow shift (default: the checkpoint's, "
+                         f"else {FLOW_SHIFT}); a small latent grid wants a small one")
     ap.add_argument("--dit-init", type=pathlib.Path,
                     help="warm-start a new DiT from this dit.pt or exported model folder "
                          "(another VAE's; see warm_start)")
@@ -849,7 +860,7 @@ def main():
         elif s == "dit":
             stage_dit(a.work, a.dit_steps, a.dit_batch, a.dit_minutes, a.dit_resume,
                       a.camera_lr_mult, a.dit_bf16, a.dit_lr, a.dit_init, a.held_share,
-                      a.self_context, a.rollout_context)
+                      a.self_context, a.rollout_context, a.dit_shift)
         elif s == "data-held":
             stage_data_held(a.work, a.held_clips)
         elif s == "keep":

@@ -47,7 +47,7 @@ struct OpenSpec {
     num_frames: usize,
     seed: u64,
     steps: usize,
-    flow_shift: f64,
+    flow_shift: Option<f64>,
     prompt: Option<String>,
     actions: Vec<Keys>,
     trajectory: Option<Trajectory>,

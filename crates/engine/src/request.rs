@@ -22,8 +22,9 @@ pub struct SessionRequest {
     pub seed: u64,
     /// DMD steps per block.
     pub steps: usize,
-    /// Timestep shift.
-    pub flow_shift: f64,
+    /// Timestep shift of the DMD steps (`None`: the model's `flow_shift`, 5 unless its
+    /// config says otherwise).
+    pub flow_shift: Option<f64>,
     /// Text embeddings `[L, text_dim]`, or none.
     pub text_embeds: Option<Tensor>,
     /// A prompt, encoded by the model's text encoder (instead of `text_embeds`).
@@ -52,7 +53,7 @@ pub struct SessionRequest {
 }
 
 impl SessionRequest {
-    /// A request with the defaults: 4 steps, shift 5, seed 42, no text, no image.
+    /// A request with the defaults: 4 steps, the model's shift, seed 42, no text, no image.
     pub fn new(width: usize, height: usize, num_frames: usize) -> Self {
         Self {
             width,
@@ -60,7 +61,7 @@ impl SessionRequest {
             num_frames,
             seed: 42,
             steps: 4,
-            flow_shift: 5.0,
+            flow_shift: None,
             text_embeds: None,
             prompt: None,
             image: None,

@@ -68,7 +68,7 @@ fn request(dir: &std::path::Path, s: &Scenario, host: &Device) -> SessionRequest
     let image = dir.join("image.npy");
     SessionRequest {
         steps: s.steps,
-        flow_shift: s.flow_shift,
+        flow_shift: Some(s.flow_shift),
         text_embeds: Some(read_npy(dir.join("text_a.npy"), host).unwrap()),
         image: image.exists().then(|| read_npy(image, host).unwrap()),
         actions: Keys::script(&s.actions).unwrap(),

@@ -216,6 +216,11 @@ fn camera_guidance_pushes_away_from_a_still_camera_and_is_checked() {
 
 /// A copy of the world model's folder whose transformer config sets `keep_first_frame`.
 fn world_with_keep(dir: &std::path::Path, keep: bool) -> String {
+    world_with(dir, |json| json["keep_first_frame"] = keep.into())
+}
+
+/// A copy of the world model's folder with its transformer config edited.
+fn world_with(dir: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) -> String {
     let src = std::path::Path::new(WORLD);
     for part in ["transformer", "vae"] {
         std::fs::create_dir_all(dir.join(part)).unwrap();
@@ -232,9 +237,39 @@ fn world_with_keep(dir: &std::path::Path, keep: bool) -> String {
     let config = dir.join("transformer/config.json");
     let mut json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
-    json["keep_first_frame"] = serde_json::Value::Bool(keep);
+    edit(&mut json);
     std::fs::write(&config, json.to_string()).unwrap();
     dir.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_models_flow_shift_is_its_sessions_default_and_a_request_overrides_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = world_with(dir.path(), |json| json["flow_shift"] = 2.5.into());
+    let shifted = engine_at(
+        &folder,
+        AllocatorPolicy::Planned,
+        ReclaimPolicy::BeforeDecode,
+    );
+    let e = engine(AllocatorPolicy::Planned, ReclaimPolicy::BeforeDecode);
+    let block = |shift: Option<f64>| SessionRequest {
+        flow_shift: shift,
+        num_frames: 9,
+        ..request("lll")
+    };
+    let own = run(&shifted, block(None));
+    assert_eq!(own, run(&e, block(Some(2.5))));
+    assert_ne!(
+        own,
+        run(&e, block(None)),
+        "the embedded world's shift is not 2.5"
+    );
+    assert_eq!(run(&shifted, block(Some(5.0))), run(&e, block(Some(5.0))));
+    let Err(err) = e.open_session(block(Some(0.0))) else {
+        panic!("flow_shift 0 must be refused")
+    };
+    let err = err.to_string();
+    assert!(err.contains("flow_shift") && err.contains("> 0"), "{err}");
 }
 
 #[test]

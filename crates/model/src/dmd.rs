@@ -25,10 +25,10 @@ impl DmdSchedule {
                 "steps must be at least 1",
             ));
         }
-        if !(shift.is_finite() && shift > 0.0) {
+        if let Some(rule) = flow_shift_error(shift) {
             return Err(ModelError::input(
                 "dmd schedule",
-                format!("flow_shift must be a positive number, got {shift}"),
+                format!("flow_shift {rule}"),
             ));
         }
         let sigmas: Vec<f64> = (0..steps)
@@ -55,6 +55,13 @@ impl DmdSchedule {
 /// `x0 = x_t − σ·v`.
 pub fn x0_from_velocity(x: &Tensor, v: &Tensor, sigma: f64) -> Result<Tensor> {
     Ok(x.sub(&v.mul_scalar(sigma as f32)?)?)
+}
+
+/// The rule a flow shift breaks, if any (it must be finite and > 0): the one check of a
+/// config's, a request's and a client's shift.
+pub fn flow_shift_error(shift: f64) -> Option<String> {
+    (!(shift.is_finite() && shift > 0.0))
+        .then(|| format!("must be a finite number > 0, got {shift}"))
 }
 
 /// The rule a camera guidance scale breaks, if any (it must be finite and ≥ 0): the one

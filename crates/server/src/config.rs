@@ -57,8 +57,8 @@ pub struct Defaults {
     pub seed: u64,
     /// DMD steps per block.
     pub num_inference_steps: usize,
-    /// Timestep shift.
-    pub flow_shift: f64,
+    /// Timestep shift (`None`: the model's).
+    pub flow_shift: Option<f64>,
     /// Media-time pacing of sessions that do not say (`serve --pace`).
     pub pacing: crate::pacer::Pacing,
 }
@@ -72,7 +72,7 @@ impl Default for Defaults {
             fps: 16,
             seed: 42,
             num_inference_steps: 4,
-            flow_shift: 5.0,
+            flow_shift: None,
             pacing: crate::pacer::Pacing::default(),
         }
     }

@@ -108,8 +108,8 @@ pub struct StartRequest {
     pub seed: u64,
     /// DMD steps per block.
     pub num_inference_steps: usize,
-    /// Timestep shift.
-    pub flow_shift: f64,
+    /// Timestep shift (`None`: the model's `flow_shift`).
+    pub flow_shift: Option<f64>,
     /// `image_reference.image_url`: a `data:` URL (decoded by the worker).
     pub image_url: Option<String>,
     /// `extra_params.camera_action_script`, flattened to one key set per latent frame.
@@ -196,7 +196,7 @@ impl StartRequest {
             seed: seed(&msg)?.unwrap_or(defaults.seed),
             num_inference_steps: uint(&msg, "num_inference_steps", 1, 50)?
                 .unwrap_or(defaults.num_inference_steps),
-            flow_shift: float(&msg, "flow_shift")?.unwrap_or(defaults.flow_shift),
+            flow_shift: float(&msg, "flow_shift")?.or(defaults.flow_shift),
             image_url: image_url(&msg)?,
             actions: action_script(extra.get("camera_action_script"))?,
             overlap: match extra.get("overlap") {
@@ -240,11 +240,11 @@ impl StartRequest {
         {
             return Err(ServerError::request("extra_params.camera_guidance", rule));
         }
-        if !(request.flow_shift.is_finite() && request.flow_shift > 0.0) {
-            return Err(ServerError::request(
-                "flow_shift",
-                format!("must be a finite number > 0, got {}", request.flow_shift),
-            ));
+        if let Some(rule) = request
+            .flow_shift
+            .and_then(headroom_model::dmd::flow_shift_error)
+        {
+            return Err(ServerError::request("flow_shift", rule));
         }
         Ok(request)
     }
@@ -711,7 +711,7 @@ mod tests {
             (48, 32, 21, Some(2))
         );
         assert_eq!((r.fps, r.seed, r.num_inference_steps), (16, 42, 4));
-        assert_eq!(r.flow_shift, 5.0);
+        assert_eq!(r.flow_shift, None, "the model's shift");
     }
 
     #[test]
@@ -728,7 +728,7 @@ mod tests {
                "extra_params":{"flow_shift":3.0,"camera_guidance":2,"camera_action_script":[[["w"],[],"wd"]]},"size":"64x48"}"#,
         )
         .unwrap();
-        assert_eq!((r.seed, r.num_frames, r.flow_shift), (7, 9, 3.0));
+        assert_eq!((r.seed, r.num_frames, r.flow_shift), (7, 9, Some(3.0)));
         assert_eq!(r.camera_guidance, Some(2.0));
         assert_eq!(r.decoder, None);
         assert_eq!(r.config("m", DecoderKind::Full)["decoder"], "full");

@@ -34,6 +34,9 @@ impl Engine {
             return Err(EngineError::request("steps", "must be at least 1"));
         }
         self.decoder_for(r.decoder)?;
+        if let Some(rule) = r.flow_shift.and_then(headroom_model::dmd::flow_shift_error) {
+            return Err(EngineError::request("flow_shift", rule));
+        }
         if let Some(g) = r.camera_guidance {
             if let Some(rule) = headroom_model::dmd::guidance_scale_error(g) {
                 return Err(EngineError::request("camera_guidance", rule));

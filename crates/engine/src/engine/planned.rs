@@ -47,14 +47,13 @@ pub(crate) fn span_key(
         other => format!(" weights:{other}"),
     };
     format!(
-        "{} {:?}{weights} {}x{} f{} steps{} shift{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} guidance:{:?} decoder:{}{} threads{} rank{:?} kv{}/{}",
+        "{} {:?}{weights} {}x{} f{} steps{} text:{text} image:{} camera:{camera} overlap:{} reuse_kv:{} guidance:{:?} decoder:{}{} threads{} rank{:?} kv{}/{}",
         config.model,
         config.weight_dtype,
         r.width,
         r.height,
         r.num_frames,
         r.steps,
-        r.flow_shift,
         r.image.is_some(),
         r.overlap,
         r.reuse_last_step_kv,

@@ -118,7 +118,7 @@ impl Engine {
         );
         request.seed = saved.seed;
         request.steps = saved.steps;
-        request.flow_shift = saved.flow_shift;
+        request.flow_shift = Some(saved.flow_shift);
         request.actions = saved.actions;
         request.overlap = saved.overlap;
         request.reuse_last_step_kv = saved.reuse_last_step_kv;

@@ -162,6 +162,7 @@ impl Session {
         let camera_guidance = request
             .camera_guidance
             .unwrap_or(dit.config().camera_guidance);
+        let flow_shift = request.flow_shift.unwrap_or(dit.config().flow_shift);
         let horizon = blocks.unwrap_or(0);
         request.noise.check([
             horizon,
@@ -181,8 +182,8 @@ impl Session {
             kv: Some(kv),
             text,
             cond,
-            schedule: DmdSchedule::shifted(request.steps, request.flow_shift)?,
-            flow_shift: request.flow_shift,
+            schedule: DmdSchedule::shifted(request.steps, flow_shift)?,
+            flow_shift,
             seed: request.seed,
             noise_counter: 0,
             noise_source: request.noise.clone(),

@@ -22,9 +22,10 @@ pub struct GenerateArgs {
     /// DMD steps per block.
     #[arg(long, default_value_t = 4)]
     pub steps: usize,
-    /// Timestep shift.
-    #[arg(long, default_value_t = 5.0)]
-    pub flow_shift: f64,
+    /// Timestep shift of the DMD steps (default: the model's `flow_shift`, 5 unless its
+    /// config says otherwise).
+    #[arg(long)]
+    pub flow_shift: Option<f64>,
     /// Text embeddings [L, text_dim]: .npy, or .safetensors holding one tensor.
     #[arg(long, conflicts_with = "prompt")]
     pub text_embeds: Option<PathBuf>,

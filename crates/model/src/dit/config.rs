@@ -47,6 +47,9 @@ pub struct DitConfig {
     /// headroom's own key: each DMD step's velocity is pushed away from a still camera's,
     /// `v_still + g·(v_keys − v_still)` (two forwards a step; 1 = off, camera models only).
     pub camera_guidance: f64,
+    /// headroom's own key: the flow shift of the DMD steps the model was trained at, the
+    /// sessions' default (5, Self-Forcing's, when absent; a small latent grid wants less).
+    pub flow_shift: f64,
 }
 
 impl Default for DitConfig {
@@ -70,6 +73,7 @@ impl Default for DitConfig {
             pos_embed_seq_len: None,
             keep_first_frame: false,
             camera_guidance: 1.0,
+            flow_shift: 5.0,
         }
     }
 }
@@ -148,6 +152,9 @@ impl DitConfig {
         if let Some(rule) = crate::dmd::guidance_scale_error(self.camera_guidance) {
             return Err(ModelError::config("camera_guidance", rule));
         }
+        if let Some(rule) = crate::dmd::flow_shift_error(self.flow_shift) {
+            return Err(ModelError::config("flow_shift", rule));
+        }
         Ok(())
     }
 
@@ -204,6 +211,22 @@ mod tests {
         let err = keep(16, 16).validate().unwrap_err().to_string();
         assert!(err.contains("keep_first_frame"), "{err}");
         assert!(err.contains("in 16 / out 16"), "{err}");
+    }
+
+    #[test]
+    fn flow_shift_defaults_to_five_and_is_a_finite_number_above_zero() {
+        let parsed = DitConfig::from_json(&serde_json::json!({ "flow_shift": 1.5 })).unwrap();
+        assert_eq!(parsed.flow_shift, 1.5);
+        let absent = DitConfig::from_json(&serde_json::json!({})).unwrap();
+        assert_eq!(absent.flow_shift, 5.0);
+        for bad in [0.0, -1.0, f64::NAN] {
+            let config = DitConfig {
+                flow_shift: bad,
+                ..DitConfig::default()
+            };
+            let err = config.validate().unwrap_err().to_string();
+            assert!(err.contains("flow_shift") && err.contains("> 0"), "{err}");
+        }
     }
 
     #[test]
