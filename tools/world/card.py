@@ -21,9 +21,22 @@ def mean_of(curve, key, first, last):
     return float(np.mean(vals)) if vals else float("nan")
 
 
+def shift_sigmas(shift):
+    """The 4 DMD steps' sigmas at a flow shift (STEPWISE B2)."""
+    return [shift * b / ((1 - b) + shift * b) for b in (1.0, 0.75, 0.5, 0.25)]
+
+
+def run_shift(run):
+    """The flow shift a DiT run trained its DMD steps at (5 before runs recorded it)."""
+    return run.get("shift", 5.0)
+
+
 def run_note(run):
     """A DiT run's note: where a warm start came from, its curriculum and context, its own."""
     parts = []
+    if run_shift(run) != 5.0:
+        parts.append(f"DMD steps at flow shift {run_shift(run):g} (`--dit-shift`: "
+                     f"σ = {', '.join(f'{x:.3g}' for x in shift_sigmas(run_shift(run)))})")
     if "init" in run:
         parts.append(f"warm start from a {run['init_steps']}-step DiT on another VAE's latents "
                      "(`train.py --dit-init`: blocks and camera adapter carried over, fresh "
@@ -166,14 +179,18 @@ def main(folder):
     vae_long = [c for c in tr["vae"] if c.get("long")]
     dit = tr["dit"]
     n = len(dit)
+    runs = tr["dit_runs"]
+    # The first curve step of each run, for the shift (so the sigmas) a row's steps are at.
+    starts = np.cumsum([0] + [r["steps"] for r in runs])[:-1]
     dit_rows = []
     for a in sorted({0, n // 4, n // 2, 3 * n // 4, max(n - 50, 0)}):
         b = min(a + 50, n)
         per = [np.mean([c["per_step"][i] for c in dit[a:b] if c["per_step"][i] is not None])
                for i in range(4)]
-        dit_rows.append(f"| {a}–{b - 1} | {mean_of(dit, 'loss', a, b):.4f} | "
+        run = runs[int(np.searchsorted(starts, dit[a]["step"], side="right")) - 1]
+        sigmas = ", ".join(f"{x:.3g}" for x in shift_sigmas(run_shift(run)))
+        dit_rows.append(f"| {a}–{b - 1} | {sigmas} | {mean_of(dit, 'loss', a, b):.4f} | "
                         + " | ".join(f"{p:.4f}" for p in per) + " |")
-    runs = tr["dit_runs"]
     run_rows = "\n".join(
         f"| {i + 1} | {r['steps']} | {r['minutes']:.0f} | {r['max_lr']:.1e} | {r['camera_lr_mult']:g} | "
         f"{'bf16 autocast' if r['bf16'] else 'f32'} | {r['clips']} | {run_note(r)} |"
@@ -189,11 +206,18 @@ def main(folder):
     decoder = ""
     if dec:
         e0, e1 = dec_evals[0], dec_evals[-1]
+        gen = tr.get("vae_decoder_generated")
+        rollout_text = f"""
+   In {gen['share']:.0%} of the steps its input was instead what the DiT makes: the latents
+   of `headroom generate` from the true first frame and keys of {gen['rollouts']} fresh clips
+   (`finetune.py --stage rollouts`, seeds neither network trained on), against their true
+   frames, so that it decodes the DiT's uncertain latents to the picture's expected value
+   rather than to texture.""" if gen else ""
         decoder = f"""
    Then the decoder alone (`tools/world/finetune.py --stage decoder`, the encoder frozen,
    so the DiT's latents did not change): {len(dec)} steps in {dec[-1]['seconds'] / 60:.0f} CPU-minutes,
    L1 + L2 with frame 0's own term weighted in, on whole clips and on batches of
-   64×64 crops of the first block. Held-out whole clips (4 seeds from 100000): {e0['heldout_psnr']:.2f} →
+   64×64 crops of the first block.{rollout_text} Held-out whole clips (4 seeds from 100000): {e0['heldout_psnr']:.2f} →
    {e1['heldout_psnr']:.2f} dB, their frame 0: {e0['heldout_first_frame_psnr']:.2f} → {e1['heldout_first_frame_psnr']:.2f} dB."""
     data_text = ("""Both networks trained on seeds 0–319 with random key scripts (runs of
 one key, sometimes none) plus seeds 400–559 with one key held for the flight (sometimes
@@ -301,14 +325,15 @@ with a↔d, j↔l. {data_text}
    frames at t_b], the noisy copy of block b sees the clean blocks < b and itself
    (the engine's block-causal attention to committed blocks), RoPE gives both copies
    the same frame positions, and each block draws its own timestep from the 4 DMD
-   steps of shift 5; the loss is the x0 error `x_t − σ·v` against the clean latents.
+   steps (flow shift 5 unless a run says otherwise; this folder's sessions default to
+   its config's `flow_shift`, {t_cfg.get("flow_shift", 5.0):g}); the loss is the x0 error `x_t − σ·v` against the clean latents.
    {context_text}
 
 x0 mean squared error (normalised latents), mean over the step range, overall and per
-DMD step (σ = 1, 0.9375, 0.833, 0.625):
+DMD step (at the σ of the run the range is in):
 
-| steps | x0 MSE | step 1 | step 2 | step 3 | step 4 |
-|---|---|---|---|---|---|
+| steps | σ of steps 1–4 | x0 MSE | step 1 | step 2 | step 3 | step 4 |
+|---|---|---|---|---|---|---|
 {chr(10).join(dit_rows)}
 
 The full curves (every step, both networks) are in `training.json`.

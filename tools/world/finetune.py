@@ -8,10 +8,17 @@ config), so the encoder stays frozen here and everything trained is on its far s
            DiT in f32 (``vae.pt``, ``dit.pt``, the committed curves carried on), and
            ``latents.pt``: every clip of the work folder and its mirror through the
            committed encoder, normalised by the committed statistics
+  rollouts ``--rollouts`` fresh clips (seeds 5000 and up, which neither network trained
+           on; two thirds random key scripts, a third held keys) and the latents
+           ``headroom generate`` makes from each one's true first frame and keys (what
+           the decoder gets in a session): ``rollouts.npz``
   decoder  the decoder alone, from the frozen encoder's posterior means (what the
-           engine decodes): whole 33-frame clips at full size (the causal caches over the
-           horizon) and batches of 64×64 crops of the first block; L1 + L2 plus ``--first``
-           times frame 0's own (the session's given image); writes ``vae_decoder.pt``
+           engine decodes of the given image): whole 33-frame clips at full size (the
+           causal caches over the horizon) and batches of 64×64 crops of the first block;
+           and, in a ``--generated-share`` of the steps, from a rollout's latents to its
+           true frames (so the decoder turns the DiT's uncertain latents into the
+           picture's expected value rather than texture); L1 + L2 plus ``--first`` times
+           frame 0's own (the session's given image); writes ``vae_decoder.pt``
 
 Then ``train.py --stage dit --dit-resume --dit-lr ...`` trains the DiT further on the
 same latents, and ``train.py --stage export`` writes the folder (it takes the decoder
@@ -24,8 +31,11 @@ from ``vae_decoder.pt``).
 import argparse
 import json
 import math
+import multiprocessing
 import pathlib
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -35,6 +45,7 @@ import train as T  # noqa: E402
 import diffusers  # noqa: E402
 from diffusers import AutoencoderKLWan  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
+from PIL import Image  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # What the first committed DiT's training.json does not say in its curve (stop 44).
@@ -81,14 +92,55 @@ def stage_init(work, folder):
     T.log(f"init: {work} from {folder}")
 
 
-def stage_decoder(work, minutes, first, lr, whole_share):
-    """The decoder (and its post-quant conv) alone, from the frozen encoder's latents."""
+ROLLOUT_SEED = 5000  # the rollouts' first seed: past the training clips' (0-559)
+
+
+def stage_rollouts(work, folder, headroom, count):
+    """Fresh clips and the latents `headroom generate` makes of them (see the docstring)."""
+    out = work / "rollouts.npz"
+    if out.exists():
+        return
+    rng = np.random.default_rng(ROLLOUT_SEED)
+    jobs = [(ROLLOUT_SEED + i, T.held_script(rng) if i % 3 == 2 else T.key_script(rng))
+            for i in range(count)]
+    videos = np.zeros((count, T.FRAMES, T.H, T.W, 3), np.uint8)
+    with multiprocessing.Pool(2) as pool:
+        for i, v in enumerate(pool.imap(T._render_clip, jobs, chunksize=4)):
+            videos[i] = v
+    T.log(f"rollouts: rendered {count} clips")
+    latents = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        for i, (seed, script) in enumerate(jobs):
+            Image.fromarray(videos[i, 0]).save(tmp / "first.png")
+            subprocess.run([str(headroom), "generate", "--model", str(folder),
+                            "--image", str(tmp / "first.png"), f"--actions={script}",
+                            "--frames", str(T.FRAMES), "--width", str(T.W), "--height", str(T.H),
+                            "--seed", str(seed), "--decoder", "tiny", "--out", str(tmp / "v.mp4"),
+                            "--dump-latents", str(tmp / "z.npy")],
+                           check=True, capture_output=True)
+            z = torch.from_numpy(np.load(tmp / "z.npy"))  # [blocks, C, 3, h, w]
+            latents.append(z.permute(1, 0, 2, 3, 4).reshape(z.shape[1], -1, *z.shape[3:]))
+            if i % 20 == 0:
+                T.log(f"rollouts: {i + 1}/{count} generated")
+    np.savez(out, videos=videos, scripts=np.array([s for _, s in jobs]),
+             seeds=np.array([s for s, _ in jobs]), latents=torch.stack(latents).numpy())
+    T.log(f"rollouts: wrote {out}")
+
+
+def stage_decoder(work, minutes, first, lr, whole_share, generated_share=0.0):
+    """The decoder (and its post-quant conv) alone, from the frozen encoder's latents and,
+    in a share of the steps, from rollouts' latents to their true frames."""
     out = work / "vae_decoder.pt"
     videos, _ = T.load_clips(work)
     data = torch.load(work / "latents.pt")
     view = lambda t: t.view(1, -1, 1, 1, 1)
     # Raw latents (the decoder's input): undo the normalisation.
     raw = data["latents"] * view(data["std"]) + view(data["mean"])
+    if generated_share:
+        roll = np.load(work / "rollouts.npz")
+        roll_videos = roll["videos"]
+        roll_raw = torch.from_numpy(roll["latents"]) * view(data["std"]) + view(data["mean"])
     ck = torch.load(out if out.exists() else work / "vae.pt")
     vae = AutoencoderKLWan(**T.VAE_CFG)
     vae.load_state_dict(ck["state"])
@@ -104,18 +156,26 @@ def stage_decoder(work, minutes, first, lr, whole_share):
     evals = list(ck.get("decoder_evals", [])) or [dict(step=0, heldout_psnr=whole,
                                                        heldout_first_frame_psnr=first0)]
     curve = list(ck.get("decoder_curve", []))
+    # What the rollouts' part of the training was, for the card (carried on when resumed).
+    generated = ck.get("decoder_generated")
+    if generated_share:
+        generated = dict(share=generated_share, rollouts=len(roll_raw))
     rng = np.random.default_rng(len(curve) + 11)
     clock, step, last_eval = T.RunClock(), 0, 0.0
 
     def save():
         torch.save(dict(state=vae.state_dict(), curve=ck["curve"], decoder_curve=curve,
-                        decoder_evals=evals, config=T.VAE_CFG), out)
+                        decoder_evals=evals, config=T.VAE_CFG, decoder_generated=generated), out)
 
     while clock() < 60 * minutes:
         frac = clock() / (60 * minutes)
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * frac))
-        if rng.random() < whole_share:
+        if generated_share and rng.random() < generated_share:
+            i = int(rng.integers(len(roll_raw)))
+            x = T.to_video(roll_videos[i])[None]
+            y = vae.decode(roll_raw[i:i + 1]).sample
+        elif rng.random() < whole_share:
             i = int(rng.integers(len(raw)))
             x = T.to_video(np.ascontiguousarray(T.clip_of(videos, i)))[None]
             y = vae.decode(raw[i:i + 1]).sample
@@ -123,13 +183,14 @@ def stage_decoder(work, minutes, first, lr, whole_share):
             # A batch of 64×64 crops of the first block (latent frames 0–2, pixel frames
             # 0–8): a latent frame decodes as a clip's first only at the start, so
             # windows start there; a twelfth of a whole clip's cost each.
-            xs, zs = [], []
+            xs, zs, n = [], [], 64 // T.FOLD
             for _ in range(4):
                 i = int(rng.integers(len(raw)))
                 v = T.clip_of(videos, i)[:9]
-                a, b = int(rng.integers(0, T.h - 7)), int(rng.integers(0, T.w - 7))
-                zs.append(raw[i, :, :3, a:a + 8, b:b + 8])
-                xs.append(T.to_video(np.ascontiguousarray(v[:, 8 * a:8 * a + 64, 8 * b:8 * b + 64])))
+                a, b = int(rng.integers(0, T.h - n + 1)), int(rng.integers(0, T.w - n + 1))
+                zs.append(raw[i, :, :3, a:a + n, b:b + n])
+                f = T.FOLD
+                xs.append(T.to_video(np.ascontiguousarray(v[:, f * a:f * a + 64, f * b:f * b + 64])))
             x = torch.stack(xs)
             y = vae.decode(torch.stack(zs)).sample
         loss = T.l1_l2(y - x) + first * T.l1_l2(y[:, :, 0] - x[:, :, 0])
@@ -161,7 +222,7 @@ def stage_decoder(work, minutes, first, lr, whole_share):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stage", required=True, choices=["init", "decoder"])
+    ap.add_argument("--stage", required=True, choices=["init", "rollouts", "decoder"])
     ap.add_argument("--work", type=pathlib.Path, required=True)
     ap.add_argument("--model", type=pathlib.Path, default=REPO / "models" / "world")
     ap.add_argument("--minutes", type=float, default=60.0, help="decoder: CPU-time budget")
@@ -169,6 +230,11 @@ def main():
     ap.add_argument("--lr", type=float, default=2e-4, help="decoder: peak learning rate")
     ap.add_argument("--whole-share", type=float, default=0.25,
                     help="decoder: share of steps on a whole clip (the rest: crops of the first block)")
+    ap.add_argument("--rollouts", type=int, default=240, help="rollouts: clips to generate")
+    ap.add_argument("--headroom", type=pathlib.Path, default=REPO / "target" / "release" / "headroom",
+                    help="rollouts: the binary that generates them")
+    ap.add_argument("--generated-share", type=float, default=0.0,
+                    help="decoder: share of steps from a rollout's latents to its true frames")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -176,9 +242,12 @@ def main():
     a.work.mkdir(parents=True, exist_ok=True)
     if a.stage == "init":
         stage_init(a.work, a.model)
+    elif a.stage == "rollouts":
+        committed_vae(a.model)  # the sizes
+        stage_rollouts(a.work, a.model, a.headroom, a.rollouts)
     else:
         committed_vae(a.model)  # the VAE's shape
-        stage_decoder(a.work, a.minutes, a.first, a.lr, a.whole_share)
+        stage_decoder(a.work, a.minutes, a.first, a.lr, a.whole_share, a.generated_share)
 
 
 if __name__ == "__main__":

@@ -760,6 +760,7 @@ def stage_export(work, folder):
                   dit_runs=ck.get("runs", []), vae_runs=vck.get("runs", []),
                   vae_decoder=vck.get("decoder_curve", []),
                   vae_decoder_evals=vck.get("decoder_evals", []),
+                  vae_decoder_generated=vck.get("decoder_generated"),
                   dit_batch=ck["batch"], vae_psnr_full_clips=data["vae_psnr"])
     (folder / "training.json").write_text(json.dumps(curves))
     log(f"export: wrote {folder}")

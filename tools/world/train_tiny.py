@@ -12,7 +12,10 @@ Stages (resumable under --work):
           (seeds 300000 and up), 33 frames each, random key scripts
   encode  the full VAE's posterior means of every clip, their DiT-space latents and the
           full decode of those means (the teacher)
-  train   the tiny decoder for --minutes (Adam, lr 1e-3 then cosine to 1e-4, batch 4)
+  train   the tiny decoder for --minutes (Adam, lr 1e-3 then cosine to 1e-4, batch 4);
+          with --rollouts (finetune.py's rollouts.npz), a --rollout-share of the batches
+          are the DiT's latents from `headroom generate` against their true frames, as the
+          full decoder's fine-tune had them
   export  models/world/tiny_decoder.safetensors (f32, TAEHV's decoder.{index} keys) and
           models/world/tiny_decoder.json: held-out PSNR against the truth and against the
           full decode, the widths, time strides and the training's length
@@ -202,7 +205,8 @@ def evaluate(model, held):
                 full_decode_psnr_vs_truth=float(np.mean(full_truth)))
 
 
-def stage_train(work, widths, strides, minutes, batch, resume=False, max_lr=1e-3):
+def stage_train(work, widths, strides, minutes, batch, resume=False, max_lr=1e-3,
+                rollouts=None, rollout_share=0.0):
     """Trains for `minutes` (lr cosine from `max_lr` to 1e-4); with `resume`, the saved
     decoder further (a fresh optimiser, its own widths and strides), its steps and minutes
     added to the record."""
@@ -225,6 +229,9 @@ def stage_train(work, widths, strides, minutes, batch, resume=False, max_lr=1e-3
         raise SystemExit(f"--widths {widths} --strides {strides} decode a clip to {list(out)}, and the "
                          f"VAE's decode is {list(train['full'].shape[1:])}: give one stage per x2 of the "
                          "VAE's spatial compression, strides multiplying to its temporal one")
+    if rollouts:
+        roll = np.load(rollouts)
+        roll_latents, roll_videos = torch.from_numpy(roll["latents"]), roll["videos"]
     opt = torch.optim.Adam(model.parameters(), lr=max_lr)
     t0, step, curve = time.time(), before["steps"], list(before["curve"])
     budget = minutes * 60
@@ -232,9 +239,14 @@ def stage_train(work, widths, strides, minutes, batch, resume=False, max_lr=1e-3
         frac = (time.time() - t0) / budget
         for g in opt.param_groups:
             g["lr"] = 1e-4 + 0.5 * (max_lr - 1e-4) * (1 + math.cos(math.pi * frac))
-        idx = torch.randint(0, len(train["latents"]), (batch,))
-        y = model(train["latents"][idx])
-        d = y - train["full"][idx].float()
+        if rollouts and torch.rand(1).item() < rollout_share:
+            idx = torch.randint(0, len(roll_latents), (batch,))
+            y = model(roll_latents[idx])
+            d = y - torch.stack([(to_video(roll_videos[int(i)]) + 1) / 2 for i in idx])
+        else:
+            idx = torch.randint(0, len(train["latents"]), (batch,))
+            y = model(train["latents"][idx])
+            d = y - train["full"][idx].float()
         loss = d.abs().mean() + (d ** 2).mean()
         opt.zero_grad()
         loss.backward()
@@ -245,8 +257,11 @@ def stage_train(work, widths, strides, minutes, batch, resume=False, max_lr=1e-3
             curve.append(dict(step=step, seconds=time.time() - t0, loss=loss.item(), **ev))
             log(f"step {step}: loss {loss.item():.4f}, held-out {ev['psnr_vs_full_decode']:.2f} dB vs full, "
                 f"{ev['psnr_vs_truth']:.2f} dB vs truth")
+    runs = before.get("runs", []) + [dict(steps=step - before["steps"], minutes=minutes,
+                                          rollouts=str(rollouts) if rollouts else None,
+                                          rollout_share=rollout_share)]
     torch.save(dict(state=model.state_dict(), widths=widths, strides=strides, steps=step,
-                    seconds=before["seconds"] + time.time() - t0, curve=curve), path)
+                    seconds=before["seconds"] + time.time() - t0, curve=curve, runs=runs), path)
 
 
 def stage_export(work, folder):
@@ -262,7 +277,10 @@ def stage_export(work, folder):
     report = dict(architecture="TAEHV decoder (taehv.py's layout and keys)", widths=run["widths"],
                   time_strides=list(strides), parameters=sum(v.numel() for v in tensors.values()),
                   train_clips=len(data["train"]["latents"]), held_out_clips=len(data["held"]["latents"]),
-                  steps=run["steps"], minutes=run["seconds"] / 60, loss="L1 + L2 against the full decode",
+                  steps=run["steps"], minutes=run["seconds"] / 60, loss="L1 + L2 against the full decode"
+                  + ("; in a share of the steps, the DiT's latents from `headroom generate` against "
+                     "their true frames" if any(r.get("rollouts") for r in run.get("runs", [])) else ""),
+                  runs=run.get("runs", []),
                   **ev)
     (folder / "tiny_decoder.json").write_text(json.dumps(report, indent=1) + "\n")
     log(f"export: {report}")
@@ -290,6 +308,10 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--resume", action="store_true", help="train the saved tiny decoder further")
     ap.add_argument("--max-lr", type=float, default=1e-3)
+    ap.add_argument("--rollouts", type=pathlib.Path,
+                    help="train: finetune.py's rollouts.npz (the DiT's latents and their truth)")
+    ap.add_argument("--rollout-share", type=float, default=0.5,
+                    help="train: share of the batches from --rollouts")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", type=pathlib.Path, default=WORLD,
                     help="the model folder whose vae/ teaches, and where the decoder is written")
@@ -304,7 +326,7 @@ def main():
             stage_encode(args.work, args.model)
         elif stage == "train":
             stage_train(args.work, args.widths, args.strides, args.minutes, args.batch, args.resume,
-                        args.max_lr)
+                        args.max_lr, args.rollouts, args.rollout_share)
         else:
             stage_export(args.work, args.model)
 
