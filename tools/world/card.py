@@ -141,12 +141,20 @@ each to beat it):
 {held}{strip}"""
 
 
-def tiny_section(folder):
+def tiny_section(folder, tr):
     """`tiny_decoder.json` (tools/world/train_tiny.py's export), when the folder has one."""
     path = folder / "tiny_decoder.json"
     if not path.exists():
         return ""
     t = json.loads(path.read_text())
+    stale = ""
+    if tr.get("vae_decoder_generated") and not any(r.get("rollouts") for r in t.get("runs", [])):
+        stale = """
+It was distilled before the full decoder's fine-tune on the DiT's latents (above), so
+the figures below are against that earlier decoder (the same on the truth's latents to
+within 0.1 dB), and it decodes the DiT's latents as that one did: without the fine-tune's
+gain (`train_tiny.py --rollouts` gives it the same training).
+"""
     size = (folder / "tiny_decoder.safetensors").stat().st_size
     strides = t.get("time_strides", [1, 2, 2])
     return f"""
@@ -160,7 +168,7 @@ parameters ({size / 1024:.0f} KiB in f32), distilled from this folder's VAE deco
 in {t['minutes']:.0f} CPU-minutes (PyTorch, 2 threads). It reads the DiT's latents
 directly. On {t['held_out_clips']} held-out clips (seeds from 300000), 33 frames each, from the
 VAE's latents of the truth:
-
+{stale}
 | decoder | PSNR vs the truth | PSNR vs the full decode |
 |---|---|---|
 | full (the VAE) | {t['full_decode_psnr_vs_truth']:.2f} dB | — |
@@ -368,7 +376,7 @@ Strafe d vs a: opposite directions {sa['opposite']}, same direction as the truth
 {sa['matches_truth']}, frames agreeing with the truth's sign {sa['frame_agreement'][0]:.0%} / {sa['frame_agreement'][1]:.0%}.
 Yaw l vs j: opposite {yl['opposite']}, as the truth {yl['matches_truth']}, frames agreeing
 {yl['frame_agreement'][0]:.0%} / {yl['frame_agreement'][1]:.0%}.
-{guidance}{tiny_section(folder)}
+{guidance}{tiny_section(folder, tr)}
 ## Limits
 
 - 128×96, 33 frames (three blocks); longer videos run but were never trained.

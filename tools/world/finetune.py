@@ -69,8 +69,8 @@ def stage_init(work, folder):
     vae, cfg = committed_vae(folder)
     curves = json.loads((folder / "training.json").read_text())
     if not (work / "vae.pt").exists():
-        torch.save(dict(state=vae.state_dict(), curve=curves["vae"], config=T.VAE_CFG),
-                    work / "vae.pt")
+        torch.save(dict(state=vae.state_dict(), curve=curves["vae"], config=T.VAE_CFG,
+                        runs=curves.get("vae_runs", [])), work / "vae.pt")
     if not (work / "dit.pt").exists():
         model, adapter = T.build_dit()
         weights = {k: v.float() for k, v in load_file(
@@ -165,7 +165,8 @@ def stage_decoder(work, minutes, first, lr, whole_share, generated_share=0.0):
 
     def save():
         torch.save(dict(state=vae.state_dict(), curve=ck["curve"], decoder_curve=curve,
-                        decoder_evals=evals, config=T.VAE_CFG, decoder_generated=generated), out)
+                        decoder_evals=evals, config=T.VAE_CFG, decoder_generated=generated,
+                        runs=ck.get("runs", [])), out)
 
     while clock() < 60 * minutes:
         frac = clock() / (60 * minutes)
