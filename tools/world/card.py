@@ -147,14 +147,16 @@ def tiny_section(folder, tr):
     if not path.exists():
         return ""
     t = json.loads(path.read_text())
+    # A full decoder fine-tuned on the DiT's latents changed after the tiny one's teacher.
     stale = ""
-    if tr.get("vae_decoder_generated") and any(r.get("rollouts") for r in t.get("runs", [])):
-        stale = """
+    if tr.get("vae_decoder_generated"):
+        if any(r.get("rollouts") for r in t.get("runs", [])):
+            stale = """
 Its full-decode targets and the full decoder's row below are the decoder before its
 fine-tune on the DiT's latents (the same on the truth's latents to within 0.1 dB).
 """
-    elif tr.get("vae_decoder_generated"):
-        stale = """
+        else:
+            stale = """
 It was distilled before the full decoder's fine-tune on the DiT's latents (above), so
 the figures below are against that earlier decoder (the same on the truth's latents to
 within 0.1 dB), and it decodes the DiT's latents as that one did: without the fine-tune's

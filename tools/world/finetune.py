@@ -184,13 +184,13 @@ def stage_decoder(work, minutes, first, lr, whole_share, generated_share=0.0):
             # A batch of 64×64 crops of the first block (latent frames 0–2, pixel frames
             # 0–8): a latent frame decodes as a clip's first only at the start, so
             # windows start there; a twelfth of a whole clip's cost each.
-            xs, zs, n = [], [], 64 // T.FOLD
+            xs, zs, f = [], [], T.FOLD
+            n = 64 // f  # the crop's latent side
             for _ in range(4):
                 i = int(rng.integers(len(raw)))
                 v = T.clip_of(videos, i)[:9]
                 a, b = int(rng.integers(0, T.h - n + 1)), int(rng.integers(0, T.w - n + 1))
                 zs.append(raw[i, :, :3, a:a + n, b:b + n])
-                f = T.FOLD
                 xs.append(T.to_video(np.ascontiguousarray(v[:, f * a:f * a + 64, f * b:f * b + 64])))
             x = torch.stack(xs)
             y = vae.decode(torch.stack(zs)).sample
